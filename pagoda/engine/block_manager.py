@@ -1,0 +1,200 @@
+"""Paged KV-cache allocation with automatic prefix caching. Pure Python: no torch here.
+
+Blocks
+    The cache holds `num_blocks` blocks of `block_size` token slots. Each block has a
+    reference count (how many running requests use it) and, once full, a content hash.
+
+Free list (O(1) LRU)
+    Blocks with ref_count 0 sit in an ordered dict, least recently freed first. Allocation
+    takes from the front; a freed block goes to the back. A free block keeps its hash (and
+    stays findable by it) until it is taken for new content: lazy eviction. A request frees its
+    blocks in reverse order so that the tails of prompts are evicted before their heads.
+
+Prefix hashes
+    hash(block i) = xxh3_128(hash(block i - 1), token ids of block i); only full blocks are
+    hashed, so equal hashes mean equal whole prefixes. On admission a request takes the
+    longest run of cached blocks matching its tokens, but never its last token: that token's
+    logits are needed, so at least one token is always computed.
+
+    tokens:   [ b0 full ][ b1 full ][ b2 full ][ b3 partial ]
+    hashes:     h0 -------> h1 -------> h2        (none)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from pagoda.engine.request import Request
+
+ROOT_HASH = 0
+
+
+def hash_block_tokens(parent_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
+    """Stable content hash of one full block, chained to its parent's hash."""
+    digest = xxhash.xxh3_128()
+    digest.update(parent_hash.to_bytes(16, "little"))
+    digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return digest.intdigest()
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_blocks: OrderedDict[int, KVBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks
+        )
+        self.cached_blocks: dict[int, KVBlock] = {}
+        """Content hash -> block holding it (in use or free but not yet reused)."""
+        self.request_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_block_tokens: dict[str, int] = {}
+        """Per request: tokens whose blocks are already registered in the cache."""
+        # Counters for metrics: prompt tokens looked up in / served from the prefix cache.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by running requests (free cached blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.request_blocks.get(request_id, [])]
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache ----------------------------------------------------------------------
+
+    def _update_block_hashes(self, request: Request) -> None:
+        """Extend request.block_hashes over every full block of its known tokens."""
+        hashes = request.block_hashes
+        bs = self.block_size
+        while (len(hashes) + 1) * bs <= request.num_tokens:
+            start = len(hashes) * bs
+            parent = hashes[-1] if hashes else ROOT_HASH
+            hashes.append(hash_block_tokens(parent, request.all_token_ids[start : start + bs]))
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix of a request about to be admitted: (blocks, num tokens).
+
+        Does not take the blocks; `allocate_slots` does. The last token is never a hit."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        self._update_block_hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    # ---- allocation ------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[KVBlock] | None = None,
+    ) -> list[int] | None:
+        """Make room for `num_new_tokens` more tokens after request.num_computed_tokens.
+
+        `computed_blocks` are prefix-cache hits for a request being admitted (its
+        num_computed_tokens already counts them). Returns the ids of newly allocated blocks,
+        or None, changing nothing, when too few blocks are free.
+        """
+        computed_blocks = computed_blocks or []
+        held = self.request_blocks.get(request.request_id, [])
+        total_tokens = request.num_computed_tokens + num_new_tokens
+        num_new_blocks = self.num_blocks_needed(total_tokens) - len(held) - len(computed_blocks)
+        # Hit blocks that sit in the free list stop being free once taken.
+        num_hits_free = sum(1 for b in computed_blocks if b.ref_count == 0)
+        if max(num_new_blocks, 0) + num_hits_free > self.num_free_blocks:
+            return None
+        held = self.request_blocks.setdefault(request.request_id, held)
+        for block in computed_blocks:
+            self._take(block)
+            held.append(block)
+        new_blocks = [self._pop_free_block() for _ in range(max(num_new_blocks, 0))]
+        held.extend(new_blocks)
+        if not self.num_cached_block_tokens.get(request.request_id):
+            self.num_cached_block_tokens[request.request_id] = len(computed_blocks) * self.block_size
+        if self.enable_prefix_caching:
+            # Register every block that will be full once this step runs (its KV is written
+            # in this step's forward, before any later request in the batch reads it).
+            self._cache_full_blocks(request, min(total_tokens, request.num_tokens))
+        return [b.block_id for b in new_blocks]
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        self._update_block_hashes(request)
+        held = self.request_blocks[request.request_id]
+        start = self.num_cached_block_tokens[request.request_id] // self.block_size
+        end = num_tokens // self.block_size
+        for i in range(start, end):
+            block, block_hash = held[i], request.block_hashes[i]
+            if block.block_hash is None:
+                block.block_hash = block_hash
+                # Keep the first holder of a hash: an equal block stays uncached and is plain.
+                self.cached_blocks.setdefault(block_hash, block)
+        self.num_cached_block_tokens[request.request_id] = max(start, end) * self.block_size
+
+    def _take(self, block: KVBlock) -> None:
+        if block.ref_count == 0:
+            del self.free_blocks[block.block_id]
+        block.ref_count += 1
+
+    def _pop_free_block(self) -> KVBlock:
+        _, block = self.free_blocks.popitem(last=False)
+        if block.block_hash is not None:
+            # Lazy eviction: the block's old content is overwritten now.
+            if self.cached_blocks.get(block.block_hash) is block:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, tail first, so tails are evicted before heads."""
+        blocks = self.request_blocks.pop(request.request_id, [])
+        self.num_cached_block_tokens.pop(request.request_id, None)
+        for block in reversed(blocks):
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block.block_id} freed twice"
+            if block.ref_count == 0:
+                if block.block_hash is None or not self.enable_prefix_caching:
+                    block.block_hash = None
+                self.free_blocks[block.block_id] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible while no request holds blocks."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        self.cached_blocks.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        return True

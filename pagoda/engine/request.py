@@ -1,0 +1,93 @@
+"""A request's state as the scheduler sees it: token ids and how many of them are computed.
+
+Invariant: 0 <= num_computed_tokens <= num_tokens = len(prompt_token_ids) + len(output_token_ids).
+The scheduler only ever moves num_computed_tokens towards num_tokens (or back to 0 when the
+request is preempted); the engine appends sampled tokens to output_token_ids.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from pagoda.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    # Finished states come last so that `is_finished` is one comparison.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+        }.get(self)
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: list[int] | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = list(eos_token_ids or [])
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.max_tokens = max_tokens if max_tokens is not None else sampling_params.max_tokens
+        """Output tokens allowed, after capping by the context length."""
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        """Prompt tokens served from the prefix cache when first scheduled (-1: not yet)."""
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[int] = []
+        """Chained content hashes of this request's full blocks, filled by the block manager."""
+        self.first_scheduled_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,63 @@
+"""Open a checkpoint, build the model for its architecture, fill it, put it on the device."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
+from pagoda.executor.loader.model_files import ModelFiles
+from pagoda.executor.loader.safetensors_loader import SafetensorsCheckpoint
+from pagoda.executor.models.registry import resolve_model_class
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA; float32 on CPU (exact parity with the reference)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def open_checkpoint(files: ModelFiles) -> GGUFCheckpoint | SafetensorsCheckpoint:
+    if files.format == "gguf":
+        return GGUFCheckpoint(files.path)
+    return SafetensorsCheckpoint(files.path)
+
+
+def load_model(
+    checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_position: int,
+) -> nn.Module:
+    model_class = resolve_model_class(checkpoint.hf_config)
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(checkpoint.hf_config, max_position=max_position)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    model.load_weights(checkpoint.iter_weights(dtype))
+    model.eval()
+    num_params = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "loaded %s (%.1fM parameters, %s) on %s",
+        type(model).__name__, num_params / 1e6, str(dtype).removeprefix("torch."), device,
+    )
+    return model

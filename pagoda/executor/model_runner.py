@@ -1,0 +1,236 @@
+"""SchedulerOutput -> input tensors -> one forward for the whole batch -> sampler.
+
+Batch layout: the scheduled tokens of every request, concatenated in schedule order.
+
+    tokens:   [ req0: n0 tokens | req1: n1 tokens | ... ]       (num_tokens,)
+    sampled:  the last token of each request whose step reaches its end (computed + n ==
+              num_tokens); a request stopping inside its prompt (a partial prefill chunk)
+              samples nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pagoda.config import CacheConfig, SchedulerConfig
+from pagoda.engine.scheduler import SchedulerOutput
+from pagoda.executor.attention.torch_backend import TorchAttentionBackend
+from pagoda.executor.forward_context import forward_context
+from pagoda.executor.models.llama import head_dim_of
+from pagoda.executor.sampler import Sampler, SamplingMetadata, compute_token_logprobs
+from pagoda.outputs import TokenLogprobs
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CACHE_FRACTION = 0.2
+"""Share of available RAM the KV cache takes on CPU when no size is given."""
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled_token_ids: list[int | None]
+    """Aligned with the scheduled requests; None where nothing was sampled."""
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """Per request id that asked for logprobs and sampled this step."""
+    prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """Per request id that asked for prompt logprobs: rows for this chunk's prompt positions."""
+
+
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        cache_config: CacheConfig,
+        eos_token_ids: list[int],
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.cache_config = cache_config
+        self.eos_token_ids = eos_token_ids
+        hf_config = model.config
+        self.vocab_size = hf_config.vocab_size
+        self.num_layers = hf_config.num_hidden_layers
+        self.num_kv_heads = hf_config.num_key_value_heads
+        self.head_dim = head_dim_of(hf_config)
+        self.block_size = cache_config.block_size
+        self.backend = TorchAttentionBackend(self.block_size, device, model.sliding_window)
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+
+    # ---- KV cache --------------------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        element_size = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+    def determine_num_blocks(self, max_model_len: int, scheduler_config: SchedulerConfig) -> int:
+        """Blocks that fit the configured memory, but no more than the engine could ever use."""
+        cfg = self.cache_config
+        bytes_per_block = self.kv_bytes_per_token * self.block_size
+        most_useful = -(-max_model_len // self.block_size) * scheduler_config.max_num_seqs
+        if cfg.num_gpu_blocks_override is not None:
+            return cfg.num_gpu_blocks_override
+        if cfg.kv_cache_memory is not None:
+            budget = cfg.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = self._profile_cuda_kv_budget(scheduler_config)
+        else:
+            budget = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION)
+            return max(1, min(budget // bytes_per_block, most_useful))
+        return max(1, budget // bytes_per_block)
+
+    def _profile_cuda_kv_budget(self, scheduler_config: SchedulerConfig) -> int:
+        """GPU bytes left for the KV cache after weights and a max-size forward's activations."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_tokens = scheduler_config.max_num_batched_tokens
+        self.initialize_kv_cache(-(-num_tokens // self.block_size))
+        blocks = np.arange(self.num_blocks)[None, :]
+        with torch.inference_mode():
+            self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]), np.array([num_tokens]), blocks)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        _, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * self.cache_config.gpu_memory_utilization) - peak
+        if budget <= 0:
+            raise ValueError(
+                "no GPU memory left for the KV cache; raise --gpu-memory-utilization or lower "
+                "--max-num-batched-tokens"
+            )
+        return budget
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate each layer's paged cache, zeroed (masked slots must not hold NaN)."""
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+        ]
+        for layer, kv_cache in zip(self.model.attention_layers(), self.kv_caches):
+            layer.kv_cache = kv_cache
+            layer.backend = self.backend
+        self.num_blocks = num_blocks
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def _forward(
+        self,
+        input_ids: np.ndarray,
+        num_computed: np.ndarray,
+        num_scheduled: np.ndarray,
+        block_tables: np.ndarray,
+    ) -> torch.Tensor:
+        metadata = self.backend.build_metadata(num_computed, num_scheduled, block_tables)
+        input_tensor = torch.from_numpy(input_ids).to(self.device)
+        with forward_context(metadata):
+            return self.model(input_tensor, metadata.positions)
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        requests = scheduler_output.scheduled_requests
+        for request_id in scheduler_output.finished_request_ids:
+            self.generators.pop(request_id, None)
+        if not requests:
+            return ModelRunnerOutput(sampled_token_ids=[])
+        num_scheduled = np.asarray(scheduler_output.num_scheduled_tokens, dtype=np.int64)
+        num_computed = np.asarray([r.num_computed_tokens for r in requests], dtype=np.int64)
+        input_ids = np.concatenate([
+            np.asarray(r.all_token_ids[c : c + n], dtype=np.int64)
+            for r, c, n in zip(requests, num_computed.tolist(), num_scheduled.tolist())
+        ])
+        max_blocks = max(len(ids) for ids in scheduler_output.block_ids)
+        block_tables = np.zeros((len(requests), max_blocks), dtype=np.int64)
+        for row, ids in enumerate(scheduler_output.block_ids):
+            block_tables[row, : len(ids)] = ids
+
+        hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
+
+        query_end = np.cumsum(num_scheduled)
+        reaches_end = (num_computed + num_scheduled) == np.asarray([r.num_tokens for r in requests])
+        sample_rows = np.nonzero(reaches_end)[0]
+        output = ModelRunnerOutput(sampled_token_ids=[None] * len(requests))
+        self._prompt_logprobs(requests, num_computed, num_scheduled, query_end, hidden, output)
+        if len(sample_rows) == 0:
+            return output
+
+        sample_requests = [requests[i] for i in sample_rows]
+        logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
+        logits = self.model.compute_logits(hidden[logits_index])  # (num_sampled, vocab) fp32
+        metadata = SamplingMetadata.build(
+            params=[r.sampling_params for r in sample_requests],
+            prompt_token_ids=[r.prompt_token_ids for r in sample_requests],
+            output_token_ids=[r.output_token_ids for r in sample_requests],
+            generators=[self._generator(r) for r in sample_requests],
+            eos_token_ids=self.eos_token_ids,
+            vocab_size=logits.shape[-1],
+            device=self.device,
+        )
+        sampled = self.sampler(logits, metadata)
+        sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
+        for row, token_id in zip(sample_rows.tolist(), sampled_ids):
+            output.sampled_token_ids[row] = token_id
+        if sampled.logprobs is not None:
+            ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
+            ranks = sampled.sampled_token_ranks.tolist()
+            for i, request in enumerate(sample_requests):
+                num = request.sampling_params.logprobs
+                if num is not None:
+                    output.logprobs[request.request_id] = TokenLogprobs(
+                        [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
+                    )
+        return output
+
+    def _generator(self, request) -> torch.Generator | None:
+        seed = request.sampling_params.seed
+        if seed is None:
+            return None
+        generator = self.generators.get(request.request_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed)
+            self.generators[request.request_id] = generator
+        return generator
+
+    def _prompt_logprobs(self, requests, num_computed, num_scheduled, query_end, hidden, output):
+        """Logprobs of prompt tokens 1.. under the positions before them, chunk by chunk."""
+        for i, request in enumerate(requests):
+            num_top = request.sampling_params.prompt_logprobs
+            start = int(num_computed[i])
+            if num_top is None or start >= request.num_prompt_tokens:
+                continue
+            # Positions start .. end-1 of this chunk predict prompt tokens start+1 .. end.
+            end = min(start + int(num_scheduled[i]), request.num_prompt_tokens - 1)
+            if end <= start:
+                continue
+            first_row = int(query_end[i] - num_scheduled[i])
+            rows = hidden[first_row : first_row + (end - start)]
+            targets = torch.tensor(request.prompt_token_ids[start + 1 : end + 1], device=self.device)
+            ids, values, ranks = compute_token_logprobs(
+                self.model.compute_logits(rows), targets, num_top
+            )
+            output.prompt_logprobs[request.request_id] = TokenLogprobs(
+                ids.tolist(), values.tolist(), ranks.tolist()
+            )

@@ -1,0 +1,226 @@
+"""The Llama family: Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+
+Parameter names follow the Hugging Face checkpoints; q/k/v and gate/up are fused into one
+matmul each and filled part by part by their weight loaders. Inputs are flat over the batch:
+every scheduled token of every sequence in one (num_tokens,) row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pagoda.executor.attention.layer import Attention
+from pagoda.executor.forward_context import get_forward_context
+from pagoda.executor.layers.activation import SiluAndMul
+from pagoda.executor.layers.linear import Linear, MergedLinear, default_weight_loader
+from pagoda.executor.layers.norm import RMSNorm
+from pagoda.executor.layers.rotary import RotaryEmbedding
+
+# (fused parameter, checkpoint part, shard id)
+STACKED_PARAMS = [
+    (".qkv_proj.", ".q_proj.", "q"),
+    (".qkv_proj.", ".k_proj.", "k"),
+    (".qkv_proj.", ".v_proj.", "v"),
+    (".gate_up_proj.", ".gate_proj.", 0),
+    (".gate_up_proj.", ".up_proj.", 1),
+]
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
+        )
+        self.o_proj = Linear(q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.split_sizes = [q_size, kv_size, kv_size]
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (silu is)")
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size})
+        self.down_proj = Linear(size, config.hidden_size)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary, qkv_bias, qk_norm)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, qkv_bias: bool, qk_norm: bool, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        rotary = RotaryEmbedding(config, head_dim_of(config), max_position)
+        self.rotary = rotary
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias_default = False
+    qk_norm = False
+
+    def __init__(self, config, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        qkv_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
+        self.model = LlamaModel(config, qkv_bias, self.qk_norm, max_position)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    @property
+    def sliding_window(self) -> int | None:
+        return getattr(self.config, "sliding_window", None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions (num_tokens,) -> hidden states (num_tokens, hidden_size)."""
+        get_forward_context()  # fail early and clearly when called outside a step
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (n, hidden_size) -> float32 logits (n, vocab_size)."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) into the parameters.
+
+        Raises ValueError for a tensor the model has no place for, and for a parameter that no
+        tensor filled."""
+        params = dict(self.named_parameters())
+        filled: dict[str, set] = {}
+        for name, tensor in weights:
+            if name == "rope_freq_factors":
+                self.model.rotary.apply_freq_factors(tensor)
+                continue
+            if "rotary_emb.inv_freq" in name:
+                continue  # some checkpoints store the (recomputed) rotary buffer
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied embeddings: some checkpoints still store a copy
+            for fused, part, shard_id in STACKED_PARAMS:
+                if part in name:
+                    target = name.replace(part, fused)
+                    self._param(params, target).weight_loader(params[target], tensor, shard_id)
+                    filled.setdefault(target, set()).add(shard_id)
+                    break
+            else:
+                param = self._param(params, name)
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+                filled.setdefault(name, set())
+        missing = sorted(set(params) - set(filled))
+        if missing:
+            raise ValueError(f"checkpoint has no weights for: {', '.join(missing[:8])}")
+        for name, shards in filled.items():
+            expected = getattr(self._owner(name), "shard_offsets", None)
+            if expected is not None and shards != set(expected):
+                raise ValueError(f"checkpoint lacks parts {set(expected) - shards} of {name}")
+
+    def _owner(self, param_name: str) -> nn.Module:
+        return self.get_submodule(param_name.rsplit(".", 1)[0])
+
+    @staticmethod
+    def _param(params: dict, name: str) -> nn.Parameter:
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
+        return params[name]
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Same blocks as Llama; sliding-window attention comes from config.sliding_window."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Llama blocks with a bias on the q/k/v projections."""
+
+    qkv_bias_default = True
+
+    def __init__(self, config, max_position: int) -> None:
+        config.attention_bias = True
+        super().__init__(config, max_position)
+
+    @property
+    def sliding_window(self) -> int | None:
+        if getattr(self.config, "use_sliding_window", False):
+            return self.config.sliding_window
+        return None
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Llama blocks with RMSNorm over each head of q and k before the rotary."""
+
+    qk_norm = True
+
+    @property
+    def sliding_window(self) -> int | None:
+        if getattr(self.config, "use_sliding_window", False):
+            return self.config.sliding_window
+        return None

@@ -1,0 +1,397 @@
+"""The sampler: one batched pass from logits to next tokens (and logprobs).
+
+Input is a ``(num_rows, vocab_size)`` float32 logits tensor, one row per scheduled request,
+and a ``SamplingMetadata`` built once per step. Every stage works on the whole batch and is
+skipped when no row needs it; the only per-request Python loop draws the random numbers of
+seeded rows. The logits tensor is modified in place.
+
+Pipeline, in order:
+    1. raw logprobs: ``log_softmax`` of the model's logits, before any processing (as vLLM v1
+       does), computed only if some row asked for logprobs
+    2. logit_bias: each row's bias values are added to its logits
+       (a structured-output token bitmask would be applied here too)
+    3. min_tokens: rows with fewer than ``min_tokens`` output tokens get their stop token ids
+       (EOS unless ``ignore_eos``, plus ``stop_token_ids``) set to -inf
+    4. penalties: repetition (tokens seen in prompt + output: positive logits divided,
+       negative multiplied), then frequency (``-= freq * count``) and presence
+       (``-= presence * (count > 0)``), counts over the output only
+    5. greedy rows: argmax; if every row is greedy, skip to 9
+    6. temperature: logits divided by each row's temperature (greedy rows by 1)
+    7. top-k and top-p masks (one sort), then min-p on the probabilities
+    8. sample with the exponential race: ``argmax(probs / q)``, ``q ~ Exp(1)``; a seeded row
+       draws its ``q`` row from its request's own generator, so its tokens do not depend on the
+       rest of the batch; unseeded rows share one batched draw
+    9. logprobs: for the sampled token its raw logprob and rank, plus the top-N raw logprobs
+       (N = the largest number asked for in the batch)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagoda.sampling_params import SAMPLING_EPS, SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling tensors, built by the model runner from the scheduled requests.
+
+    All tensors live on the logits' device. ``None`` means "no row needs this stage". Token id
+    matrices are right-padded with ``vocab_size``, a column that is counted and then dropped.
+    """
+
+    vocab_size: int
+    all_greedy: bool
+    all_random: bool
+    greedy_mask: torch.Tensor | None = None  # (num_rows,) bool; None when all greedy/random
+    temperature: torch.Tensor | None = None  # (num_rows,) float32, greedy rows 1.0
+    top_k: torch.Tensor | None = None  # (num_rows,) int64; vocab_size where disabled
+    max_top_k: int = 0  # largest enabled top_k (for the top-k-only path)
+    top_p: torch.Tensor | None = None  # (num_rows,) float32
+    min_p: torch.Tensor | None = None  # (num_rows,) float32
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> seeded gen
+    # logit_bias as sparse (row, token, value) triples, each (num_bias,)
+    bias_row_ids: torch.Tensor | None = None
+    bias_token_ids: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+    # (row, token) pairs banned by min_tokens, each (num_banned,)
+    banned_row_ids: torch.Tensor | None = None
+    banned_token_ids: torch.Tensor | None = None
+    # penalties; prompt ids only when some row has a repetition penalty
+    prompt_token_ids: torch.Tensor | None = None  # (num_rows, max_prompt_len) int64, padded
+    output_token_ids: torch.Tensor | None = None  # (num_rows, max_output_len) int64, padded
+    repetition_penalties: torch.Tensor | None = None  # (num_rows,) float32
+    frequency_penalties: torch.Tensor | None = None  # (num_rows,) float32
+    presence_penalties: torch.Tensor | None = None  # (num_rows,) float32
+    max_num_logprobs: int | None = None  # None: no row wants logprobs
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.output_token_ids is None
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        eos_token_ids: list[int],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingMetadata:
+        """Turn the batch's params and token histories into tensors, one row per request.
+
+        ``generators[i]`` is request i's own generator (created once from its seed and kept
+        across steps by the model runner), or None for unseeded requests.
+        """
+        num_rows = len(params)
+        assert len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        greedy = [p.temperature < SAMPLING_EPS for p in params]
+        all_greedy, all_random = all(greedy), not any(greedy)
+        meta = cls(vocab_size=vocab_size, all_greedy=all_greedy, all_random=all_random)
+        if not all_greedy and not all_random:
+            meta.greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
+
+        if not all_greedy:
+            temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+            if any(t != 1.0 for t in temps):
+                meta.temperature = floats(temps)
+            top_ks = [p.top_k if 0 < p.top_k < vocab_size and not g else vocab_size
+                      for p, g in zip(params, greedy)]
+            if any(k < vocab_size for k in top_ks):
+                meta.top_k = ints(top_ks)
+                meta.max_top_k = max(k for k in top_ks if k < vocab_size)
+            if any(p.top_p < 1.0 and not g for p, g in zip(params, greedy)):
+                meta.top_p = floats([p.top_p for p in params])
+            if any(p.min_p > 0.0 and not g for p, g in zip(params, greedy)):
+                meta.min_p = floats([p.min_p for p in params])
+            meta.generators = {
+                row: gen for row, (gen, g) in enumerate(zip(generators, greedy))
+                if gen is not None and not g
+            }
+
+        bias_rows, bias_tokens, bias_values = [], [], []
+        banned_rows, banned_tokens = [], []
+        for row, p in enumerate(params):
+            for token_id, value in (p.logit_bias or {}).items():
+                bias_rows.append(row)
+                bias_tokens.append(token_id)
+                bias_values.append(value)
+            if len(output_token_ids[row]) < p.min_tokens:
+                stop_ids = list(p.stop_token_ids or ())
+                if not p.ignore_eos:
+                    stop_ids += eos_token_ids
+                banned_rows += [row] * len(stop_ids)
+                banned_tokens += stop_ids
+        for token_id in bias_tokens + banned_tokens:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(
+                    f"token id {token_id} in logit_bias / stop_token_ids is out of the "
+                    f"vocabulary (size {vocab_size}); check requests with "
+                    "SamplingParams.verify_token_ids"
+                )
+        if bias_rows:
+            meta.bias_row_ids = ints(bias_rows)
+            meta.bias_token_ids = ints(bias_tokens)
+            meta.bias_values = floats(bias_values)
+        if banned_rows:
+            meta.banned_row_ids = ints(banned_rows)
+            meta.banned_token_ids = ints(banned_tokens)
+
+        if any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+               or p.presence_penalty != 0.0 for p in params):
+            meta.output_token_ids = _pad(output_token_ids, vocab_size, device)
+            meta.repetition_penalties = floats([p.repetition_penalty for p in params])
+            meta.frequency_penalties = floats([p.frequency_penalty for p in params])
+            meta.presence_penalties = floats([p.presence_penalty for p in params])
+            if any(p.repetition_penalty != 1.0 for p in params):
+                meta.prompt_token_ids = _pad(prompt_token_ids, vocab_size, device)
+
+        num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        if num_logprobs:
+            meta.max_num_logprobs = max(num_logprobs)
+        return meta
+
+
+@dataclass
+class SamplerOutput:
+    """The tokens sampled this step, one per row, and their logprobs if some row asked.
+
+    Logprob tensors cover every row; the caller keeps the rows (and the first ``1 + logprobs``
+    columns) that each request asked for.
+    """
+
+    sampled_token_ids: torch.Tensor  # (num_rows,) int64
+    logprob_token_ids: torch.Tensor | None = None  # (num_rows, 1 + N) int64: sampled, top-N
+    logprobs: torch.Tensor | None = None  # (num_rows, 1 + N) float32, raw logprobs
+    sampled_token_ranks: torch.Tensor | None = None  # (num_rows,) int64, 1 = most likely
+
+
+class Sampler(torch.nn.Module):
+    """Logits -> next tokens; see the module docstring for the pipeline."""
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        # (num_rows, vocab_size); modified in place from step 2 on
+        logits = logits.float()
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)  # 1. a new tensor
+
+        if metadata.bias_row_ids is not None:  # 2.
+            logits.index_put_(
+                (metadata.bias_row_ids, metadata.bias_token_ids),
+                metadata.bias_values,
+                accumulate=True,
+            )
+        if metadata.banned_row_ids is not None:  # 3.
+            logits[metadata.banned_row_ids, metadata.banned_token_ids] = float("-inf")
+        if not metadata.no_penalties:  # 4.
+            logits = apply_penalties(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.output_token_ids,
+                metadata.repetition_penalties,
+                metadata.frequency_penalties,
+                metadata.presence_penalties,
+                metadata.vocab_size,
+            )
+
+        sampled = _sample(logits, metadata)  # 5.-8.
+
+        if raw_logprobs is None:
+            return SamplerOutput(sampled_token_ids=sampled)
+        token_ids, logprobs, ranks = gather_logprobs(  # 9.
+            raw_logprobs, sampled, metadata.max_num_logprobs
+        )
+        return SamplerOutput(
+            sampled_token_ids=sampled,
+            logprob_token_ids=token_ids,
+            logprobs=logprobs,
+            sampled_token_ranks=ranks,
+        )
+
+
+def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Steps 5-8: greedy argmax and/or random sampling. Returns (num_rows,) int64."""
+    greedy_tokens = None
+    if not metadata.all_random:
+        greedy_tokens = logits.argmax(dim=-1)  # 5.
+        if metadata.all_greedy:
+            return greedy_tokens
+    if metadata.temperature is not None:
+        logits.div_(metadata.temperature.unsqueeze(1))  # 6.
+    if metadata.top_k is not None or metadata.top_p is not None:  # 7.
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
+    probs = logits.softmax(dim=-1)  # (num_rows, vocab_size)
+    if metadata.min_p is not None:
+        probs = apply_min_p(probs, metadata.min_p)
+    random_tokens = random_sample(probs, metadata.generators)  # 8.
+    if greedy_tokens is None:
+        return random_tokens
+    return torch.where(metadata.greedy_mask, greedy_tokens, random_tokens)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_token_ids: torch.Tensor | None,
+    output_token_ids: torch.Tensor,
+    repetition_penalties: torch.Tensor,
+    frequency_penalties: torch.Tensor,
+    presence_penalties: torch.Tensor,
+    vocab_size: int,
+) -> torch.Tensor:
+    """Repetition, frequency and presence penalties (vLLM / HF formulas), in place.
+
+    logits (num_rows, vocab_size); token ids (num_rows, len) padded with ``vocab_size``;
+    penalties (num_rows,). ``prompt_token_ids`` may be None when no row has a repetition
+    penalty (the prompt only matters to that one).
+    """
+    output_counts = _token_counts(output_token_ids, vocab_size, logits.dtype)  # (rows, V)
+    output_mask = output_counts > 0
+    if prompt_token_ids is not None:
+        seen = output_mask | _token_mask(prompt_token_ids, vocab_size)
+        # 1 where unseen, so that those logits pass through unchanged
+        penalties = torch.where(seen, repetition_penalties.unsqueeze(1), 1.0)
+        scaled = torch.where(logits > 0, logits / penalties, logits * penalties)
+        logits.copy_(scaled)
+    logits -= frequency_penalties.unsqueeze(1) * output_counts
+    logits -= presence_penalties.unsqueeze(1) * output_mask
+    return logits
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    max_top_k: int = 0,
+) -> torch.Tensor:
+    """Set logits outside each row's top-k / top-p set to -inf.
+
+    logits (num_rows, vocab_size); top_k (num_rows,) int64 with vocab_size where disabled;
+    top_p (num_rows,) with 1.0 where disabled. Top-k keeps ties with the k-th logit; top-p keeps
+    the smallest set of most likely tokens whose mass reaches p (at least one token).
+    """
+    if top_p is None:
+        if top_k is None:
+            return logits
+        return _apply_top_k_only(logits, top_k, max_top_k)
+    # One ascending sort serves both masks.
+    logits_sorted, sorted_idx = logits.sort(dim=-1)  # (num_rows, vocab_size) each
+    vocab_size = logits.shape[-1]
+    if top_k is not None:
+        kth_idx = (vocab_size - top_k).unsqueeze(1)  # position of the k-th largest
+        kth_value = logits_sorted.gather(1, kth_idx)  # (num_rows, 1)
+        logits_sorted.masked_fill_(logits_sorted < kth_value, float("-inf"))
+    probs_sorted = logits_sorted.softmax(dim=-1)
+    cumulative = probs_sorted.cumsum(dim=-1)
+    # Drop the tail whose mass, excluding the tokens we keep, is at most 1 - p.
+    top_p_mask = cumulative <= 1 - top_p.unsqueeze(1)
+    top_p_mask[:, -1] = False  # the most likely token always survives
+    logits_sorted.masked_fill_(top_p_mask, float("-inf"))
+    return logits.scatter_(dim=-1, index=sorted_idx, src=logits_sorted)
+
+
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Top-k without a full sort: ``topk(max_top_k)`` gives each row's k-th largest logit."""
+    vocab_size = logits.shape[-1]
+    disabled = top_k >= vocab_size  # (num_rows,)
+    max_top_k = max_top_k or int(top_k.masked_fill(disabled, 1).max())
+    k = top_k.masked_fill(disabled, 1)
+    top_values = logits.topk(max_top_k, dim=-1).values  # (num_rows, max_top_k), descending
+    kth_value = top_values.gather(1, (k - 1).unsqueeze(1))  # (num_rows, 1)
+    kth_value.masked_fill_(disabled.unsqueeze(1), float("-inf"))
+    return logits.masked_fill_(logits < kth_value, float("-inf"))
+
+
+def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero probabilities below ``min_p`` times the row's top probability, in place.
+
+    probs (num_rows, vocab_size); min_p (num_rows,), 0 where disabled.
+    """
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)  # (num_rows, 1)
+    return probs.masked_fill_(probs < threshold, 0.0)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` samples from ``probs``.
+
+    probs (num_rows, vocab_size), need not be normalised. Seeded rows draw their ``q`` row from
+    their own generator (exactly ``vocab_size`` numbers per step), the others share one draw.
+    Modifies probs in place. Returns (num_rows,) int64.
+    """
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    # Exp(1) can round to 0; a tiny floor keeps 0 / 0 from becoming NaN.
+    q.clamp_(min=torch.finfo(q.dtype).tiny)
+    return probs.div_(q).argmax(dim=-1)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick each row's token logprob, its rank and the row's top ``num_top`` logprobs.
+
+    logprobs (n, vocab_size); token_ids (n,). Returns ids (n, 1 + num_top) int64 and
+    logprobs (n, 1 + num_top), the given token first then the top ones in descending order, and
+    ranks (n,) int64: 1 + the number of tokens with a strictly larger logprob.
+    ``num_top`` is capped at vocab_size.
+    """
+    token_ids = token_ids.long().unsqueeze(1)  # (n, 1)
+    token_logprobs = logprobs.gather(1, token_ids)  # (n, 1)
+    ranks = (logprobs > token_logprobs).sum(dim=-1) + 1  # (n,)
+    num_top = min(num_top, logprobs.shape[-1])
+    if num_top == 0:
+        return token_ids, token_logprobs, ranks
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)  # (n, num_top) each
+    return (
+        torch.cat([token_ids, top_ids], dim=1),
+        torch.cat([token_logprobs, top_logprobs], dim=1),
+        ranks,
+    )
+
+
+def compute_token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logprobs of given tokens (prompt_logprobs): logits (n, V) float32, token_ids (n,).
+
+    Returns (ids (n, 1 + num_top), logprobs (n, 1 + num_top), ranks (n,)); see
+    ``gather_logprobs``. Does not modify logits.
+    """
+    return gather_logprobs(torch.log_softmax(logits.float(), dim=-1), token_ids, num_top)
+
+
+def _pad(token_ids: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    """Right-pad ragged token id lists into (num_rows, max_len) int64 (at least 1 column)."""
+    max_len = max((len(ids) for ids in token_ids), default=0) or 1
+    padded = [ids + [pad_id] * (max_len - len(ids)) for ids in token_ids]
+    return torch.tensor(padded, dtype=torch.int64, device=device)
+
+
+def _token_counts(token_ids: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """(num_rows, len) padded ids -> (num_rows, vocab_size) occurrence counts."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=dtype, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=dtype))
+    return counts[:, :vocab_size]  # drop the padding column
+
+
+def _token_mask(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(num_rows, len) padded ids -> (num_rows, vocab_size) bool: token occurs in the row."""
+    mask = torch.zeros(
+        token_ids.shape[0], vocab_size + 1, dtype=torch.bool, device=token_ids.device
+    )
+    mask.scatter_(1, token_ids, True)
+    return mask[:, :vocab_size]

