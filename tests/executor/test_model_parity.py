@@ -1,0 +1,57 @@
+"""Pagoda's logits equal transformers' on tiny random checkpoints of every supported family."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pagoda.config import CacheConfig
+from pagoda.executor.loader.model_files import resolve_model_files
+from pagoda.executor.loader.model_loader import load_model, open_checkpoint
+from pagoda.executor.model_runner import ModelRunner
+from tests.executor.tiny_checkpoints import ARCHITECTURES, build_checkpoint
+
+PROMPTS = [[5, 17, 99, 3, 42, 8, 77], [1], [120, 4] * 20, list(range(10, 70))]
+
+
+def pagoda_runner(folder: str) -> ModelRunner:
+    files = resolve_model_files(folder)
+    checkpoint = open_checkpoint(files)
+    model = load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=256)
+    runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
+    runner.initialize_kv_cache(64)
+    return runner
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_logits_match_transformers(arch: str, tmp_path) -> None:
+    reference = build_checkpoint(arch, str(tmp_path))
+    runner = pagoda_runner(str(tmp_path))
+    logits = runner.prompt_logits(PROMPTS)  # all prompts in one batched forward
+    with torch.no_grad():
+        for prompt, ours in zip(PROMPTS, logits):
+            theirs = reference(torch.tensor([prompt])).logits[0].float()
+            assert ours.shape == theirs.shape
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_sharded_safetensors(tmp_path) -> None:
+    reference = build_checkpoint("llama", str(tmp_path), max_shard_size="40KB")
+    shards = [n for n in os.listdir(tmp_path) if n.endswith(".safetensors")]
+    assert len(shards) > 2 and os.path.exists(tmp_path / "model.safetensors.index.json")
+    runner = pagoda_runner(str(tmp_path))
+    ours = runner.prompt_logits([PROMPTS[0]])[0]
+    with torch.no_grad():
+        theirs = reference(torch.tensor([PROMPTS[0]])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_architecture_lists_supported(tmp_path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path)
+    checkpoint = open_checkpoint(resolve_model_files(str(tmp_path)))
+    with pytest.raises(ValueError, match="unsupported model architecture GPT2LMHeadModel.*LlamaForCausalLM"):
+        load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=64)
