@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 serve: $(STAMP)
-	$(VENV)/bin/pagoda chat
+	$(VENV)/bin/pagoda serve --host $(HOST) --port $(PORT)
 
 chat: $(STAMP)
 	$(VENV)/bin/pagoda chat

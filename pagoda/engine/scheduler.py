@@ -241,6 +241,7 @@ class Scheduler:
         if token_id in params.stop_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens:
+        # max_tokens None (no cap given) leaves the max_model_len check above as the limit.
+        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None

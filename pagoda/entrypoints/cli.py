@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(chat)
     add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    from pagoda.entrypoints.serve_cli import add_serve_parser
+    add_serve_parser(sub, add_engine_args)
     return parser
 
 

@@ -7,6 +7,7 @@ the GGUF metadata (tokens, merges, special ids, tokenizer.chat_template).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -16,6 +17,15 @@ from pagoda.executor.loader.model_files import ModelFiles, ModelLoadError
 
 
 def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
+    """Build (or reuse, within this process) the tokenizer of a checkpoint."""
+    return _load_tokenizer_cached(files.path, files.format, os.path.getmtime(files.path))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer_cached(path: str, format: str, mtime: float) -> PreTrainedTokenizerBase:
+    # Building a GGUF tokenizer converts the whole vocabulary (seconds): engines created
+    # again in one process (tests, benchmarks) share it. Tokenizers are read-only here.
+    files = ModelFiles(path=path, format=format)
     try:
         if files.format == "gguf":
             folder, name = os.path.split(os.path.abspath(files.path))

@@ -1,0 +1,383 @@
+"""The engine loop behind asyncio queues: one thread owns the LLMEngine, each request a stream.
+
+    event loop thread (HTTP handlers)              engine thread (the only LLMEngine user)
+    ---------------------------------              ---------------------------------------
+    add_request() --_Add--> commands (SimpleQueue) --> engine.add_request -> ack future
+    abort()       --_Abort-->                      --> engine.abort_request (frees KV blocks)
+    RequestStream.queue <-- loop.call_soon_threadsafe <-- engine.step() outputs / errors
+
+- The engine thread blocks on the command queue while idle and drains it between steps
+  while busy, so a step never waits for HTTP work and HTTP never waits for a step.
+- Failures are contained: an `add_request` that raises fails that request only (ValueError
+  means the client sent something bad); a `step()` that raises fails the requests that
+  were in its batch, aborts them, and the loop keeps serving. Only an error in the loop's
+  own bookkeeping kills the thread; then `is_alive` turns False (/health says 503) and every
+  open stream gets `EngineDeadError`.
+- A stream whose consumer goes away (client disconnect, cancelled task) must be aborted by
+  the consumer: `abort(request_id)`, or iterate with `generate()`, which does it in `finally`.
+
+The frontend keeps its own copy of the tokenizer (`self.tokenizer`): Hugging Face fast
+tokenizers are not meant to be used from two threads at once, and the engine thread
+detokenizes continuously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from pagoda.engine.metrics import EngineMetrics
+from pagoda.outputs import RequestOutput
+from pagoda.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (crashed or shut down); no request can be served."""
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed while running this request's batch; the request was aborted."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server allows (--max-queue)."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    ack: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Stop:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class RequestStream:
+    """The outputs of one request, in order; the last has `finished` set. Iterate it once."""
+
+    def __init__(self, request_id: str, num_seqs: int) -> None:
+        self.request_id = request_id
+        self.num_seqs = num_seqs
+        self.finished = False
+        """True once the last output (or an error) was delivered."""
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+
+class AsyncLLMEngine:
+    def __init__(
+        self,
+        engine,
+        metrics: EngineMetrics | None = None,
+        max_queue: int | None = None,
+    ) -> None:
+        """`engine` is an LLMEngine (or anything with its interface); from `start()` on, only
+        the engine thread may touch it. `max_queue`: most sequences allowed to wait for a
+        batch slot; a request that would go over raises QueueFullError (None: no limit)."""
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.max_model_len: int = engine.max_model_len
+        self.vocab_size: int = engine.vocab_size
+        self.kv_capacity_tokens: int = engine.kv_capacity_tokens
+        self.max_num_seqs: int = engine.config.scheduler.max_num_seqs
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.dead_error: BaseException | None = None
+        # Event-loop side: open streams and the sequences they stand for.
+        self._streams: dict[str, RequestStream] = {}
+        self.num_unfinished_seqs = 0
+        # Engine-thread side: requests the engine holds (id -> number of sequences).
+        self._engine_request_ids: dict[str, int] = {}
+        # Published by the engine thread after each step (plain ints: atomic to read).
+        self.num_running = 0
+        self.num_waiting = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will consume the streams."""
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already started")
+        self._loop = asyncio.get_running_loop()
+        # A daemon: a forced exit (second Ctrl+C) must not hang on a step in progress.
+        self._thread = threading.Thread(target=self._run, name="pagoda-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still running and stop the engine thread."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        stop = _Stop()
+        self._commands.put(stop)
+        await asyncio.get_running_loop().run_in_executor(None, stop.done.wait, timeout)
+        self._thread.join(timeout=1.0)
+
+    # ---- requests (event loop thread) ------------------------------------------------------
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> RequestStream:
+        """Hand a request to the engine; returns its stream once the engine accepted it.
+
+        Raises what `LLMEngine.add_request` raises (ValueError for a bad request),
+        QueueFullError, or EngineDeadError."""
+        if not self.is_alive:
+            raise EngineDeadError(self.dead_message())
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.check_queue(params.n)
+        stream = RequestStream(request_id, params.n)
+        self._streams[request_id] = stream
+        self.num_unfinished_seqs += params.n
+        ack = asyncio.get_running_loop().create_future()
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        self._commands.put(_Add(request_id, prompt, params, priority, arrival_time, ack))
+        try:
+            await ack
+        except BaseException:
+            # Rejected by the engine, or our caller was cancelled while waiting (then the
+            # engine may still add it: abort, which is a no-op for an unknown id).
+            self.abort(request_id)
+            raise
+        return stream
+
+    def check_queue(self, num_seqs: int = 1) -> None:
+        """Raise QueueFullError if `num_seqs` more sequences would overflow the waiting queue.
+
+        Waiting = the sequences beyond the batch's `max_num_seqs` (known here at once), or,
+        when the engine reported a queue after its last step (KV-cache pressure), that queue
+        plus the newcomers (first come, first served: they queue behind it)."""
+        if self.max_queue is None:
+            return
+        would_wait = self.num_unfinished_seqs + num_seqs - self.max_num_seqs
+        if self.num_waiting > 0:
+            would_wait = max(would_wait, self.num_waiting + num_seqs)
+        if would_wait > self.max_queue:
+            raise QueueFullError(
+                f"the server is at capacity: {max(would_wait - num_seqs, 0)} sequence(s) are "
+                f"waiting and the queue holds at most {self.max_queue}; retry later"
+            )
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks; a no-op for finished or unknown ids."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self.num_unfinished_seqs -= stream.num_seqs
+            stream.finished = True
+        self._commands.put(_Abort(request_id))
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """add_request + iterate; aborts the request if the consumer stops early."""
+        stream = await self.add_request(request_id, prompt, params, priority)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            if not stream.finished:
+                self.abort(request_id)
+
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Event loop side of call_soon_threadsafe: route outputs and errors to streams."""
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            stream.put(item)
+            if isinstance(item, BaseException) or item.finished:
+                del self._streams[request_id]
+                self.num_unfinished_seqs -= stream.num_seqs
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._deliver([(request_id, error) for request_id in list(self._streams)])
+
+    def dead_message(self) -> str:
+        if self.dead_error is not None:
+            return f"the engine loop died: {type(self.dead_error).__name__}: {self.dead_error}"
+        if self._thread is None:
+            return "the engine loop is not started"
+        return "the engine loop has stopped"
+
+    # ---- the engine thread -----------------------------------------------------------------
+
+    def _call_in_loop(self, callback, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is listening any more
+
+    def _run(self) -> None:
+        stop: _Stop | None = None
+        try:
+            while stop is None:
+                stop = self._process_commands(block=not self.engine.has_unfinished_requests())
+                if stop is None and self.engine.has_unfinished_requests():
+                    self._step()
+                self._publish()
+        except BaseException as e:  # our own bug: make it visible, fail everyone
+            logger.exception("the engine loop died")
+            self.dead_error = e
+        finally:
+            self._abort_all_in_engine()
+            self._call_in_loop(self._fail_all, EngineDeadError(self.dead_message()))
+            self._publish()
+            if stop is not None:
+                stop.done.set()
+
+    def _process_commands(self, block: bool) -> _Stop | None:
+        commands = [self._commands.get()] if block else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        for i, command in enumerate(commands):
+            if isinstance(command, _Add):
+                self._add(command)
+            elif isinstance(command, _Abort):
+                self._abort(command.request_id)
+            elif isinstance(command, _Stop):
+                for later in commands[i + 1:]:
+                    if isinstance(later, _Add):
+                        self._call_in_loop(_resolve, later.ack, EngineDeadError("shutting down"))
+                return command
+        return None
+
+    def _add(self, command: _Add) -> None:
+        try:
+            self.engine.add_request(
+                command.request_id, command.prompt, command.params,
+                arrival_time=command.arrival_time, priority=command.priority,
+            )
+        except Exception as e:
+            if not isinstance(e, ValueError):
+                logger.exception("add_request(%s) failed", command.request_id)
+            self._call_in_loop(_resolve, command.ack, e)
+            return
+        self._engine_request_ids[command.request_id] = command.params.n
+        self._call_in_loop(_resolve, command.ack, None)
+
+    def _abort(self, request_id: str) -> None:
+        if self._engine_request_ids.pop(request_id, None) is None:
+            return
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            logger.exception("abort_request(%s) failed", request_id)
+        if self.metrics is not None:
+            self.metrics.forget(request_id)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - contained: fail the batch, keep serving
+            self._fail_batch(e)
+            return
+        now = time.time()
+        for output in outputs:
+            if output.finished:
+                self._engine_request_ids.pop(output.request_id, None)
+        if outputs:
+            self._call_in_loop(self._deliver, [(o.request_id, o) for o in outputs])
+        if self.metrics is not None:
+            try:
+                self.metrics.record_step(self.engine, outputs, now)
+            except Exception:
+                logger.exception("recording metrics failed")
+
+    def _fail_batch(self, error: Exception) -> None:
+        """A step raised: abort the requests of its batch and fail their streams."""
+        failed = self._batch_request_ids()
+        logger.exception(
+            "engine step failed; failing %d request(s): %s", len(failed), ", ".join(failed)
+        )
+        message = f"the engine failed while running this request: {type(error).__name__}: {error}"
+        for request_id in failed:
+            self._abort(request_id)
+        self._call_in_loop(self._deliver, [(rid, EngineStepError(message)) for rid in failed])
+
+    def _batch_request_ids(self) -> list[str]:
+        """Requests with a sequence in the running batch (all of ours if that is unknown)."""
+        try:
+            running = {r.request_id for r in self.engine.scheduler.running}
+            in_batch = [
+                request_id for request_id in self._engine_request_ids
+                if running.intersection(self.engine.output_processor.child_ids(request_id))
+            ]
+        except Exception:  # noqa: BLE001 - best effort; falls back to all requests
+            in_batch = []
+        return in_batch or list(self._engine_request_ids)
+
+    def _abort_all_in_engine(self) -> None:
+        for request_id in list(self._engine_request_ids):
+            self._abort(request_id)
+
+    def _publish(self) -> None:
+        try:
+            self.num_running = self.engine.scheduler.num_running
+            self.num_waiting = self.engine.scheduler.num_waiting
+            if self.metrics is not None:
+                self.metrics.update(self.engine)
+        except Exception:
+            logger.exception("publishing engine stats failed")
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return  # the caller was cancelled
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

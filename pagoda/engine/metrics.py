@@ -1,0 +1,169 @@
+"""Prometheus metrics of one engine, named after vLLM's with the `pagoda:` prefix.
+
+Every metric lives in the registry given (one per server, so that tests can run several
+servers or engines in one process). `EngineMetrics.record_step` is called by whoever drives
+the engine (the async engine's thread, or a benchmark loop) after each `step()`; counters
+follow the engine's running totals (`LLMEngine.stats`, the block manager's prefix-cache
+counters), so nothing is counted twice however often `update` runs.
+
+    gauges      pagoda:num_requests_running, pagoda:num_requests_waiting,
+                pagoda:kv_cache_usage_perc (0..1, as vLLM)
+    counters    pagoda:prompt_tokens_total, pagoda:generation_tokens_total,
+                pagoda:prefix_cache_queries_total, pagoda:prefix_cache_hits_total (tokens),
+                pagoda:num_preemptions_total, pagoda:request_success_total{finished_reason}
+                (per sequence: a request with n=2 counts twice, as in vLLM v1)
+    histograms  pagoda:time_to_first_token_seconds, pagoda:inter_token_latency_seconds,
+                pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pagoda.outputs import RequestOutput
+
+PREFIX = "pagoda:"
+
+_LATENCY_BUCKETS = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+]
+_TOKEN_GAP_BUCKETS = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+]
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(
+                PREFIX + name, doc, labels, buckets=buckets, registry=self.registry
+            ).labels(model_name)
+
+        self.num_requests_running = gauge("num_requests_running", "Sequences running in the batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Sequences waiting to run.")
+        self.kv_cache_usage = gauge(
+            "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100 percent)."
+        )
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prompt tokens served from the prefix cache."
+        )
+        self.num_preemptions = counter("num_preemptions", "Preemptions of running requests.")
+        self._request_success = Counter(
+            PREFIX + "request_success", "Finished sequences, by finish reason.",
+            labels + ["finished_reason"], registry=self.registry,
+        )
+        for reason in ("stop", "length", "abort"):
+            self._request_success.labels(model_name, reason)  # exported as 0 from the start
+        self.time_to_first_token = histogram(
+            "time_to_first_token_seconds", "Arrival to first generated token.", _LATENCY_BUCKETS
+        )
+        self.inter_token_latency = histogram(
+            "inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
+            _TOKEN_GAP_BUCKETS,
+        )
+        self.e2e_request_latency = histogram(
+            "e2e_request_latency_seconds", "Arrival to last token of a request.", _LATENCY_BUCKETS
+        )
+        self.request_queue_time = histogram(
+            "request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS
+        )
+        # Engine totals at the previous update (counters advance by the difference).
+        self._totals: dict[str, float] = {}
+        self._finished_by_reason: dict[str, int] = {}
+        # Per request / sequence state for the latency histograms.
+        self._first_token_seen: set[str] = set()
+        self._last_token_time: dict[tuple[str, int], float] = {}
+
+    # ---- per step ------------------------------------------------------------------------------
+
+    def record_step(self, engine, outputs: Iterable[RequestOutput], now: float | None = None) -> None:
+        """Latency histograms from one step's outputs, then gauges and counters."""
+        now = time.time() if now is None else now
+        for output in outputs:
+            self._record_output(output, now)
+        self.update(engine)
+
+    def _record_output(self, output: RequestOutput, now: float) -> None:
+        request_id = output.request_id
+        metrics = output.metrics
+        if (
+            metrics is not None
+            and metrics.first_token_time is not None
+            and request_id not in self._first_token_seen
+        ):
+            self._first_token_seen.add(request_id)
+            self.time_to_first_token.observe(max(metrics.time_to_first_token, 0.0))
+            if metrics.queue_time is not None:
+                self.request_queue_time.observe(max(metrics.queue_time, 0.0))
+        for completion in output.outputs:
+            if not completion.delta_token_ids:
+                continue
+            key = (request_id, completion.index)
+            last = self._last_token_time.get(key)
+            if last is not None:
+                # One token per sequence per step: the gap is the time since its last token.
+                self.inter_token_latency.observe(max(now - last, 0.0))
+            self._last_token_time[key] = now
+        if output.finished:
+            if metrics is not None:
+                end = metrics.finished_time or now
+                self.e2e_request_latency.observe(max(end - metrics.arrival_time, 0.0))
+            self.forget(request_id, num_seqs=len(output.outputs))
+
+    def forget(self, request_id: str, num_seqs: int | None = None) -> None:
+        """Drop the per-request state of a finished or aborted request."""
+        self._first_token_seen.discard(request_id)
+        if num_seqs is None:
+            keys = [k for k in self._last_token_time if k[0] == request_id]
+        else:
+            keys = [(request_id, i) for i in range(num_seqs)]
+        for key in keys:
+            self._last_token_time.pop(key, None)
+
+    # ---- engine totals --------------------------------------------------------------------------
+
+    def update(self, engine) -> None:
+        """Gauges from the engine's current state; counters by the growth of its totals."""
+        scheduler = engine.scheduler
+        block_manager = engine.block_manager
+        self.num_requests_running.set(scheduler.num_running)
+        self.num_requests_waiting.set(scheduler.num_waiting)
+        self.kv_cache_usage.set(block_manager.usage)
+        stats = engine.stats
+        self._advance(self.prompt_tokens, "prompt_tokens", stats.num_prompt_tokens)
+        self._advance(self.generation_tokens, "generation_tokens", stats.num_generation_tokens)
+        self._advance(self.prefix_cache_queries, "prefix_cache_queries",
+                      block_manager.prefix_cache_queries)
+        self._advance(self.prefix_cache_hits, "prefix_cache_hits", block_manager.prefix_cache_hits)
+        self._advance(self.num_preemptions, "num_preemptions", scheduler.num_preemptions)
+        for reason, total in stats.finished_by_reason.items():
+            previous = self._finished_by_reason.get(reason, 0)
+            if total > previous:
+                self._request_success.labels(self.model_name, reason).inc(total - previous)
+                self._finished_by_reason[reason] = total
+
+    def _advance(self, counter, name: str, total: float) -> None:
+        previous = self._totals.get(name, 0)
+        if total > previous:
+            counter.inc(total - previous)
+            self._totals[name] = total

@@ -1,0 +1,394 @@
+"""Pydantic models of the OpenAI protocol as Pagoda serves it (plus vLLM's extras).
+
+Requests are parsed strictly: `model_validate_json` in strict mode, `extra="forbid"`.
+- Strict types: `"5"` is not an int and `true` is not a number; a wrong type is a 400 that
+  names the field, never a silent coercion. (JSON ints are accepted for float fields.)
+- Unknown fields are a 400 ("Extra inputs are not permitted", naming the field), so a
+  misspelled or unsupported parameter never silently changes nothing. Official OpenAI
+  clients send only the fields the caller set. OpenAI fields that change nothing here
+  (`user`, `store`, `metadata`, `service_tier`, `parallel_tool_calls`) are accepted and
+  ignored; OpenAI fields Pagoda cannot honour (`suffix`, `tools`, `response_format` other
+  than text, audio, ...) are accepted by the parser and then refused with a 400 that says so
+  (`unsupported_fields`), which is clearer than "extra inputs".
+
+Responses are built from the models below and serialized without dropping nulls, because
+OpenAI's shapes carry explicit nulls (`"logprobs": null`, `"finish_reason": null`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+# ---- requests ---------------------------------------------------------------------------------
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool | None = False
+    """Send a last chunk with `usage` (and `"usage": null` in every other chunk)."""
+
+
+def _check_stop(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return value
+    raise ValueError("must be a string or a list of strings")
+
+
+class SamplingRequestFields(StrictModel):
+    """Fields shared by /v1/completions and /v1/chat/completions. None means the default."""
+
+    model: str | None = None
+    n: int | None = 1
+    temperature: float | None = None
+    """Default 1.0, as OpenAI."""
+    top_p: float | None = None
+    stop: Any = None
+    """A string or a list of strings."""
+    seed: int | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    """Token id (a JSON object key, so a string) -> bias in [-100, 100]."""
+    user: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # Harmless OpenAI fields: accepted, ignored.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    # vLLM's extra sampling parameters.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = 0
+    ignore_eos: bool | None = False
+    priority: int | None = 0
+    """Lower runs first when the server uses --scheduling-policy priority."""
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = False
+    skip_special_tokens: bool | None = True
+
+    @field_validator("stop")
+    @classmethod
+    def validate_stop(cls, value: Any) -> Any:
+        return _check_stop(value)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def _check_prompt(value: Any) -> Any:
+    """str | list[str] | list[int] | list[list[int]], non-empty."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            "must be a string, a list of strings, a list of token ids or a list of token-id "
+            "lists, and not empty"
+        )
+    if all(isinstance(p, str) for p in value):
+        return value
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    if all(
+        isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        for p in value
+    ):
+        return value
+    raise ValueError(
+        "must be a string, a list of strings, a list of token ids or a list of token-id lists"
+    )
+
+
+class CompletionRequest(SamplingRequestFields):
+    prompt: Any
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    max_tokens: int | None = 16
+    echo: bool | None = False
+    logprobs: int | None = None
+    """Logprobs of the sampled token and this many alternatives, in [0, 20]."""
+    suffix: str | None = None
+    """Not supported (insertion needs a fill-in-the-middle model); refused when set."""
+    best_of: int | None = None
+    """Only None or equal to n (Pagoda returns every sampled choice)."""
+
+    @field_validator("prompt")
+    @classmethod
+    def validate_prompt(cls, value: Any) -> Any:
+        return _check_prompt(value)
+
+    def unsupported_fields(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.suffix:
+            problems.append(("suffix", "suffix is not supported: Pagoda does not do insertion"))
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            problems.append(("best_of", "best_of is not supported (only best_of == n)"))
+        return problems
+
+
+class TextContentPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+def _check_content(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(
+                    f"part {i} has type {kind!r}; only text parts ({{'type': 'text', "
+                    f"'text': ...}}) are supported"
+                )
+            if not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+                raise ValueError(f"part {i} must be exactly {{'type': 'text', 'text': str}}")
+            parts.append(TextContentPart(type="text", text=part["text"]))
+        return parts
+    raise ValueError("must be a string or a list of {'type': 'text', 'text': ...} parts")
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Any = None
+    """A string, or a list of text parts (joined with newlines)."""
+    name: str | None = None
+    refusal: str | None = None
+    """Accepted on assistant messages sent back by clients; ignored."""
+
+    @field_validator("content")
+    @classmethod
+    def validate_content(cls, value: Any) -> Any:
+        return _check_content(value)
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingRequestFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    """Deprecated by OpenAI in favour of max_completion_tokens; either works."""
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    """Alternatives per token in [0, 20]; needs logprobs true."""
+    parallel_tool_calls: bool | None = None
+    # Accepted by the parser only to be refused with a clear message.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    # vLLM's extras for chat.
+    chat_template: str | None = None
+    add_generation_prompt: bool | None = True
+
+    def unsupported_fields(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.tools:
+            problems.append(("tools", "tools are not supported yet"))
+        if self.tool_choice not in (None, "none", "auto"):
+            problems.append(("tool_choice", "tool_choice is not supported yet"))
+        if self.functions:
+            problems.append(("functions", "functions are not supported"))
+        if self.function_call not in (None, "none", "auto"):
+            problems.append(("function_call", "function_call is not supported"))
+        if self.response_format and self.response_format.get("type") != "text":
+            message = "response_format other than {'type': 'text'} is not supported yet"
+            problems.append(("response_format", message))
+        if self.modalities and self.modalities != ["text"]:
+            problems.append(("modalities", "only the text modality is supported"))
+        if self.audio is not None:
+            problems.append(("audio", "audio output is not supported"))
+        if self.top_logprobs is not None and not self.logprobs:
+            problems.append(("top_logprobs", "top_logprobs needs logprobs set to true"))
+        return problems
+
+    @property
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """(max tokens, the field it came from): max_completion_tokens wins."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+
+class TokenizeRequest(StrictModel):
+    """vLLM's /tokenize: either `prompt` or chat `messages`."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool | None = True
+    add_special_tokens: bool | None = True
+    """Default True for both forms, so that counts equal the completions' `prompt_tokens`."""
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---- responses --------------------------------------------------------------------------------
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class UsageInfo(ResponseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(ResponseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    """vLLM's extra: the stop string or token id that ended the choice."""
+
+
+class CompletionResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class ChatLogProb(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogProbsContent(ChatLogProb):
+    top_logprobs: list[ChatLogProb] = Field(default_factory=list)
+
+
+class ChatChoiceLogProbs(ResponseModel):
+    content: list[ChatLogProbsContent] | None = None
+    refusal: list[ChatLogProbsContent] | None = None
+
+
+class ChatResponseMessage(ResponseModel):
+    role: str = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatCompletionResponseChoice(ResponseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatChoiceLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(ResponseModel):
+    """A streamed delta; fields left None are omitted, as OpenAI does (`{}` at the end)."""
+
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_nones(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatCompletionStreamChoice(ResponseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(ResponseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pagoda"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo

@@ -1,0 +1,226 @@
+"""The OpenAI-compatible HTTP server: a FastAPI app in front of one AsyncLLMEngine.
+
+Routes
+    POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
+    GET  /v1/models                                   (OpenAI)
+    POST /tokenize, POST /detokenize                  (vLLM's shapes)
+    GET  /health   200 while the engine loop runs, 503 once it died
+    GET  /version, GET /metrics (Prometheus text, this server's own registry)
+
+Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
+drains for shutdown. Every error is an OpenAI error body (see errors.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import pagoda
+from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.metrics import EngineMetrics
+from pagoda.entrypoints.openai.errors import (
+    OpenAIError,
+    bad_request,
+    install_error_handlers,
+    server_error,
+)
+from pagoda.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLMEngine
+    metrics: EngineMetrics
+    model_name: str
+    model_root: str
+    api_key: str | None = None
+    chat_template: str | None = None
+    draining: bool = False
+    """Set when shutdown begins: new /v1 requests get 503, in-flight ones finish."""
+    created: int = 0
+
+
+class GateMiddleware:
+    """API key check and drain refusal for /v1 routes (plain ASGI: streaming-safe)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        error = None
+        if self.state.api_key is not None:
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            expected = f"Bearer {self.state.api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                error = OpenAIError(
+                    "Incorrect or missing API key: send the header "
+                    "'Authorization: Bearer <key>' with the server's --api-key.",
+                    401, "invalid_request_error", None, "invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        if error is None and self.state.draining:
+            error = OpenAIError("The server is shutting down; retry on another instance.",
+                                503, "server_error", None, "shutting_down",
+                                headers={"Retry-After": "5"})
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def parse_body(raw_request: Request, model: type):
+    """Strict JSON -> pydantic; a ValidationError becomes a 400 in the error handler."""
+    return model.model_validate_json(await raw_request.body())
+
+
+def build_app(state: ServerState) -> FastAPI:
+    engine = state.engine
+    state.created = state.created or int(time.time())
+    completions = OpenAIServingCompletion(engine, state.model_name)
+    chat = OpenAIServingChat(engine, state.model_name, state.chat_template)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        state.draining = True
+        await engine.shutdown()
+
+    app = FastAPI(title="Pagoda", version=pagoda.__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.pagoda = state
+    install_error_handlers(app)
+    app.add_middleware(GateMiddleware, state=state)
+
+    @app.post("/v1/completions")
+    async def create_completion(raw_request: Request) -> Response:
+        request = await parse_body(raw_request, CompletionRequest)
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw_request: Request) -> Response:
+        request = await parse_body(raw_request, ChatCompletionRequest)
+        return await chat.create_chat_completion(request, raw_request)
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        card = ModelCard(id=state.model_name, created=state.created, root=state.model_root,
+                         max_model_len=engine.max_model_len)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(raw_request: Request) -> JSONResponse:
+        request = await parse_body(raw_request, TokenizeRequest)
+        chat.check_model(request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
+        add_special_tokens = request.add_special_tokens is not False
+        if request.messages is not None:
+            text = chat.render_prompt(request.messages, request.chat_template,
+                                      request.add_generation_prompt is not False)
+        else:
+            text = request.prompt
+        tokens = chat.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        token_strs = chat.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        return JSONResponse(TokenizeResponse(
+            count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens,
+            token_strs=token_strs,
+        ).model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(raw_request: Request) -> JSONResponse:
+        request = await parse_body(raw_request, DetokenizeRequest)
+        chat.check_model(request.model)
+        for token_id in request.tokens:
+            if not 0 <= token_id < engine.vocab_size:
+                raise bad_request(f"tokens: token id {token_id} is out of range; ids must be "
+                                  f"in [0, {engine.vocab_size})", param="tokens")
+        return JSONResponse(DetokenizeResponse(prompt=chat.tokenizer.decode(request.tokens))
+                            .model_dump())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_alive:
+            raise server_error(engine.dead_message(), 503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": pagoda.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class PagodaUvicornServer(uvicorn.Server):
+    """uvicorn's server, except that a signal-initiated shutdown marks the app as draining
+    and ends normally (exit code 0): uvicorn itself re-raises the signal once it is done."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.pagoda_state = state
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:
+            logger.info("received %s: finishing in-flight requests (for up to %ss)",
+                        signal.Signals(sig).name, self.config.timeout_graceful_shutdown)
+        self.pagoda_state.draining = True
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def run_server(
+    app: FastAPI, state: ServerState, host: str, port: int, shutdown_timeout: float,
+    access_log: bool = True,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", access_log=access_log,
+        timeout_graceful_shutdown=shutdown_timeout, lifespan="on",
+    )
+    PagodaUvicornServer(config, state).run()

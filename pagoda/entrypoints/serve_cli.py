@@ -1,0 +1,98 @@
+"""`pagoda serve`: the OpenAI-compatible server on uvicorn.
+
+Lifecycle: load the model (slow), log the URL, the model and the KV capacity, serve. On
+SIGTERM or SIGINT: refuse new /v1 requests (503; uvicorn also stops accepting connections),
+let in-flight ones finish for up to --shutdown-timeout seconds, cancel (abort) the rest,
+stop the engine thread, exit 0. A second SIGINT quits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "PAGODA_API_KEY"
+
+
+def add_serve_parser(subparsers, add_engine_args) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("--served-model-name", default=None,
+                       help="model name in the API (default: the model file or folder name)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help=f"require 'Authorization: Bearer KEY' on /v1 (or set {API_KEY_ENV})")
+    serve.add_argument("--max-queue", type=int, default=None,
+                       help="most sequences waiting for a batch slot; more get 503 + Retry-After "
+                            "(default: no limit)")
+    serve.add_argument("--chat-template", default=None,
+                       help="Jinja chat template file (default: the model's own)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="do not log every HTTP request")
+    add_engine_args(serve)
+    serve.set_defaults(func=cmd_serve)
+    return serve
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+
+
+def _read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template {path}: cannot read it ({e.strerror})") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pagoda.engine.async_engine import AsyncLLMEngine
+    from pagoda.engine.metrics import EngineMetrics
+    from pagoda.entrypoints.cli import engine_kwargs
+    from pagoda.entrypoints.llm import LLM
+    from pagoda.entrypoints.openai.server import ServerState, build_app, run_server
+
+    _check_args(args)
+    chat_template = _read_chat_template(args.chat_template)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    pagoda_logger = logging.getLogger("pagoda")
+    if pagoda_logger.getEffectiveLevel() > logging.INFO:
+        pagoda_logger.setLevel(logging.INFO)  # a server reports its start-up and shutdown
+
+    engine = LLM(**engine_kwargs(args)).engine  # the offline class builds the EngineConfig
+    model_name = args.served_model_name or engine.model_files.name
+    metrics = EngineMetrics(model_name)
+    async_engine = AsyncLLMEngine(engine, metrics=metrics, max_queue=args.max_queue)
+    state = ServerState(
+        engine=async_engine, metrics=metrics, model_name=model_name,
+        model_root=engine.model_files.path, api_key=api_key, chat_template=chat_template,
+    )
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    logger.info(
+        "Pagoda %s serving model %r on http://%s:%d (KV cache capacity %d tokens, max_model_len "
+        "%d, API key %s)", _version(), model_name, host, args.port, engine.kv_capacity_tokens,
+        engine.max_model_len, "required" if api_key else "not required",
+    )
+    run_server(build_app(state), state, args.host, args.port, args.shutdown_timeout,
+               access_log=args.access_log)
+    logger.info("Pagoda server stopped")
+    return 0
+
+
+def _version() -> str:
+    import pagoda
+
+    return pagoda.__version__

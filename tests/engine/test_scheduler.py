@@ -1,0 +1,732 @@
+"""Scheduler unit tests without a model: the engine loop is simulated.
+
+Each simulated step is schedule -> "forward" -> update_from_output, where a request that
+reaches its last token this step gets a sampled token and a partial prefill chunk gets None.
+Tiny caches (block_size 4, a handful of blocks) make block ids and preemptions exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import pytest
+
+from pagoda.config import SchedulerConfig
+from pagoda.engine.block_manager import BlockManager
+from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.scheduler import Scheduler, SchedulerOutput
+from pagoda.sampling_params import SamplingParams
+
+BS = 4
+EOS = 2
+TOKEN = 7  # what the fake model samples unless a test says otherwise
+
+_token_ids = itertools.count(1000)  # fresh prompt tokens, so that prompts never share a prefix
+_arrivals = itertools.count(1)
+
+
+def make_scheduler(
+    num_blocks: int = 16,
+    max_num_batched_tokens: int = 64,
+    max_num_seqs: int = 8,
+    policy: str = "fcfs",
+    max_model_len: int = 64,
+    enable_prefix_caching: bool = True,
+    enable_chunked_prefill: bool = True,
+) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        policy=policy,
+        enable_chunked_prefill=enable_chunked_prefill,
+    )
+    return Scheduler(config, BlockManager(num_blocks, BS, enable_prefix_caching), max_model_len)
+
+
+def make_request(
+    request_id: str,
+    prompt: int | list[int],
+    *,
+    max_tokens: int | None = 16,
+    priority: int = 0,
+    arrival_time: float | None = None,
+    request_max_tokens: int | None = None,
+    eos_token_ids: list[int] | None = None,
+    **params,
+) -> Request:
+    """`prompt` is token ids, or a length for fresh tokens that no other prompt shares."""
+    if isinstance(prompt, int):
+        prompt = [next(_token_ids) for _ in range(prompt)]
+    return Request(
+        request_id,
+        prompt,
+        SamplingParams(max_tokens=max_tokens, **params),
+        eos_token_ids=[EOS] if eos_token_ids is None else eos_token_ids,
+        arrival_time=float(next(_arrivals)) if arrival_time is None else arrival_time,
+        priority=priority,
+        max_tokens=request_max_tokens,
+    )
+
+
+def add(sched: Scheduler, *requests: Request) -> None:
+    for request in requests:
+        sched.add_request(request)
+
+
+def step(
+    sched: Scheduler, sample: Callable[[Request], int] = lambda r: TOKEN
+) -> tuple[SchedulerOutput, list[tuple[Request, int]]]:
+    out = sched.schedule()
+    sampled = [
+        sample(r) if r.num_computed_tokens + n == r.num_tokens else None
+        for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)
+    ]
+    return out, sched.update_from_output(out, sampled)
+
+
+def batch(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(r.request_id, n) for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)]
+
+
+def run_to_completion(sched: Scheduler, sample=lambda r: TOKEN, max_steps: int = 200) -> list:
+    batches = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished_requests():
+            return batches
+        batches.append(batch(step(sched, sample)[0]))
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def assert_all_free(sched: Scheduler) -> None:
+    bm = sched.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(block.ref_count == 0 for block in bm.blocks)
+    assert bm.request_blocks == {}
+    assert bm.num_cached_block_tokens == {}
+    assert sched.requests == {}
+    assert not sched.running and not sched.waiting
+    assert not sched.has_unfinished_requests()
+
+
+# ---- token budget, chunked prefill, batch composition --------------------------------------
+
+
+def test_chunked_prefill_splits_a_prompt_under_the_budget():
+    sched = make_scheduler(max_num_batched_tokens=4)
+    r = make_request("r", 10, max_tokens=3)
+    add(sched, r)
+    expected = [
+        ([("r", 4)], [0], [0], 4, []),
+        ([("r", 4)], [1], [0, 1], 8, []),
+        ([("r", 2)], [2], [0, 1, 2], 10, [TOKEN]),
+        ([("r", 1)], [], [0, 1, 2], 11, [TOKEN, TOKEN]),
+    ]
+    for scheduled, new_block_ids, block_table, computed, outputs in expected:
+        out, new_tokens = step(sched)
+        assert batch(out) == scheduled
+        assert out.new_block_ids == {"r": new_block_ids}
+        assert out.block_ids == [block_table]
+        assert r.num_computed_tokens == computed
+        assert r.output_token_ids == outputs
+        assert new_tokens == ([(r, TOKEN)] if outputs else [])
+        assert r.status == RequestStatus.RUNNING
+    out, new_tokens = step(sched)
+    assert batch(out) == [("r", 1)]
+    assert new_tokens == [(r, TOKEN)]
+    assert r.status == RequestStatus.FINISHED_LENGTH
+    assert r.output_token_ids == [TOKEN] * 3
+    out = sched.schedule()
+    assert out.is_empty
+    assert out.finished_request_ids == ["r"]
+    assert_all_free(sched)
+
+
+def test_partial_chunk_samples_nothing_even_if_given_a_token():
+    # The engine passes None for partial chunks; update_from_output must only advance them.
+    sched = make_scheduler(max_num_batched_tokens=4)
+    r = make_request("r", 6)
+    add(sched, r)
+    out = sched.schedule()
+    assert sched.update_from_output(out, [None]) == []
+    assert (r.num_computed_tokens, r.num_tokens, r.output_token_ids) == (4, 6, [])
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == [2]
+    assert sched.update_from_output(out, [5]) == [(r, 5)]
+    assert (r.num_computed_tokens, r.num_tokens, r.output_token_ids) == (6, 7, [5])
+
+
+def test_running_decodes_come_first_then_new_prefills_fill_the_budget():
+    sched = make_scheduler(max_num_batched_tokens=6)
+    a = make_request("a", 4, max_tokens=5)
+    b = make_request("b", 10, max_tokens=5)
+    add(sched, a, b)
+    assert batch(step(sched)[0]) == [("a", 4), ("b", 2)]
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 5)]
+    out, new_tokens = step(sched)
+    assert batch(out) == [("a", 1), ("b", 3)]
+    assert [(r.request_id, t) for r, t in new_tokens] == [("a", TOKEN), ("b", TOKEN)]
+    c = make_request("c", 8)
+    add(sched, c)
+    out, _ = step(sched)
+    assert batch(out) == [("a", 1), ("b", 1), ("c", 4)]
+    assert out.total_num_scheduled_tokens == 6
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 1), ("c", 4)]
+
+
+def test_budget_used_up_by_running_requests_admits_nobody():
+    sched = make_scheduler(max_num_batched_tokens=4)
+    a = make_request("a", 12)
+    add(sched, a)
+    step(sched)
+    b = make_request("b", 1)
+    add(sched, b)
+    assert batch(step(sched)[0]) == [("a", 4)]
+    assert b.status == RequestStatus.WAITING
+    assert batch(step(sched)[0]) == [("a", 4)]
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 1)]
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
+    sched = make_scheduler(max_num_batched_tokens=8, enable_chunked_prefill=False)
+    a = make_request("a", 6)
+    b = make_request("b", 6)
+    add(sched, a, b)
+    assert batch(step(sched)[0]) == [("a", 6)]
+    assert b.status == RequestStatus.WAITING
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 6)]
+
+
+def test_max_num_seqs_caps_running_requests():
+    sched = make_scheduler(max_num_seqs=2)
+    a = make_request("a", 3, max_tokens=1)
+    b = make_request("b", 3, max_tokens=3)
+    c = make_request("c", 3, max_tokens=1)
+    add(sched, a, b, c)
+    out, _ = step(sched)
+    assert batch(out) == [("a", 3), ("b", 3)]
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    assert c.status == RequestStatus.WAITING
+    out, _ = step(sched)  # a finished, so c takes its seat
+    assert batch(out) == [("b", 1), ("c", 3)]
+    assert out.finished_request_ids == ["a"]
+    assert sched.num_running == 1  # c finished after its one token
+    assert batch(step(sched)[0]) == [("b", 1)]
+    assert_all_free(sched)
+
+
+def test_max_num_seqs_one_runs_requests_one_by_one():
+    sched = make_scheduler(max_num_seqs=1)
+    add(sched, *(make_request(rid, 2, max_tokens=2) for rid in "abc"))
+    assert run_to_completion(sched) == [
+        [("a", 2)], [("a", 1)], [("b", 2)], [("b", 1)], [("c", 2)], [("c", 1)],
+    ]
+
+
+# ---- ordering policies ---------------------------------------------------------------------
+
+
+def _admission_order(policy: str, specs: list[tuple[str, int, float]]) -> list[str]:
+    sched = make_scheduler(max_num_seqs=1, policy=policy)
+    for rid, priority, arrival in specs:
+        add(sched, make_request(rid, 2, max_tokens=1, priority=priority, arrival_time=arrival))
+    order = []
+    for scheduled in run_to_completion(sched):
+        order += [rid for rid, _ in scheduled]
+    return order
+
+
+def test_fcfs_admits_in_queue_order_whatever_the_priority():
+    specs = [("a", 5, 1.0), ("b", 0, 2.0), ("c", 1, 3.0)]
+    assert _admission_order("fcfs", specs) == ["a", "b", "c"]
+
+
+def test_priority_policy_admits_lowest_value_first_then_earliest_arrival():
+    specs = [("a", 5, 1.0), ("b", 0, 4.0), ("c", 1, 2.0), ("d", 0, 3.0)]
+    assert _admission_order("priority", specs) == ["d", "b", "c", "a"]
+
+
+def test_priority_policy_orders_admissions_within_one_step():
+    sched = make_scheduler(max_num_batched_tokens=8, policy="priority")
+    add(
+        sched,
+        make_request("a", 4, priority=2),
+        make_request("b", 4, priority=0),
+        make_request("c", 4, priority=1),
+    )
+    out, _ = step(sched)
+    assert batch(out) == [("b", 4), ("c", 4)]
+    assert [r.request_id for r in sched.waiting] == ["a"]
+    # Running requests keep their admission order; a is admitted behind them.
+    assert batch(step(sched)[0]) == [("b", 1), ("c", 1), ("a", 4)]
+
+
+# ---- preemption ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "running_order", "victim", "after"),
+    [
+        # fcfs: the latest arrival (c) goes, whatever its priority.
+        ("fcfs", ["a", "b", "c"], "c", [("a", 1), ("b", 1)]),
+        # priority: the largest priority value (b) goes, although c arrived later.
+        ("priority", ["a", "c", "b"], "b", [("a", 1), ("c", 1)]),
+    ],
+)
+def test_preemption_victim_and_its_state(policy, running_order, victim, after):
+    sched = make_scheduler(num_blocks=6, policy=policy)
+    a = make_request("a", 7, priority=0, arrival_time=1.0)
+    b = make_request("b", 7, priority=5, arrival_time=2.0)
+    c = make_request("c", 7, priority=1, arrival_time=3.0)
+    add(sched, a, b, c)
+    out, _ = step(sched)
+    assert [rid for rid, _ in batch(out)] == running_order
+    assert out.block_ids == [[0, 1], [2, 3], [4, 5]]
+    out, _ = step(sched)  # 8 tokens each: the last token still fits in block 1
+    assert out.preempted_request_ids == []
+    assert sched.block_manager.num_free_blocks == 0
+    # 9 tokens each: every request needs a third block and none is free.
+    out, _ = step(sched)
+    assert out.preempted_request_ids == [victim]
+    assert batch(out) == after
+    # The victim's blocks were [4, 5], freed tail first, then handed out in that order.
+    assert out.new_block_ids == {after[0][0]: [5], after[1][0]: [4]}
+    v = {"a": a, "b": b, "c": c}[victim]
+    assert v.status == RequestStatus.PREEMPTED
+    assert v.num_computed_tokens == 0
+    assert v.num_preemptions == 1
+    assert sched.num_preemptions == 1
+    assert v.output_token_ids == [TOKEN, TOKEN]  # generated tokens are kept
+    assert v not in sched.running
+    assert list(sched.waiting) == [v]
+    assert sched.requests[victim] is v
+    assert sched.block_manager.block_ids(victim) == []
+    assert sched.block_manager.num_free_blocks == 0
+
+
+def test_preempted_request_goes_to_the_front_and_nobody_is_admitted_that_step():
+    # Priority policy, prefix caching off, so that the recompute is the whole request.
+    sched = make_scheduler(num_blocks=4, policy="priority", enable_prefix_caching=False)
+    a = make_request("a", 7, max_tokens=3, priority=0)
+    b = make_request("b", 7, max_tokens=4, priority=1)
+    add(sched, a, b)
+
+    def sample(r: Request) -> int:
+        return 10 + r.num_tokens  # depends on the position only: recompute gives the same
+
+    assert batch(step(sched, sample)[0]) == [("a", 7), ("b", 7)]
+    assert batch(step(sched, sample)[0]) == [("a", 1), ("b", 1)]
+    c = make_request("c", 2, max_tokens=1, priority=0)
+    add(sched, c)
+    out, _ = step(sched, sample)
+    assert out.preempted_request_ids == ["b"]
+    assert batch(out) == [("a", 1)]
+    # c would fit (budget and a free block), but a step that preempted admits nobody.
+    assert a.status == RequestStatus.FINISHED_LENGTH  # a's 3 blocks were freed after the step
+    assert sched.block_manager.num_free_blocks == 4
+    assert c.status == RequestStatus.WAITING
+    assert list(sched.waiting) == [b, c]
+    # Next step: c (priority 0) before b (priority 1); b is recomputed from token 0.
+    out, _ = step(sched, sample)
+    assert batch(out) == [("c", 2), ("b", 9)]
+    assert out.finished_request_ids == ["a"]
+    assert out.preempted_request_ids == []
+    assert b.status == RequestStatus.RUNNING
+    assert b.num_cached_tokens == 0
+    assert b.output_token_ids == [17, 18, 19]
+    out, _ = step(sched, sample)
+    assert batch(out) == [("b", 1)]
+    assert out.finished_request_ids == ["c"]
+    assert b.output_token_ids == [17, 18, 19, 20]
+    assert b.status == RequestStatus.FINISHED_LENGTH
+    assert b.num_preemptions == 1
+    assert sched.schedule().finished_request_ids == ["b"]
+    assert_all_free(sched)
+
+
+def test_fcfs_preempted_request_waits_in_front_of_later_arrivals():
+    sched = make_scheduler(num_blocks=4, enable_prefix_caching=False)
+    a = make_request("a", 7, max_tokens=4)
+    b = make_request("b", 7, max_tokens=3)
+    add(sched, a, b)
+    step(sched)
+    step(sched)
+    c = make_request("c", 1, max_tokens=1)
+    add(sched, c)
+    out, _ = step(sched)
+    assert out.preempted_request_ids == ["b"]
+    assert list(sched.waiting) == [b, c]
+    # b (9 tokens, 3 blocks) does not fit in the one free block, and c may not jump it.
+    out, _ = step(sched)
+    assert batch(out) == [("a", 1)]
+    assert out.preempted_request_ids == []
+    assert c.status == RequestStatus.WAITING
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    assert batch(step(sched)[0]) == [("b", 9), ("c", 1)]
+    assert b.output_token_ids == [TOKEN] * 3  # the third one came from the recompute
+    assert b.status == c.status == RequestStatus.FINISHED_LENGTH
+    assert sched.schedule().finished_request_ids == ["b", "c"]
+    assert_all_free(sched)
+
+
+def test_preempted_request_reuses_its_cached_blocks_when_they_survive():
+    sched = make_scheduler(num_blocks=4)
+    a = make_request("a", 7, max_tokens=3)
+    b = make_request("b", 7, max_tokens=4)
+    add(sched, a, b)
+    step(sched)
+    step(sched)
+    out, _ = step(sched)
+    assert out.preempted_request_ids == ["b"]
+    assert out.new_block_ids == {"a": [3]}  # b's tail block: its hash is gone now
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    out, _ = step(sched)
+    # b's head block 2 is still cached: 4 of its 9 tokens are hits, 5 are recomputed.
+    assert batch(out) == [("b", 5)]
+    assert out.block_ids == [[2, 3, 1]]
+    assert out.new_block_ids == {"b": [3, 1]}
+    assert b.num_computed_tokens == 9
+    run_to_completion(sched)
+    assert b.output_token_ids == [TOKEN] * 4
+    assert_all_free(sched)
+
+
+def test_a_request_that_cannot_grow_preempts_itself_not_an_already_scheduled_one():
+    sched = make_scheduler(num_blocks=4, policy="priority")
+    a = make_request("a", 5, priority=9, arrival_time=1.0)
+    add(sched, a)
+    step(sched)  # a alone: blocks [0, 1]
+    b = make_request("b", 7, priority=0, arrival_time=2.0)
+    add(sched, b)
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 7)]  # b: blocks [2, 3]
+    assert batch(step(sched)[0]) == [("a", 1), ("b", 1)]
+    # Now a's 8th token still fits its 2 blocks, b's 9th needs a third and none is free.
+    # a has the worse priority, but it is already scheduled this step: b preempts itself.
+    out, _ = step(sched)
+    assert batch(out) == [("a", 1)]
+    assert out.preempted_request_ids == ["b"]
+    assert b.status == RequestStatus.PREEMPTED
+    assert sched.block_manager.num_free_blocks == 2
+    assert a.status == RequestStatus.RUNNING
+
+
+def test_abort_a_preempted_request():
+    sched = make_scheduler(num_blocks=4, enable_prefix_caching=False)
+    a = make_request("a", 7)
+    b = make_request("b", 7)
+    add(sched, a, b)
+    step(sched)
+    step(sched)
+    assert step(sched)[0].preempted_request_ids == ["b"]
+    assert sched.finish_requests(["b"], RequestStatus.FINISHED_ABORTED) == [b]
+    assert b.status == RequestStatus.FINISHED_ABORTED
+    assert not sched.waiting
+    assert "b" not in sched.requests
+    assert sched.schedule().finished_request_ids == ["b"]
+
+
+# ---- finishing: aborts and stop conditions -------------------------------------------------
+
+
+def test_finish_requests_frees_blocks_and_reports_ids_in_the_next_output():
+    sched = make_scheduler(max_num_seqs=1)
+    a = make_request("a", 6)
+    b = make_request("b", 3)
+    add(sched, a, b)
+    step(sched)
+    assert sched.block_manager.num_free_blocks == 16 - 2
+    finished = sched.finish_requests(["a", "b", "nope"], RequestStatus.FINISHED_ABORTED)
+    assert finished == [a, b]
+    assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+    assert sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED) == []
+    assert_all_free(sched)
+    out = sched.schedule()
+    assert out.is_empty
+    assert out.finished_request_ids == ["a", "b"]
+    assert sched.schedule().finished_request_ids == []
+
+
+def test_a_request_aborted_while_its_step_runs_gets_no_token():
+    sched = make_scheduler()
+    a = make_request("a", 3)
+    b = make_request("b", 3)
+    add(sched, a, b)
+    out = sched.schedule()
+    sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    assert sched.update_from_output(out, [TOKEN, TOKEN]) == [(b, TOKEN)]
+    assert a.output_token_ids == []
+    assert a.status == RequestStatus.FINISHED_ABORTED
+    assert b.output_token_ids == [TOKEN]
+    nxt = sched.schedule()
+    assert batch(nxt) == [("b", 1)]
+    assert nxt.finished_request_ids == ["a"]
+
+
+def test_finished_request_ids_of_natural_stops_are_reported_once():
+    sched = make_scheduler()
+    add(sched, make_request("a", 3, max_tokens=1), make_request("b", 3, max_tokens=2))
+    out, _ = step(sched)
+    assert out.finished_request_ids == []
+    out, _ = step(sched)
+    assert out.finished_request_ids == ["a"]
+    assert batch(out) == [("b", 1)]
+    out = sched.schedule()
+    assert out.finished_request_ids == ["b"]
+    assert sched.schedule().finished_request_ids == []
+
+
+def _generate(request: Request, tokens: list[int], **sched_kwargs) -> Request:
+    sched = make_scheduler(**sched_kwargs)
+    sched.add_request(request)
+    it = iter(tokens)
+    for _ in range(len(tokens)):
+        step(sched, lambda r: next(it))
+        if request.is_finished:
+            break
+    return request
+
+
+def test_eos_stops_with_no_stop_reason():
+    r = _generate(make_request("r", 3, eos_token_ids=[2, 3]), [5, 3, 5])
+    assert r.output_token_ids == [5, 3]
+    assert r.status == RequestStatus.FINISHED_STOPPED
+    assert r.status.finish_reason == "stop"
+    assert r.stop_reason is None
+
+
+def test_ignore_eos_runs_to_max_tokens():
+    r = _generate(make_request("r", 3, max_tokens=3, ignore_eos=True), [EOS] * 5)
+    assert r.output_token_ids == [EOS] * 3
+    assert r.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_stop_token_ids_stop_with_the_token_as_stop_reason():
+    r = _generate(make_request("r", 3, stop_token_ids=[9, 11]), [5, 11, 5])
+    assert r.output_token_ids == [5, 11]
+    assert r.status == RequestStatus.FINISHED_STOPPED
+    assert r.stop_reason == 11
+
+
+def test_stop_token_ids_apply_even_with_ignore_eos():
+    r = _generate(make_request("r", 3, stop_token_ids=[9], ignore_eos=True), [EOS, 9, 5])
+    assert r.output_token_ids == [EOS, 9]
+    assert r.stop_reason == 9
+
+
+def test_max_tokens_finishes_with_length():
+    r = _generate(make_request("r", 3, max_tokens=3), [5] * 10)
+    assert r.output_token_ids == [5] * 3
+    assert r.status == RequestStatus.FINISHED_LENGTH
+    assert r.status.finish_reason == "length"
+
+
+def test_request_max_tokens_overrides_the_sampling_params():
+    r = _generate(make_request("r", 3, max_tokens=16, request_max_tokens=2), [5] * 10)
+    assert r.output_token_ids == [5, 5]
+    assert r.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_min_tokens_delays_eos_and_stop_token_ids():
+    r = _generate(make_request("r", 3, min_tokens=3, stop_token_ids=[9]), [EOS, 9, EOS, 5])
+    assert r.output_token_ids == [EOS, 9, EOS]
+    assert r.status == RequestStatus.FINISHED_STOPPED
+    assert r.stop_reason is None
+    r = _generate(make_request("r", 3, min_tokens=2, stop_token_ids=[9]), [EOS, 9, 5])
+    assert r.output_token_ids == [EOS, 9]
+    assert r.stop_reason == 9
+
+
+@pytest.mark.parametrize("max_tokens", [None, 16])
+def test_max_model_len_finishes_with_length(max_tokens):
+    # max_tokens None (no cap anywhere) used to raise TypeError comparing an int with None.
+    r = _generate(make_request("r", 6, max_tokens=max_tokens), [5] * 10, max_model_len=8)
+    assert r.output_token_ids == [5, 5]
+    assert r.num_tokens == 8
+    assert r.status == RequestStatus.FINISHED_LENGTH
+
+
+# ---- admission checks ----------------------------------------------------------------------
+
+
+def test_prompt_longer_than_max_model_len_is_rejected_with_both_lengths():
+    sched = make_scheduler(max_model_len=13)
+    with pytest.raises(ValueError, match=r"17 tokens.*13 tokens"):
+        sched.add_request(make_request("r", 17))
+    with pytest.raises(ValueError, match=r"14 tokens.*13 tokens"):
+        sched.add_request(make_request("r", 14))
+    assert sched.requests == {} and not sched.waiting
+    # A prompt of exactly max_model_len fits: one token is sampled, then length stops it.
+    r = make_request("r", 13)
+    sched.add_request(r)
+    run_to_completion(sched)
+    assert r.output_token_ids == [TOKEN]
+    assert r.status == RequestStatus.FINISHED_LENGTH
+    assert_all_free(sched)
+
+
+def test_duplicate_request_id_is_rejected_until_the_first_finishes():
+    sched = make_scheduler()
+    first = make_request("a", 3, max_tokens=1)
+    sched.add_request(first)
+    with pytest.raises(ValueError, match="'a'"):
+        sched.add_request(make_request("a", 3))
+    assert list(sched.waiting) == [first]
+    assert sched.requests == {"a": first}
+    step(sched)
+    assert first.is_finished
+    sched.add_request(make_request("a", 3))  # the id is free again once finished
+    assert sched.num_waiting == 1
+
+
+# ---- prefix cache through the scheduler ----------------------------------------------------
+
+
+def test_second_request_with_the_same_prompt_starts_from_the_cache():
+    sched = make_scheduler()
+    prompt = list(range(100, 110))
+    a = make_request("a", prompt)
+    add(sched, a)
+    step(sched)
+    b = make_request("b", prompt)
+    add(sched, b)
+    out, _ = step(sched)
+    assert batch(out) == [("a", 1), ("b", 2)]
+    assert out.block_ids == [[0, 1, 2], [0, 1, 3]]
+    assert out.new_block_ids == {"a": [], "b": [3]}
+    assert b.num_cached_tokens == 8
+    assert a.num_cached_tokens == 0
+    assert [blk.ref_count for blk in sched.block_manager.blocks[:4]] == [2, 2, 1, 1]
+
+
+def test_requests_admitted_in_the_same_step_share_the_prefix():
+    # Blocks are registered when allocated: b reads what a writes earlier in the same forward.
+    sched = make_scheduler()
+    prompt = list(range(100, 110))
+    add(sched, make_request("a", prompt), make_request("b", prompt))
+    out, _ = step(sched)
+    assert batch(out) == [("a", 10), ("b", 2)]
+    assert out.block_ids == [[0, 1, 2], [0, 1, 3]]
+
+
+def test_prompt_logprobs_requests_compute_every_prompt_token():
+    sched = make_scheduler()
+    prompt = list(range(100, 110))
+    add(sched, make_request("a", prompt))
+    step(sched)
+    b = make_request("b", prompt, prompt_logprobs=1)
+    add(sched, b)
+    out, _ = step(sched)
+    assert batch(out) == [("a", 1), ("b", 10)]
+    assert b.num_cached_tokens == 0
+
+
+def test_prefix_caching_disabled_computes_every_prompt_token():
+    sched = make_scheduler(enable_prefix_caching=False)
+    prompt = list(range(100, 110))
+    add(sched, make_request("a", prompt), make_request("b", prompt))
+    out, _ = step(sched)
+    assert batch(out) == [("a", 10), ("b", 10)]
+    assert out.block_ids == [[0, 1, 2], [3, 4, 5]]
+
+
+# ---- everything together: no leaks, same tokens whatever the memory pressure ---------------
+
+
+def _fake_model(r: Request) -> int:
+    # Deterministic in the request's tokens, never EOS (2).
+    return (sum(r.all_token_ids) * 31 + r.num_tokens) % 50 + 10
+
+
+def _workload(seed: int) -> list[Request]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(10, 60) for _ in range(8)]
+    requests = []
+    for i in range(14):
+        if i % 3 == 0:
+            prompt = shared[: rng.randint(5, 8)] + [rng.randrange(10, 60) for _ in range(3)]
+        else:
+            prompt = [rng.randrange(10, 60) for _ in range(rng.randint(1, 15))]
+        requests.append(
+            make_request(
+                f"r{i}", prompt, max_tokens=rng.randint(1, 8),
+                priority=rng.randint(0, 3), arrival_time=float(i),
+            )
+        )
+    return requests
+
+
+def _run_checked(sched: Scheduler, requests: list[Request], abort: set[str] = frozenset()):
+    bm = sched.block_manager
+    cfg = sched.config
+    pending = list(requests)
+    for step_index in range(500):
+        # Requests arrive over time, a couple per step.
+        for _ in range(2):
+            if pending:
+                sched.add_request(pending.pop(0))
+        if step_index == 6:
+            sched.finish_requests(abort, RequestStatus.FINISHED_ABORTED)
+        if not sched.has_unfinished_requests() and not pending:
+            return
+        out = sched.schedule()
+        assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+        assert len(out.scheduled_requests) <= cfg.max_num_seqs
+        assert sched.num_running <= cfg.max_num_seqs
+        assert not set(out.preempted_request_ids) & {r.request_id for r in out.scheduled_requests}
+        for r, n, table in zip(out.scheduled_requests, out.num_scheduled_tokens, out.block_ids):
+            assert n >= 1
+            assert r.num_computed_tokens + n <= r.num_tokens
+            assert table == bm.block_ids(r.request_id)
+            assert len(set(table)) == len(table)
+            assert len(table) == bm.num_blocks_needed(r.num_computed_tokens + n)
+        holders = [0] * bm.num_blocks
+        for r in sched.running:
+            for block_id in bm.block_ids(r.request_id):
+                holders[block_id] += 1
+        assert [b.ref_count for b in bm.blocks] == holders
+        assert sorted(bm.free_blocks) == [i for i, h in enumerate(holders) if h == 0]
+        sampled = [
+            _fake_model(r) if r.num_computed_tokens + n == r.num_tokens else None
+            for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)
+        ]
+        sched.update_from_output(out, sampled)
+    raise AssertionError("workload did not finish in 500 steps")
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_tight_cache_gives_the_same_tokens_and_leaks_nothing(policy, enable_prefix_caching):
+    roomy = make_scheduler(
+        num_blocks=64, max_num_batched_tokens=64, policy=policy,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    roomy_requests = _workload(seed=1)
+    _run_checked(roomy, roomy_requests)
+    assert roomy.num_preemptions == 0
+
+    tight = make_scheduler(
+        num_blocks=8, max_num_batched_tokens=6, max_num_seqs=4, max_model_len=32,
+        policy=policy, enable_prefix_caching=enable_prefix_caching,
+    )
+    tight_requests = _workload(seed=1)
+    _run_checked(tight, tight_requests)
+    assert tight.num_preemptions > 0  # the workload really exercises preemption
+    for r_roomy, r_tight in zip(roomy_requests, tight_requests):
+        assert r_tight.output_token_ids == r_roomy.output_token_ids
+        assert r_tight.num_output_tokens == r_tight.max_tokens
+        assert r_tight.status == RequestStatus.FINISHED_LENGTH
+    assert_all_free(tight)
+    assert_all_free(roomy)
+    if enable_prefix_caching:
+        assert tight.block_manager.prefix_cache_hits > 0
+
+
+def test_aborts_in_a_busy_tight_cache_leak_nothing():
+    sched = make_scheduler(num_blocks=8, max_num_batched_tokens=6, max_num_seqs=4)
+    requests = _workload(seed=2)
+    _run_checked(sched, requests, abort={"r0", "r3", "r5", "r9"})
+    aborted = [r.request_id for r in requests if r.status == RequestStatus.FINISHED_ABORTED]
+    assert aborted and set(aborted) <= {"r0", "r3", "r5", "r9"}
+    assert all(r.is_finished for r in requests)
+    assert_all_free(sched)
