@@ -79,9 +79,10 @@ class RequestStream:
         self.num_seqs = num_seqs
         self.finished = False
         """True once the last output (or an error) was delivered."""
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put(self, item: RequestOutput | BaseException | None) -> None:
+        """An output, an error to raise, or None: aborted, end the iteration."""
         self._queue.put_nowait(item)
 
     def __aiter__(self) -> RequestStream:
@@ -91,6 +92,8 @@ class RequestStream:
         if self.finished and self._queue.empty():
             raise StopAsyncIteration
         item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -211,6 +214,7 @@ class AsyncLLMEngine:
         if stream is not None:
             self.num_unfinished_seqs -= stream.num_seqs
             stream.finished = True
+            stream.put(None)  # wakes a consumer still waiting on it
         self._commands.put(_Abort(request_id))
 
     async def generate(
@@ -333,7 +337,7 @@ class AsyncLLMEngine:
             self._call_in_loop(self._deliver, [(o.request_id, o) for o in outputs])
         if self.metrics is not None:
             try:
-                self.metrics.record_step(self.engine, outputs, now)
+                self.metrics.record_step(outputs, now)
             except Exception:
                 logger.exception("recording metrics failed")
 

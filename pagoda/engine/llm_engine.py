@@ -27,6 +27,7 @@ from pagoda.executor.loader.model_loader import (
 )
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
 from pagoda.executor.model_runner import ModelRunner
+from pagoda.executor.models.registry import resolve_model_class
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -56,6 +57,7 @@ class LLMEngine:
         tokenizer_files = resolve_model_files(config.model.tokenizer) if config.model.tokenizer else files
         self.model_files = files
         checkpoint = open_checkpoint(files)  # before the tokenizer: clearer errors on bad files
+        resolve_model_class(checkpoint.hf_config)  # an unsupported architecture fails here
         self.tokenizer = load_tokenizer(tokenizer_files)
         hf_config = checkpoint.hf_config
         self.hf_config = hf_config
@@ -83,6 +85,14 @@ class LLMEngine:
             logger.warning("max_model_len lowered from %d to the KV capacity %d", max_model_len, capacity)
             max_model_len = capacity
         self.max_model_len = max_model_len
+        if not config.scheduler.enable_chunked_prefill and (
+            config.scheduler.max_num_batched_tokens < max_model_len
+        ):
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens "
+                f"({config.scheduler.max_num_batched_tokens}) must be at least max_model_len "
+                f"({max_model_len}), or long prompts could never be scheduled"
+            )
         self.runner.initialize_kv_cache(num_blocks)
         self.block_manager = BlockManager(
             num_blocks, config.cache.block_size, config.cache.enable_prefix_caching

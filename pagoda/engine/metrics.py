@@ -1,10 +1,11 @@
 """Prometheus metrics of one engine, named after vLLM's with the `pagoda:` prefix.
 
 Every metric lives in the registry given (one per server, so that tests can run several
-servers or engines in one process). `EngineMetrics.record_step` is called by whoever drives
-the engine (the async engine's thread, or a benchmark loop) after each `step()`; counters
-follow the engine's running totals (`LLMEngine.stats`, the block manager's prefix-cache
-counters), so nothing is counted twice however often `update` runs.
+servers or engines in one process). Whoever drives the engine (the async engine's thread, a
+benchmark loop) calls `record_step(outputs)` after each `step()`, and `update(engine)` after
+each step or abort: gauges read the engine's state, and counters follow its running totals
+(`LLMEngine.stats`, the block manager's prefix-cache counters), so nothing is counted twice
+however often `update` runs.
 
     gauges      pagoda:num_requests_running, pagoda:num_requests_waiting,
                 pagoda:kv_cache_usage_perc (0..1, as vLLM)
@@ -96,12 +97,11 @@ class EngineMetrics:
 
     # ---- per step ------------------------------------------------------------------------------
 
-    def record_step(self, engine, outputs: Iterable[RequestOutput], now: float | None = None) -> None:
-        """Latency histograms from one step's outputs, then gauges and counters."""
+    def record_step(self, outputs: Iterable[RequestOutput], now: float | None = None) -> None:
+        """Latency histograms from one step's outputs (call `update` for the rest)."""
         now = time.time() if now is None else now
         for output in outputs:
             self._record_output(output, now)
-        self.update(engine)
 
     def _record_output(self, output: RequestOutput, now: float) -> None:
         request_id = output.request_id

@@ -70,14 +70,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class ChatSession:
+    """The REPL's conversation: the history sent with each turn, cleared by /reset."""
+
+    def __init__(self, llm, params, system: str | None = None) -> None:
+        self.llm, self.params = llm, params
+        self.base = [{"role": "system", "content": system}] if system else []
+        self.history: list[dict[str, str]] = list(self.base)
+
+    def send(self, text: str) -> str:
+        self.history.append({"role": "user", "content": text})
+        reply = self.llm.chat(self.history, self.params, use_tqdm=False)[0].outputs[0].text
+        self.history.append({"role": "assistant", "content": reply})
+        return reply
+
+    def reset(self) -> None:
+        self.history = list(self.base)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from pagoda.entrypoints.llm import LLM
 
     params = sampling_params(args)
-    llm = LLM(**engine_kwargs(args))
-    history: list[dict[str, str]] = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
+    session = ChatSession(LLM(**engine_kwargs(args)), params, args.system)
     print("Pagoda chat. /reset clears the history, /exit quits.", file=sys.stderr)
     while True:
         try:
@@ -91,13 +106,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if text == "/exit":
             return 0
         if text == "/reset":
-            history = history[:1] if args.system else []
+            session.reset()
             print("(history cleared)", file=sys.stderr)
             continue
-        history.append({"role": "user", "content": text})
-        reply = llm.chat(history, params, use_tqdm=False)[0].outputs[0].text
-        history.append({"role": "assistant", "content": reply})
-        print(reply, flush=True)
+        print(session.send(text), flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pagoda.entrypoints.serve_cli import add_serve_parser
     add_serve_parser(sub, add_engine_args)
+
+    from pagoda.bench.cli import add_bench_parser
+    add_bench_parser(sub, add_engine_args)
     return parser
 
 

@@ -307,6 +307,16 @@ def test_hits_stop_at_the_first_miss():
     assert num_hit_tokens == 4
 
 
+def test_hits_are_a_contiguous_run_from_the_first_block():
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    a = make_request("a", PROMPT_A)
+    admit(bm, a)
+    bm.free(a)
+    del bm.cached_blocks[a.block_hashes[0]]  # as if block 0 had been evicted
+    assert a.block_hashes[1] in bm.cached_blocks
+    assert bm.get_computed_blocks(make_request("b", PROMPT_A)) == ([], 0)
+
+
 def test_prefix_cache_counters_count_prompt_tokens():
     bm = BlockManager(num_blocks=8, block_size=BS)
     a = make_request("a", PROMPT_A)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -387,6 +387,9 @@ def test_preempted_request_reuses_its_cached_blocks_when_they_survive():
     assert out.block_ids == [[2, 3, 1]]
     assert out.new_block_ids == {"b": [3, 1]}
     assert b.num_computed_tokens == 9
+    # Queries count each admission's tokens (7 + 7, then b's 9 again); hits b's 4.
+    bm = sched.block_manager
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (23, 4)
     run_to_completion(sched)
     assert b.output_token_ids == [TOKEN] * 4
     assert_all_free(sched)
@@ -609,6 +612,29 @@ def test_requests_admitted_in_the_same_step_share_the_prefix():
     assert out.block_ids == [[0, 1, 2], [0, 1, 3]]
 
 
+def test_a_request_that_did_not_fit_keeps_its_cache_hits_for_the_next_try():
+    sched = make_scheduler(num_blocks=5)
+    prompt = list(range(100, 109))
+    a = make_request("a", prompt, max_tokens=1)
+    c = make_request("c", 4, max_tokens=3)
+    add(sched, a, c)
+    assert step(sched)[0].block_ids == [[0, 1, 2], [3]]  # a finishes: free list 4, 2, 1, 0
+    b = make_request("b", prompt[:8] + list(range(200, 208)))  # hits blocks 0, 1
+    add(sched, b)
+    out, _ = step(sched)
+    # c's decode took block 4; b needs its 2 hits and 2 new blocks, only 3 are free.
+    assert batch(out) == [("c", 1)]
+    assert out.new_block_ids == {"c": [4]}
+    assert b.status == RequestStatus.WAITING
+    assert b.num_computed_tokens == 0
+    assert [blk.ref_count for blk in sched.block_manager.blocks] == [0, 0, 0, 1, 1]
+    assert batch(step(sched)[0]) == [("c", 1)]  # c finishes
+    out, _ = step(sched)
+    assert batch(out) == [("b", 8)]
+    assert out.block_ids == [[0, 1, 2, 4]]
+    assert b.num_cached_tokens == 8
+
+
 def test_prompt_logprobs_requests_compute_every_prompt_token():
     sched = make_scheduler()
     prompt = list(range(100, 110))
@@ -656,7 +682,7 @@ def _workload(seed: int) -> list[Request]:
     return requests
 
 
-def _run_checked(sched: Scheduler, requests: list[Request], abort: set[str] = frozenset()):
+def _run_checked(sched: Scheduler, requests: list[Request], abort: Iterable[str] = ()):
     bm = sched.block_manager
     cfg = sched.config
     pending = list(requests)
