@@ -55,3 +55,20 @@ def test_unsupported_architecture_lists_supported(tmp_path) -> None:
     checkpoint = open_checkpoint(resolve_model_files(str(tmp_path)))
     with pytest.raises(ValueError, match="unsupported model architecture GPT2LMHeadModel.*LlamaForCausalLM"):
         load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_close_to_float32(dtype, tmp_path) -> None:
+    build_checkpoint("qwen2", str(tmp_path))
+    files = resolve_model_files(str(tmp_path))
+    runner32 = pagoda_runner(str(tmp_path))
+    model = load_model(open_checkpoint(files), dtype, torch.device("cpu"), max_position=256)
+    assert all(p.dtype == dtype for p in model.parameters())
+    runner16 = ModelRunner(model, torch.device("cpu"), dtype, CacheConfig(block_size=4), [])
+    runner16.initialize_kv_cache(64)
+    assert runner16.kv_caches[0].dtype == dtype
+    for ours, reference in zip(runner16.prompt_logits(PROMPTS), runner32.prompt_logits(PROMPTS)):
+        assert ours.dtype == torch.float32  # logits are always returned in float32
+        agreement = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
+        assert agreement > 0.9
+        assert (ours - reference).abs().max().item() < 0.5
