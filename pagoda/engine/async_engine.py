@@ -145,6 +145,11 @@ class AsyncLLMEngine:
         self._thread.start()
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop that consumes the streams (set by `start`)."""
+        return self._loop
+
+    @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 
@@ -232,6 +237,14 @@ class AsyncLLMEngine:
         finally:
             if not stream.finished:
                 self.abort(request_id)
+
+    def cancel_all(self, reason: str) -> None:
+        """Abort every open request; their streams raise EngineDeadError(reason). For a
+        shutdown whose grace period ran out: handlers end their responses cleanly."""
+        request_ids = list(self._streams)
+        for request_id in request_ids:
+            self._commands.put(_Abort(request_id))
+        self._deliver([(request_id, EngineDeadError(reason)) for request_id in request_ids])
 
     def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         """Event loop side of call_soon_threadsafe: route outputs and errors to streams."""

@@ -138,13 +138,17 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
-        """Queue a request. `prompt` is text (tokenized here) or token ids. Raises ValueError
-        for an empty or too-long prompt, bad token ids, or a duplicate request id."""
+        """Queue a request. `prompt` is text (tokenized here unless `prompt_token_ids` is
+        given) or token ids. Raises ValueError for an empty or too-long prompt, bad token ids,
+        or a duplicate request id."""
         params = params or SamplingParams()
         if self.output_processor.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_token_ids = self.tokenize_prompt(prompt)
+        if prompt_token_ids is None:
+            prompt_token_ids = self.tokenize_prompt(prompt)
+        prompt_token_ids = list(prompt_token_ids)
         self.validate_prompt(prompt_token_ids)
         params.verify_token_ids(self.vocab_size)
         room = self.max_model_len - len(prompt_token_ids)

@@ -69,12 +69,17 @@ class LLM:
         params = _per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+        return self._generate([(p, None) for p in prompts], params, use_tqdm, priority)
+
+    def _generate(self, prompts, params, use_tqdm, priority=None) -> list[RequestOutput]:
+        """prompts: (text or token ids, token ids or None) pairs; ids win when given."""
         request_ids = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, ((prompt, prompt_token_ids), p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._request_counter))
                 self.engine.add_request(
-                    request_id, prompt, p, priority=0 if priority is None else priority[i]
+                    request_id, prompt, p, priority=0 if priority is None else priority[i],
+                    prompt_token_ids=prompt_token_ids,
                 )
                 request_ids.append(request_id)
         except Exception:
@@ -93,11 +98,12 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            apply_chat_template(self.engine.tokenizer, conv, chat_template, add_generation_prompt)
-            for conv in conversations
-        ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for conv in conversations:
+            text = apply_chat_template(tokenizer, conv, chat_template, add_generation_prompt)
+            prompts.append((text, encode_chat_prompt(tokenizer, text)))
+        return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -129,6 +135,12 @@ def apply_chat_template(
         messages, chat_template=chat_template, tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+
+
+def encode_chat_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of a rendered chat prompt. The template already placed every special token
+    (BOS included, where the model has one), so the tokenizer must not add its own."""
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:

@@ -237,8 +237,9 @@ class TokenizeRequest(StrictModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool | None = True
-    add_special_tokens: bool | None = True
-    """Default True for both forms, so that counts equal the completions' `prompt_tokens`."""
+    add_special_tokens: bool | None = None
+    """None: True for a prompt, False for messages (their template places special tokens), so
+    counts equal the completions' and chats' `prompt_tokens`."""
     return_token_strs: bool | None = False
     chat_template: str | None = None
 

@@ -144,12 +144,14 @@ def build_app(state: ServerState) -> FastAPI:
         chat.check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
-        add_special_tokens = request.add_special_tokens is not False
         if request.messages is not None:
             text = chat.render_prompt(request.messages, request.chat_template,
                                       request.add_generation_prompt is not False)
+            # As for chat requests: the template placed the special tokens already.
+            add_special_tokens = request.add_special_tokens is True
         else:
             text = request.prompt
+            add_special_tokens = request.add_special_tokens is not False
         tokens = chat.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         token_strs = chat.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
         return JSONResponse(TokenizeResponse(
@@ -186,17 +188,32 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 class PagodaUvicornServer(uvicorn.Server):
-    """uvicorn's server, except that a signal-initiated shutdown marks the app as draining
-    and ends normally (exit code 0): uvicorn itself re-raises the signal once it is done."""
+    """uvicorn's server, except for the signal-initiated shutdown:
+    - the app is marked as draining (new /v1 requests: 503) and uvicorn stops accepting;
+    - requests still running `shutdown_timeout` seconds later are aborted by us, so their
+      responses end with an error body or SSE error event rather than a cancelled task
+      (uvicorn's own cancellation, a few seconds later, is only a fallback);
+    - it ends normally (exit code 0): uvicorn itself re-raises the signal once done."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    CANCEL_MARGIN_S = 5.0
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
         super().__init__(config)
         self.pagoda_state = state
+        self.shutdown_timeout = shutdown_timeout
 
     def handle_exit(self, sig: int, frame) -> None:
+        engine = self.pagoda_state.engine
         if not self.should_exit:
             logger.info("received %s: finishing in-flight requests (for up to %ss)",
-                        signal.Signals(sig).name, self.config.timeout_graceful_shutdown)
+                        signal.Signals(sig).name, self.shutdown_timeout)
+            loop = engine.loop
+            if loop is not None and not loop.is_closed():
+                reason = (f"the server shut down before this request finished (it waited "
+                          f"{self.shutdown_timeout}s)")
+                loop.call_soon_threadsafe(
+                    loop.call_later, self.shutdown_timeout, engine.cancel_all, reason
+                )
         self.pagoda_state.draining = True
         super().handle_exit(sig, frame)
 
@@ -221,6 +238,7 @@ def run_server(
     """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", access_log=access_log,
-        timeout_graceful_shutdown=shutdown_timeout, lifespan="on",
+        timeout_graceful_shutdown=shutdown_timeout + PagodaUvicornServer.CANCEL_MARGIN_S,
+        lifespan="on",
     )
-    PagodaUvicornServer(config, state).run()
+    PagodaUvicornServer(config, state, shutdown_timeout).run()

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages -> chat template -> tokens -> one engine request.
 
 The prompt is built exactly as the offline `LLM.chat` builds it (template text, then the
-tokenizer's `encode`), so a greedy chat answer here equals the offline one. Streams send
+`encode_chat_prompt`), so a greedy chat answer here equals the offline one. Streams send
 one `chat.completion.chunk` per choice with `{"role": "assistant", "content": ""}` first,
 then content deltas; the last delta of a choice carries its finish_reason.
 """
@@ -22,7 +22,7 @@ from pagoda.engine.async_engine import (
     EngineStepError,
     RequestStream,
 )
-from pagoda.entrypoints.llm import apply_chat_template
+from pagoda.entrypoints.llm import apply_chat_template, encode_chat_prompt
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import (
     ChatChoiceLogProbs,
@@ -101,7 +101,7 @@ class OpenAIServingChat(OpenAIServing):
             True if request.add_generation_prompt is None else request.add_generation_prompt
         )
         prompt = self.render_prompt(request.messages, request.chat_template, add_generation_prompt)
-        prompt_token_ids = self.tokenizer.encode(prompt)
+        prompt_token_ids = encode_chat_prompt(self.tokenizer, prompt)
         self.check_prompt_token_ids(prompt_token_ids, "messages")
         self.check_context_length(len(prompt_token_ids), max_tokens, "messages", "messages",
                                   max_tokens_param)
@@ -111,7 +111,8 @@ class OpenAIServingChat(OpenAIServing):
         )
         if request.stream:
             return EventStreamResponse(
-                self._stream(request, request_id, len(prompt_token_ids), params, stream)
+                self._stream(request, request_id, len(prompt_token_ids), params, stream),
+                on_close=lambda: self.abort([stream]),
             )
         try:
             [output] = await run_until_disconnect(raw_request, final_outputs([stream]))

@@ -62,7 +62,10 @@ class OpenAIServingCompletion(OpenAIServing):
             request.priority or 0,
         )
         if request.stream:
-            return EventStreamResponse(self._stream(request, request_id, prompts, params, streams))
+            return EventStreamResponse(
+                self._stream(request, request_id, prompts, params, streams),
+                on_close=lambda: self.abort(streams),
+            )
         try:
             outputs = await run_until_disconnect(raw_request, final_outputs(streams))
         except ClientDisconnected:

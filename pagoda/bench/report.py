@@ -1,0 +1,232 @@
+"""Tables for the terminal and for BENCHMARKS.md, and the JSON result files.
+
+Result files share one envelope: {"kind": "serve" | "throughput" | "latency", "engine",
+"date", "host", "config", ...}; a serve result holds "runs" (one per request rate or
+concurrency of a sweep), each with its "summary" and raw "requests"; the offline kinds hold
+one "summary". `bench compare` reads any mix of them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+from collections.abc import Sequence
+
+STAT_KEYS = ("mean", "median", "p90", "p95", "p99")
+LATENCY_ROWS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E latency", "e2el_s"))
+
+
+def host_info() -> dict:
+    import pagoda
+
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "pagoda": pagoda.__version__}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
+def envelope(kind: str, engine: str, config: dict) -> dict:
+    return {"kind": kind, "engine": engine,
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "host": host_info(), "config": config}
+
+
+def write_json(path: str, result: dict) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1, allow_nan=False)
+            f.write("\n")
+    except OSError as e:
+        raise ValueError(f"--output {path}: cannot write it ({e.strerror})") from None
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(result, dict) or result.get("kind") not in ("serve", "throughput", "latency"):
+        raise ValueError(f"{path}: not a result of `pagoda bench` (no kind serve/throughput/latency)")
+    return result
+
+
+def rate_label(rate: float | str) -> str:
+    return "inf" if rate in ("inf", math.inf) else f"{float(rate):g}"
+
+
+def run_label(run: dict) -> str:
+    """'rate=4', 'conc=16' or 'rate=inf' for one run of a serve result."""
+    if run.get("max_concurrency"):
+        label = f"conc={run['max_concurrency']}"
+        if run.get("request_rate") not in (None, "inf"):
+            label += f" rate={rate_label(run['request_rate'])}"
+        return label
+    return f"rate={rate_label(run.get('request_rate', 'inf'))}"
+
+
+# ---- terminal ----------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def format_serve_summary(summary: dict, title: str) -> str:
+    width = 60
+    lines = [f" {title} ".center(width, "=")]
+
+    def row(name: str, value) -> None:
+        lines.append(f"{name:<44}{value:>16}")
+
+    row("Successful requests:", summary["completed"])
+    row("Failed requests:", summary["failed"])
+    if summary["errors_by_kind"]:
+        row("  by kind:", ", ".join(f"{k} {v}" for k, v in sorted(summary["errors_by_kind"].items())))
+    row("Benchmark duration (s):", f"{summary['duration_s']:.2f}")
+    row("Total input tokens:", summary["total_input_tokens"])
+    row("Total generated tokens:", summary["total_output_tokens"])
+    row("Request throughput (req/s):", f"{summary['request_throughput']:.2f}")
+    row("Output token throughput (tok/s):", f"{summary['output_throughput']:.1f}")
+    row("Total token throughput (tok/s):", f"{summary['total_token_throughput']:.1f}")
+    if "goodput" in summary:
+        bounds = ", ".join(f"{k}<={v * 1000:g}ms" for k, v in summary["slo_s"].items())
+        row(f"Goodput (req/s) [{bounds}]:", f"{summary['goodput']:.2f}")
+    if summary.get("num_missing_usage"):
+        row("Responses without usage (counted 0 tokens):", summary["num_missing_usage"])
+    lines.append("-" * width)
+    lines.append(f"{'Latency (ms)':<12}" + "".join(f"{k:>9}" for k in STAT_KEYS))
+    for name, key in LATENCY_ROWS:
+        stats = summary[key]
+        lines.append(f"{name:<12}" + "".join(f"{_ms(stats[k]):>9}" for k in STAT_KEYS))
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def format_sweep(runs: Sequence[dict]) -> str:
+    header = ["run", "ok", "failed", "req/s", "out tok/s", "TTFT med ms", "TTFT p99 ms",
+              "TPOT med ms", "TPOT p99 ms", "E2E med ms"]
+    has_goodput = any("goodput" in r["summary"] for r in runs)
+    if has_goodput:
+        header.append("goodput req/s")
+    rows = []
+    for run in runs:
+        s = run["summary"]
+        row = [run_label(run), str(s["completed"]), str(s["failed"]),
+               f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
+               _ms(s["ttft_s"]["median"]), _ms(s["ttft_s"]["p99"]),
+               _ms(s["tpot_s"]["median"]), _ms(s["tpot_s"]["p99"]), _ms(s["e2el_s"]["median"])]
+        if has_goodput:
+            row.append(f"{s['goodput']:.2f}" if "goodput" in s else "-")
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *(line(r) for r in rows)])
+
+
+def format_error_examples(records: Sequence[dict]) -> str:
+    """The first failed request of each kind, one line each."""
+    failed = [r for r in records if not r["success"]]
+    firsts: dict[str, dict] = {}
+    for r in failed:
+        firsts.setdefault(r["error_kind"], r)
+    lines = [f"  request {r['index']}: [{r['error_kind']}] {r['error']}" for r in firsts.values()]
+    if len(failed) > len(firsts):
+        lines.append(f"  ... {len(failed) - len(firsts)} more failed (all in --output)")
+    return "\n".join(lines)
+
+
+# ---- compare -------------------------------------------------------------------------------------
+
+# (row name, how to read it from a column, digits). Columns are flattened runs (see columns()).
+COMPARE_ROWS: list[tuple[str, tuple[str, ...], int]] = [
+    ("requests/s", ("request_throughput",), 2),
+    ("output tokens/s", ("output_throughput",), 1),
+    ("total tokens/s", ("total_token_throughput",), 1),
+    ("mean batch size", ("mean_batch_size",), 1),
+    ("failed requests", ("failed",), 0),
+    ("goodput req/s", ("goodput",), 2),
+    ("TTFT mean ms", ("ttft_s", "mean"), 1),
+    ("TTFT median ms", ("ttft_s", "median"), 1),
+    ("TTFT P99 ms", ("ttft_s", "p99"), 1),
+    ("TPOT mean ms", ("tpot_s", "mean"), 2),
+    ("TPOT median ms", ("tpot_s", "median"), 2),
+    ("TPOT P99 ms", ("tpot_s", "p99"), 2),
+    ("ITL P99 ms", ("itl_s", "p99"), 2),
+    ("E2E mean ms", ("e2el_s", "mean"), 1),
+    ("E2E P99 ms", ("e2el_s", "p99"), 1),
+    ("decode tokens/s", ("decode_tokens_per_s", "mean"), 1),
+]
+_MS_ROWS = {"ttft_s", "tpot_s", "itl_s", "e2el_s"}
+
+
+def columns(results: Sequence[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """One (label, summary) per offline result and per run of a serve result. Offline
+    summaries are mapped onto the serve names (requests_per_s -> request_throughput, ...)."""
+    out = []
+    for label, result in results:
+        if result["kind"] == "serve":
+            runs = result["runs"]
+            for run in runs:
+                name = label if len(runs) == 1 else f"{label} {run_label(run)}"
+                out.append((name, run["summary"]))
+            continue
+        s = dict(result["summary"])
+        s.setdefault("request_throughput", s.get("requests_per_s"))
+        s.setdefault("output_throughput", s.get("output_tokens_per_s"))
+        s.setdefault("total_token_throughput", s.get("total_tokens_per_s"))
+        out.append((label, s))
+    return out
+
+
+def _lookup(summary: dict, path: tuple[str, ...]) -> float | None:
+    value = summary
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value if isinstance(value, (int, float)) else None
+
+
+def compare_table(results: Sequence[tuple[str, dict]]) -> str:
+    """Markdown: a row per metric any run has, a column per run, each value with its ratio to
+    the first run's value (×1.00 = the same; for latencies lower is better)."""
+    cols = columns(results)
+    header = ["metric"] + [label for label, _ in cols]
+    rows = []
+    for name, path, digits in COMPARE_ROWS:
+        values = [_lookup(summary, path) for _, summary in cols]
+        if all(v is None for v in values):
+            continue
+        scale = 1000.0 if path[0] in _MS_ROWS else 1.0
+        first = values[0]
+        cells = [name]
+        for i, v in enumerate(values):
+            if v is None:
+                cells.append("-")
+                continue
+            cell = f"{v * scale:.{digits}f}"
+            if i > 0 and first:
+                cell += f" (×{v / first:.2f})"
+            cells.append(cell)
+        rows.append(cells)
+    return markdown_table(header, rows)

@@ -1,0 +1,124 @@
+"""A tiny OpenAI-compatible SSE server for the bench tests, run by uvicorn in a thread.
+
+What it does is steered by markers in the prompt (the last user message for chat):
+    [[500]]        HTTP 500 with an OpenAI error body
+    [[drop]]       two chunks, then the connection is cut mid-stream
+    [[hang]]       one chunk, then nothing (for --timeout)
+    [[nodone]]     all chunks and usage, but no `data: [DONE]`
+    [[error]]      one chunk, then an error event
+otherwise it streams `max_tokens` one-word chunks, `delay` seconds apart, then usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+MODEL = "fake-model"
+
+
+def build_app(delay: float = 0.0) -> FastAPI:
+    app = FastAPI()
+    app.state.requests = []
+    app.state.in_flight = 0
+    app.state.max_in_flight = 0
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+
+    async def handle(request: Request, chat: bool):
+        body = await request.json()
+        app.state.requests.append(body)
+        if chat:
+            prompt = body["messages"][-1]["content"]
+        else:
+            prompt = body["prompt"]
+        if "[[500]]" in prompt:
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}},
+                                status_code=500)
+        num_tokens = body.get("max_tokens", 16)
+        prompt_tokens = len(prompt.split())
+
+        def chunk(text: str, finish: str | None = None) -> str:
+            if chat:
+                choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": finish}
+            return "data: " + json.dumps({"choices": [choice], "usage": None}) + "\n\n"
+
+        async def stream():
+            app.state.in_flight += 1
+            app.state.max_in_flight = max(app.state.max_in_flight, app.state.in_flight)
+            try:
+                async for piece in tokens():
+                    yield piece
+            finally:
+                app.state.in_flight -= 1
+
+        async def tokens():
+            for i in range(num_tokens):
+                if i and delay:
+                    await asyncio.sleep(delay)
+                yield chunk(f" w{i}", "length" if i == num_tokens - 1 else None)
+                if "[[drop]]" in prompt and i == 1:
+                    raise RuntimeError("connection cut on purpose")
+                if "[[hang]]" in prompt:
+                    await asyncio.sleep(3600)
+                if "[[error]]" in prompt:
+                    yield "data: " + json.dumps({"error": {"message": "engine died"}}) + "\n\n"
+                    return
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": num_tokens,
+                     "total_tokens": prompt_tokens + num_tokens}
+            yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
+            if "[[nodone]]" not in prompt:
+                yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await handle(request, chat=True)
+
+    return app
+
+
+class FakeServer:
+    def __init__(self, delay: float = 0.0) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = build_app(delay)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def requests(self) -> list[dict]:
+        return self.app.state.requests
+
+    def __enter__(self) -> FakeServer:  # noqa: PYI034 (no subclasses)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.server.force_exit = True  # do not wait for [[hang]] streams
+        self.thread.join(10)

@@ -1,0 +1,86 @@
+"""A real `pagoda serve` process on a free loopback port, for the server tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+# Small engine settings shared by the server tests and the offline reference LLM.
+ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory", str(256 * 1024 * 1024),
+               "--max-model-len", "2048"]
+MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RemoteServer:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None,
+                 startup_timeout: float = 300.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # Open for the server's lifetime; closed in stop().
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            "w+", prefix="pagoda-serve-", suffix=".log", delete=False
+        )
+        command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve",
+                   "--port", str(self.port), *ENGINE_ARGS, *args]
+        self.proc = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        self._wait_ready(startup_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        with open(self.log.name) as f:
+            return f.read()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of /metrics, e.g. metric("num_requests_running")."""
+        prefix = f"pagoda:{name}{{"
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(prefix) and labels in line:
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        os.unlink(self.log.name)

@@ -1,0 +1,119 @@
+"""Start-up log, --chat-template, queue overflow (503 + Retry-After), and graceful shutdown
+on SIGTERM: an in-flight request that fits in --shutdown-timeout completes, one that does not
+ends with an error event, and the process exits 0. The server runs two sequences at a time
+and queues none (--max-num-seqs 2 --max-queue 0). The shutdown test ends the server: it runs
+last."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+
+pytestmark = pytest.mark.slow
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    with RemoteServer(["--max-num-seqs", "2", "--max-queue", "0", "--shutdown-timeout", "10",
+                       "--served-model-name", "tiny", "--chat-template", str(template)]) as server:
+        yield server
+
+
+def long_stream(server: RemoteServer, max_tokens: int):
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120)
+
+
+def test_startup_log(server):
+    log = server.log_text()
+    assert f"http://127.0.0.1:{server.port}" in log
+    assert "'tiny'" in log and "KV cache capacity" in log
+    assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "tiny"
+    assert MODEL_NAME in httpx.get(server.url + "/v1/models").json()["data"][0]["root"]
+
+
+def test_chat_template_file(server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    rendered = "[system] Be brief.\n[user] Hi\n[assistant]"
+    tokens = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()["tokens"]
+    expected = httpx.post(server.url + "/tokenize", json={"prompt": rendered}).json()["tokens"]
+    assert tokens == expected
+    response = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": messages, "max_tokens": 2})
+    assert response.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_queue_overflow_gets_503_with_retry_after(server):
+    with long_stream(server, 1000) as first, long_stream(server, 1000) as second:
+        # Keep the line iterators: dropping one closes its connection (a disconnect).
+        lines = [first.iter_lines(), second.iter_lines()]
+        for running in lines:
+            assert next(running).startswith("data: ")  # both run: the batch is full
+        response = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        })
+        assert response.status_code == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        error = response.json()["error"]
+        assert error["code"] == "server_overloaded" and error["type"] == "server_error"
+        assert "at most 0" in error["message"]
+    # The disconnects freed the slots: requests are served again.
+    deadline = time.time() + 30
+    while time.time() < deadline and server.metric("num_requests_running") != 0:
+        time.sleep(0.1)
+    response = httpx.post(server.url + "/v1/completions",
+                          json={"model": "tiny", "prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert response.status_code == 200
+
+
+def events(lines) -> list[str]:
+    return [line.removeprefix("data: ") for line in lines if line]
+
+
+def test_graceful_shutdown(server):
+    """SIGTERM with two requests in flight: the short one completes, the one that outlives
+    --shutdown-timeout (10 s) ends with an error event; then the process exits 0."""
+    short_tokens = 16
+    with long_stream(server, short_tokens) as short, long_stream(server, 2000) as long:
+        short_lines, long_lines = short.iter_lines(), long.iter_lines()
+        assert next(short_lines).startswith("data: ")
+        assert next(long_lines).startswith("data: ")
+        signalled = time.time()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        try:  # new work is refused: the socket is closed (or, on a race, 503)
+            refused = httpx.post(server.url + "/v1/completions", timeout=10,
+                                 json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
+            assert refused.status_code == 503
+        except httpx.ConnectError:
+            pass
+        short_events = events(short_lines)
+        long_events = events(long_lines)
+    assert short_events[-1] == "[DONE]"
+    assert json.loads(short_events[-2])["usage"]["completion_tokens"] == short_tokens
+    assert json.loads(short_events[-3])["choices"][0]["finish_reason"] == "length"
+    assert long_events[-1] == "[DONE]"
+    error = json.loads(long_events[-2])["error"]
+    assert error["type"] == "server_error" and "shut down" in error["message"]
+    assert server.proc.wait(timeout=60) == 0
+    assert 10 <= time.time() - signalled < 40
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health", timeout=5)
+    log = server.log_text()
+    assert "received SIGTERM" in log and "Traceback" not in log
