@@ -22,9 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from pagoda.outputs import RequestOutput
+
+# No `*_created` timestamp samples: vLLM's /metrics has none, and they double the output.
+disable_created_metrics()
 
 PREFIX = "pagoda:"
 
