@@ -1,0 +1,63 @@
+"""Faster modes against the float32 run on real text: top-1 agreement and perplexity delta."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pagoda.config import CacheConfig
+from pagoda.executor.fidelity import compare_teacher_forced
+from pagoda.executor.loader.model_files import resolve_model_files
+from pagoda.executor.loader.model_loader import load_model, open_checkpoint
+from pagoda.executor.loader.tokenizer import load_tokenizer
+from pagoda.executor.model_runner import ModelRunner
+
+pytestmark = pytest.mark.slow
+
+NUM_POSITIONS = 512
+TEXT_PATH = os.path.join(os.path.dirname(__file__), "..", "data", "real_text.txt")
+
+
+def bundled_runner(dtype: torch.dtype) -> ModelRunner:
+    files = resolve_model_files(None)
+    model = load_model(open_checkpoint(files), dtype, torch.device("cpu"), max_position=1024)
+    runner = ModelRunner(model, torch.device("cpu"), dtype, CacheConfig(), [])
+    runner.initialize_kv_cache(NUM_POSITIONS // 16 + 2)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def text_token_ids() -> list[int]:
+    tokenizer = load_tokenizer(resolve_model_files(None))
+    with open(TEXT_PATH) as f:
+        ids = tokenizer.encode(f.read())
+    assert len(ids) > NUM_POSITIONS
+    return ids[: NUM_POSITIONS + 1]
+
+
+@pytest.fixture(scope="module")
+def float32_runner() -> ModelRunner:
+    return bundled_runner(torch.float32)
+
+
+def test_bfloat16_follows_float32(float32_runner, text_token_ids) -> None:
+    report = compare_teacher_forced(float32_runner, bundled_runner(torch.bfloat16), text_token_ids)
+    print(f"\nbfloat16 vs float32: {report}")
+    assert report.num_positions == NUM_POSITIONS
+    assert report.top1_agreement >= 0.97
+    # Real text, a real model: perplexity is finite and far below the vocabulary size.
+    assert report.reference_perplexity < 100
+    assert abs(report.perplexity_delta) < 0.05 * report.reference_perplexity
+
+
+def test_comparison_detects_a_broken_model(float32_runner, text_token_ids) -> None:
+    """The measure itself must be able to fail: noise on the weights breaks agreement."""
+    broken = bundled_runner(torch.float32)
+    with torch.no_grad():
+        for layer in broken.model.model.layers[:4]:
+            layer.mlp.down_proj.weight.add_(torch.randn_like(layer.mlp.down_proj.weight))
+    report = compare_teacher_forced(float32_runner, broken, text_token_ids)
+    assert report.top1_agreement < 0.9
+    assert report.candidate_perplexity > report.reference_perplexity
