@@ -108,6 +108,12 @@ class TorchAttentionBackend(AttentionBackend):
         group: PaddedGroup
         for group in metadata.backend_data:
             s, q_len = group.num_seqs, group.max_query_len
+            if q_len == 1:
+                k = key_slots[group.kv_slots]  # (S, L, Hkv, D)
+                v = value_slots[group.kv_slots]
+                q = query[group.query_token_index]  # (S, H, D)
+                output[group.output_token_index] = _decode_attention(q, k, v, group.mask, scale)
+                continue
             # (S, H, Q, D)
             q = query[group.query_token_index].view(s, q_len, num_heads, head_dim).transpose(1, 2)
             # (S, Hkv, L, D)
@@ -119,3 +125,20 @@ class TorchAttentionBackend(AttentionBackend):
             out = out.transpose(1, 2).reshape(s * q_len, num_heads, head_dim)
             output[group.output_token_index] = out[group.valid_rows]
         return output
+
+
+def _decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query token per sequence, as two batched matmuls (the fused CPU kernel is slow
+    for a single query row). query (S, H, D); key/value (S, L, Hkv, D); mask (S, 1, 1, L).
+
+    Query heads are grouped by the KV head they share: (S, Hkv, group, D)."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key.shape[2]
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(q, key.permute(0, 2, 3, 1)).float() * scale  # (S, Hkv, G, L)
+    scores.masked_fill_(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value.transpose(1, 2))  # (S, Hkv, G, D)
+    return out.reshape(num_seqs, num_heads, head_dim)
