@@ -26,10 +26,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cpu_has_fast_bfloat16() -> bool:
+    """True where oneDNN runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA; float32 on CPU (exact parity with the reference)."""
+    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 matmuls (measured on the
+    AMX machine in BENCHMARKS.md: 2.2x batched decode throughput, 1.7x single-stream
+    decode, half the prefill time of float32); float32 on other CPUs."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_fast_bfloat16():
+            return torch.bfloat16
+        return torch.float32
     return DTYPES[name]
 
 
