@@ -48,7 +48,9 @@ def add_bench_parser(subparsers, add_engine_args) -> argparse.ArgumentParser:
     latency.set_defaults(func=cmd_latency)
 
     compare = sub.add_parser("compare", help="one markdown table (and figure) of several results")
-    compare.add_argument("results", nargs="+", help="result JSON files; ratios are to the first")
+    compare.add_argument("results", nargs="+",
+                         help="result JSON files; ratios are to the first file (run by run for "
+                              "sweeps)")
     compare.add_argument("--labels", default=None,
                          help="comma-separated column names (default: each file's label or name)")
     compare.add_argument("--plot", default=None, help="write one combined figure (PNG) here")
@@ -111,7 +113,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier, >1 steadier")
     t.add_argument("--max-concurrency", default=None,
                    help="most requests in flight; a comma list (1,4,16) runs a sweep")
-    t.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the workload and the arrivals; run i of a sweep uses seed + i")
     t.add_argument("--num-warmups", type=int, default=1, help="untimed requests before measuring")
     t.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     r = p.add_argument_group("report")
@@ -211,22 +214,21 @@ def load_bench_tokenizer(path: str | None):
     return load_tokenizer(resolve_model_files(path))
 
 
-def build_workload(args: argparse.Namespace, tokenizer):
+def build_workload(args: argparse.Namespace, tokenizer, seed: int):
     from pagoda.bench import datasets
 
     output_len = args.output_len or DEFAULT_OUTPUT_LEN
     if args.dataset == "random":
         return datasets.random_dataset(tokenizer, args.num_requests, args.input_len, output_len,
-                                       args.range_ratio, args.seed)
+                                       args.range_ratio, seed)
     if args.dataset == "shared-prefix":
         return datasets.shared_prefix_dataset(tokenizer, args.num_requests, args.num_prefixes,
-                                              args.prefix_len, args.input_len, output_len,
-                                              args.seed)
+                                              args.prefix_len, args.input_len, output_len, seed)
     if args.dataset == "multi-turn":
         return datasets.multi_turn_dataset(tokenizer, args.num_requests, args.num_turns or 4,
-                                           args.input_len, output_len, args.seed)
+                                           args.input_len, output_len, seed)
     return datasets.load_file_dataset(args.dataset, args.num_requests, args.output_len,
-                                      args.num_turns or 1, args.seed, tokenizer)
+                                      args.num_turns or 1, seed, tokenizer)
 
 
 def serve_config(args: argparse.Namespace, base_url: str, model: str | None) -> dict:
@@ -259,11 +261,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.dataset in BUILTIN_DATASETS or args.tokenizer:
             raise
         tokenizer = None  # a prompt file needs no tokenizer (only ShareGPT reply lengths do)
-    conversations = build_workload(args, tokenizer)
+    # Each run of a sweep gets its own prompts (seed + run index): repeating the first run's
+    # prompts would let later runs hit the server's prefix cache and report a false TTFT.
+    workloads = [build_workload(args, tokenizer, args.seed + i) for i in range(len(sweep))]
     options = RequestOptions(endpoint=args.endpoint, model=model, temperature=args.temperature,
                              ignore_eos=args.ignore_eos, extra_body=extra_body,
                              timeout=args.timeout)
-    result = asyncio.run(_serve_runs(args, base_url, conversations, options, sweep, slo))
+    result = asyncio.run(_serve_runs(args, base_url, workloads, options, sweep, slo))
     result["config"].update(serve_config(args, base_url, model))
     if args.output:
         from pagoda.bench.report import write_json
@@ -278,7 +282,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_runs(args, base_url, conversations, options, sweep, slo) -> dict:
+async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
     from pagoda.bench import report
     from pagoda.bench.metrics import summarize
     from pagoda.bench.serve import run_traffic, warm_up
@@ -289,9 +293,10 @@ async def _serve_runs(args, base_url, conversations, options, sweep, slo) -> dic
     if args.label:
         result["label"] = args.label
     result["runs"] = []
-    for traffic in sweep:
+    for i, (traffic, conversations) in enumerate(zip(sweep, workloads)):
         run = {"request_rate": "inf" if math.isinf(traffic.request_rate) else traffic.request_rate,
-               "burstiness": traffic.burstiness, "max_concurrency": traffic.max_concurrency}
+               "burstiness": traffic.burstiness, "max_concurrency": traffic.max_concurrency,
+               "workload_seed": args.seed + i}
         records, duration = await run_traffic(
             base_url, conversations, options, traffic, api_key=args.api_key,
             description=report.run_label(run), show_progress=args.progress,
@@ -379,7 +384,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   for r, p in zip(results, args.results)]
     named = list(zip(labels, results))
     print(report.compare_table(named))
-    print("\nRatios (×) are each value over the first column's; for latencies lower is better.")
+    print("\nRatios (×) are to the first column with the same concurrency or rate (else to the "
+          "first column); for latencies lower is better.")
     if args.plot:
         from pagoda.bench.plots import plot_compare
 

@@ -104,8 +104,8 @@ def plot_compare(results: Sequence[tuple[str, dict]], path: str) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     cols = columns(results)
     ax = axes[0][0]
-    labels = [label for label, _ in cols]
-    values = [s.get("output_throughput") or 0.0 for _, s in cols]
+    labels = [label for label, _, _ in cols]
+    values = [s.get("output_throughput") or 0.0 for _, s, _ in cols]
     ax.barh(range(len(cols)), values)
     ax.set_yticks(range(len(cols)), labels, fontsize="small")
     ax.invert_yaxis()

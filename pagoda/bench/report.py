@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 from collections.abc import Sequence
 
 STAT_KEYS = ("mean", "median", "p90", "p95", "p99")
@@ -23,7 +24,8 @@ def host_info() -> dict:
     import pagoda
 
     info = {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "pagoda": pagoda.__version__}
+            "cpu_count": os.cpu_count(), "pagoda": pagoda.__version__,
+            "load_average_at_start": _load_average(), "git": _git_revision()}
     try:
         import torch
 
@@ -34,6 +36,27 @@ def host_info() -> dict:
     return info
 
 
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages: on a shared machine, a sign of contention."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+
+
+def _git_revision() -> str | None:
+    """The checkout's commit, with '+dirty' for uncommitted changes; None outside git."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def envelope(kind: str, engine: str, config: dict) -> dict:
     return {"kind": kind, "engine": engine,
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -41,6 +64,8 @@ def envelope(kind: str, engine: str, config: dict) -> dict:
 
 
 def write_json(path: str, result: dict) -> None:
+    if isinstance(result.get("host"), dict):
+        result["host"]["load_average_at_end"] = _load_average()
     try:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1, allow_nan=False)
@@ -179,23 +204,27 @@ COMPARE_ROWS: list[tuple[str, tuple[str, ...], int]] = [
 _MS_ROWS = {"ttft_s", "tpot_s", "itl_s", "e2el_s"}
 
 
-def columns(results: Sequence[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """One (label, summary) per offline result and per run of a serve result. Offline
-    summaries are mapped onto the serve names (requests_per_s -> request_throughput, ...)."""
-    out = []
+def columns(results: Sequence[tuple[str, dict]]) -> list[tuple[str, dict, str | None]]:
+    """One (label, summary, run key) per offline result and per run of a serve result, grouped
+    by run key ('conc=4', 'rate=2', ...; None for offline results) in order of first
+    appearance, files in their given order within a group. Offline summaries are mapped onto
+    the serve names (requests_per_s -> request_throughput, ...)."""
+    flat: list[tuple[str, dict, str | None]] = []
     for label, result in results:
         if result["kind"] == "serve":
             runs = result["runs"]
             for run in runs:
-                name = label if len(runs) == 1 else f"{label} {run_label(run)}"
-                out.append((name, run["summary"]))
+                key = run_label(run)
+                name = label if len(runs) == 1 else f"{label} {key}"
+                flat.append((name, run["summary"], key))
             continue
         s = dict(result["summary"])
         s.setdefault("request_throughput", s.get("requests_per_s"))
         s.setdefault("output_throughput", s.get("output_tokens_per_s"))
         s.setdefault("total_token_throughput", s.get("total_tokens_per_s"))
-        out.append((label, s))
-    return out
+        flat.append((label, s, None))
+    keys = list(dict.fromkeys(key for _, _, key in flat))
+    return [col for key in keys for col in flat if col[2] == key]
 
 
 def _lookup(summary: dict, path: tuple[str, ...]) -> float | None:
@@ -209,24 +238,30 @@ def _lookup(summary: dict, path: tuple[str, ...]) -> float | None:
 
 def compare_table(results: Sequence[tuple[str, dict]]) -> str:
     """Markdown: a row per metric any run has, a column per run, each value with its ratio to
-    the first run's value (×1.00 = the same; for latencies lower is better)."""
+    its reference: the first column of the same run key (the same concurrency or rate, so
+    that a sweep is compared point by point), or the first column where there is none.
+    Reference columns show no ratio. ×1.00 = the same; for latencies lower is better."""
     cols = columns(results)
-    header = ["metric"] + [label for label, _ in cols]
+    references = []
+    for i, (_, _, key) in enumerate(cols):
+        same_key = next(j for j, col in enumerate(cols) if col[2] == key)
+        references.append(same_key if same_key != i else (0 if key is None and i else None))
+    header = ["metric"] + [label for label, _, _ in cols]
     rows = []
     for name, path, digits in COMPARE_ROWS:
-        values = [_lookup(summary, path) for _, summary in cols]
+        values = [_lookup(summary, path) for _, summary, _ in cols]
         if all(v is None for v in values):
             continue
         scale = 1000.0 if path[0] in _MS_ROWS else 1.0
-        first = values[0]
         cells = [name]
-        for i, v in enumerate(values):
+        for v, ref in zip(values, references):
             if v is None:
                 cells.append("-")
                 continue
             cell = f"{v * scale:.{digits}f}"
-            if i > 0 and first:
-                cell += f" (×{v / first:.2f})"
+            base = values[ref] if ref is not None else None
+            if base:
+                cell += f" (×{v / base:.2f})"
             cells.append(cell)
         rows.append(cells)
     return markdown_table(header, rows)

@@ -63,20 +63,27 @@ def test_compare_table_and_plot(tmp_path, capsys):
     ours["label"] = "pagoda"
     ours["summary"] = offline.throughput_summary(8, 800, 800, 5.0, {8: 100}, 100)
     paths = []
-    for name, result in [("hf", base), ("ours", ours), ("srv", serve_result(0.2, 0.05, 100))]:
+    for name, result in [("hf", base), ("ours", ours), ("peer", serve_result(0.2, 0.05, 100)),
+                         ("srv", serve_result(0.1, 0.06, 150))]:
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(result))
         paths.append(str(path))
     png = tmp_path / "cmp.png"
     assert main(["bench", "compare", *paths, "--plot", str(png)]) == 0
     table = capsys.readouterr().out
-    header = table.splitlines()[0]
-    assert "| hf " in header and "| pagoda " in header and "srv conc=1" in header
-    assert "srv conc=4" in header
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:] if "|" in line}
-    assert "160.0 (×2.00)" in rows["output tokens/s"]  # 800 / 5 s over 800 / 10 s
-    assert "100.0 (×1.25)" in rows["output tokens/s"]
-    assert "200.0" in rows["TTFT mean ms"]
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    # offline results first, then the sweeps side by side, point by point
+    assert header == ["metric", "hf", "pagoda", "peer conc=1", "srv conc=1", "peer conc=4",
+                      "srv conc=4"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]]
+            for line in table.splitlines()[2:] if line.startswith("|")}
+    # offline: ratio to the first column; 800 tokens in 5 s over 800 in 10 s
+    assert rows["output tokens/s"][:2] == ["80.0", "160.0 (×2.00)"]
+    # sweeps: each run against the first file's run of the same concurrency
+    assert rows["output tokens/s"][2:] == ["100.0", "150.0 (×1.50)", "100.0", "150.0 (×1.50)"]
+    assert rows["TTFT mean ms"][2:4] == ["200.0", "100.0 (×0.50)"]
+    assert rows["TPOT mean ms"][2:4] == ["50.00", "60.00 (×1.20)"]
+    assert rows["TTFT mean ms"][:2] == ["-", "-"]
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 

@@ -130,3 +130,18 @@ def test_cli_error_exit_code_of_the_process():
     )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "--slo" in proc.stderr
+
+
+def test_each_run_of_a_sweep_gets_fresh_prompts(tmp_path):
+    # Repeated prompts would be served from the prefix cache of the previous run.
+    out = tmp_path / "r.json"
+    with FakeServer() as server:
+        assert run_bench("--base-url", server.url, "--num-requests", "3", "--input-len", "8",
+                         "--output-len", "2", "--max-concurrency", "1,2",
+                         "--output", str(out)) == 0
+        prompts = [b["prompt"] for b in server.requests]
+    assert len(prompts) == 6 and len(set(prompts)) == 6
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["workload_seed"] for r in runs] == [0, 1]
+    assert [r["max_concurrency"] for r in runs] == [1, 2]
+    assert all(r["summary"]["completed"] == 3 for r in runs)
