@@ -36,14 +36,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(
-        model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device,
-        max_model_len=args.max_model_len, block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_prefix_caching=args.enable_prefix_caching, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        scheduling_policy=args.scheduling_policy, seed=args.seed,
-    )
+    return {
+        "model": args.model, "tokenizer": args.tokenizer, "dtype": args.dtype, "device": args.device,
+        "max_model_len": args.max_model_len, "block_size": args.block_size,
+        "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enable_prefix_caching": args.enable_prefix_caching, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "scheduling_policy": args.scheduling_policy, "seed": args.seed,
+    }
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

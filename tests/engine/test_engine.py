@@ -217,7 +217,7 @@ def test_logprobs_equal_log_softmax_of_model_logits(bundled_llm: LLM) -> None:
     reference = torch.log_softmax(logits, dim=-1)
     for step, (token, position) in enumerate(zip(completion.token_ids, completion.logprobs)):
         row = reference[len(prompt_ids) - 1 + step]
-        assert list(position)[0] == token
+        assert next(iter(position)) == token
         assert position[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
         assert position[token].rank == 1  # greedy picks the most likely token
         top = torch.topk(row, 3).indices.tolist()

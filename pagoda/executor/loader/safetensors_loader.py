@@ -23,7 +23,7 @@ class SafetensorsCheckpoint:
         self.path = folder
         try:
             self.hf_config: PretrainedConfig = AutoConfig.from_pretrained(folder)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
             raise ModelLoadError(f"{folder}/config.json: cannot read ({e})") from None
         self.files = self._weight_files()
 
@@ -53,7 +53,7 @@ class SafetensorsCheckpoint:
         for file in self.files:
             try:
                 handle = safe_open(file, framework="pt")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
                 raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
             with handle:
                 keys = list(handle.keys())

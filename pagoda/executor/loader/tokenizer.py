@@ -31,7 +31,7 @@ def _load_tokenizer_cached(path: str, format: str, mtime: float) -> PreTrainedTo
             folder, name = os.path.split(os.path.abspath(files.path))
             return AutoTokenizer.from_pretrained(folder, gguf_file=name)
         return AutoTokenizer.from_pretrained(files.path)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
         raise ModelLoadError(f"{files.path}: cannot build a tokenizer ({e})") from None
 
 
