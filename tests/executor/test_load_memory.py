@@ -11,20 +11,21 @@ import pytest
 pytestmark = pytest.mark.slow
 
 MEASURE = r"""
-import json, resource, torch
+import json, torch
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 
-def rss_bytes():
+def status_bytes(key):
+    # VmHWM is this process image's own peak; ru_maxrss may carry the parent's across exec.
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
 
 checkpoint = open_checkpoint(resolve_model_files(None))
-before = rss_bytes()
+before = status_bytes("VmRSS")
 model = load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=2048)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status_bytes("VmHWM")
 weights = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"before": before, "peak": peak, "weights": weights}))
 """
