@@ -33,6 +33,7 @@ class ParentState:
     params: SamplingParams
     metrics: RequestMetrics
     children: list[ChildState] = field(default_factory=list)
+    child_ids: list[str] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobDict | None] | None = None
 
     @property
@@ -45,7 +46,6 @@ class ChildState:
     parent: ParentState
     completion: CompletionOutput
     detokenizer: IncrementalDetokenizer
-    updated: bool = False
 
 
 class OutputProcessor:
@@ -53,6 +53,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.parents: dict[str, ParentState] = {}
         self.children: dict[str, ChildState] = {}
+        self.updated: dict[str, ParentState] = {}
+        """Parents with news since the last make_outputs (so a step touches only those)."""
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
@@ -74,6 +76,7 @@ class OutputProcessor:
             )
             child = ChildState(parent, completion, detokenizer)
             parent.children.append(child)
+            parent.child_ids.append(child_id)
             self.children[child_id] = child
         self.parents[request_id] = parent
 
@@ -81,7 +84,7 @@ class OutputProcessor:
         parent = self.parents.get(request_id)
         if parent is None:
             return []
-        return [cid for cid, c in self.children.items() if c.parent is parent]
+        return list(parent.child_ids)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.parents
@@ -104,7 +107,7 @@ class OutputProcessor:
         if child is None or child.completion.index != 0:
             return  # all children see the same prompt: keep one copy
         child.parent.prompt_logprobs.extend(self._logprob_dicts(logprobs))
-        child.updated = True
+        self._mark_updated(child)
 
     def add_token(
         self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
@@ -125,7 +128,7 @@ class OutputProcessor:
             completion.logprobs.extend(dicts)
             completion.delta_logprobs = (completion.delta_logprobs or []) + dicts
             completion.cumulative_logprob += logprobs.logprobs[0][0]
-        child.updated = True
+        self._mark_updated(child)
         if child.detokenizer.stop_string is not None:
             return None
         return child.detokenizer.update([token_id])
@@ -136,15 +139,15 @@ class OutputProcessor:
             return
         child.completion.finish_reason = finish_reason
         child.completion.stop_reason = stop_reason
-        child.updated = True
+        self._mark_updated(child)
+
+    def _mark_updated(self, child: ChildState) -> None:
+        self.updated[child.parent.request_id] = child.parent
 
     def make_outputs(self) -> list[RequestOutput]:
         """One RequestOutput per parent with news since the last call; forgets finished ones."""
         now = time.time()
-        touched: dict[str, ParentState] = {}
-        for child in self.children.values():
-            if child.updated:
-                touched[child.parent.request_id] = child.parent
+        touched, self.updated = self.updated, {}
         outputs = []
         for parent in touched.values():
             completions = []
@@ -155,7 +158,6 @@ class OutputProcessor:
                 completions.append(_snapshot(completion))
                 completion.delta_token_ids = []
                 completion.delta_logprobs = None
-                child.updated = False
             finished = parent.finished
             if finished:
                 parent.metrics.finished_time = now
@@ -181,8 +183,9 @@ class OutputProcessor:
 
     def _forget(self, parent: ParentState) -> None:
         self.parents.pop(parent.request_id, None)
-        for child_id in [cid for cid, c in self.children.items() if c.parent is parent]:
-            del self.children[child_id]
+        self.updated.pop(parent.request_id, None)
+        for child_id in parent.child_ids:
+            self.children.pop(child_id, None)
 
 
 def _snapshot(completion: CompletionOutput) -> CompletionOutput:
