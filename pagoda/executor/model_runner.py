@@ -124,11 +124,11 @@ class ModelRunner:
         return budget
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate each layer's paged cache. Left uninitialised (pages are touched only when
-        used): attention backends never read a slot that was not written."""
-        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        """Allocate each layer's paged cache, zeroed: backends read whole blocks, and the
+        unwritten rows they mask out must hold finite values."""
+        shape = self.backend.kv_cache_shape(num_blocks, self.num_kv_heads, self.head_dim)
         self.kv_caches = [
-            torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
         ]
         for layer, kv_cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = kv_cache

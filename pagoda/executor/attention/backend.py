@@ -6,9 +6,9 @@ A backend does two things:
 - `forward`, once per layer: write this step's K/V into the paged cache by slot mapping,
   then attend each query token to its sequence's cached K/V through the block table.
 
-Paged cache of one layer: kv_cache (2, num_blocks, block_size, num_kv_heads, head_dim);
-token t of a sequence lives in block block_table[t // block_size], row t % block_size, i.e.
-flat slot block_table[t // block_size] * block_size + t % block_size.
+Token t of a sequence lives in block block_table[t // block_size], row t % block_size, i.e.
+flat slot block_table[t // block_size] * block_size + t % block_size. How a layer's cache
+tensor is laid out is the backend's choice (`kv_cache_shape`).
 
 The torch backend (torch_backend.py) runs on any device and is the reference for faster ones.
 """
@@ -78,6 +78,10 @@ class AttentionBackend(ABC):
         return metadata
 
     @abstractmethod
+    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int) -> tuple:
+        """Shape of one layer's cache tensor; called once, when the runner allocates it."""
+
+    @abstractmethod
     def prepare(
         self, metadata: AttentionMetadata, query_lens: np.ndarray, block_tables: np.ndarray
     ) -> Any:
@@ -95,12 +99,3 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """query (num_tokens, num_heads, head_dim); key, value (num_tokens, num_kv_heads, head_dim);
         returns (num_tokens, num_heads, head_dim)."""
-
-
-def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store this step's K/V at their slots. kv_cache (2, num_blocks, block_size, kv_heads, dim)."""
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)

@@ -15,7 +15,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         # Bound by the model runner once the paged cache is allocated:
-        # kv_cache (2, num_blocks, block_size, num_kv_heads, head_dim).
+        # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 

@@ -1,13 +1,26 @@
 """Reference attention over the paged KV cache in plain torch; runs on any device.
 
+Cache layout of one layer, head-major so that a block of one KV head is one contiguous
+(block_size, head_dim) tile:
+
+    kv_cache (2, num_kv_heads, num_blocks, block_size, head_dim)      [0] = K, [1] = V
+
+Reading a sequence's keys is then one `index_select` of whole tiles through its block table
+(no per-token gather, no transposing copy): for KV head h and block b the tile is row
+h * num_blocks + b of kv_cache[0].view(num_kv_heads * num_blocks, block_size, head_dim), and
+the tiles of a sequence's blocks, in table order, are its keys 0 .. L-1 (L = blocks x
+block_size). Key positions past a sequence's end hold stale or zero values and are masked;
+the cache is zero-initialised so those values are always finite (a masked NaN would still
+poison softmax(...) @ V).
+
 Sequences are split into two groups, decodes (one query token) and prefills (several), so a
-long prompt in the batch does not pad every decode row to its length. Within a group the
-queries are padded to (num_seqs, max_query_len) and each sequence's K/V is gathered through
-its block table into (num_seqs, max_seq_len); one scaled_dot_product_attention call with a
-boolean mask then covers the group:
+long prompt in the batch does not pad every decode row to its length:
 
     query row i of sequence s sits at position  p = seq_len[s] - query_len[s] + i
     it may attend to key positions             j <= p, j < seq_len[s]  (and p - j < window)
+
+Decodes run as two batched matmuls over (kv_head x sequence) rows; prefills as one padded
+scaled_dot_product_attention call.
 """
 
 from __future__ import annotations
@@ -18,76 +31,101 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata, write_kv_cache
+from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata
 
 
 @dataclass
-class PaddedGroup:
+class AttentionGroup:
     num_seqs: int
     max_query_len: int
-    query_token_index: torch.Tensor
-    """(num_seqs * max_query_len,) flat token gathered into each padded query row (0 for padding)."""
+    num_key_positions: int
+    """L: the gathered blocks' positions, max blocks over the group x block_size."""
+    tile_index: torch.Tensor
+    """(num_kv_heads * num_seqs * blocks,) rows of the (num_kv_heads * num_blocks) tile view,
+    ordered kv head, then sequence, then block."""
+    query_token_index: torch.Tensor | None
+    """(num_seqs * max_query_len,) flat token of each padded query row (0 for padding);
+    None when the group is the whole batch in order with one token each (no gather needed)."""
     valid_rows: torch.Tensor
     """(n,) padded rows that hold a real token, in token order."""
-    output_token_index: torch.Tensor
-    """(n,) the flat token each valid row belongs to."""
-    kv_slots: torch.Tensor
-    """(num_seqs, max_seq_len) cache slot of each key position."""
+    output_token_index: torch.Tensor | None
+    """(n,) the flat token each valid row belongs to; None as for query_token_index."""
     mask: torch.Tensor
-    """(num_seqs, 1, max_query_len, max_seq_len) bool, True where attention is allowed."""
+    """Decodes: (num_seqs, L) float, 0 where allowed and -inf elsewhere.
+    Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed."""
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self, block_size: int, device: torch.device, sliding_window: int | None = None):
+        super().__init__(block_size, device, sliding_window)
+        self.num_blocks = 0
+        self.num_kv_heads = 0
+
+    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int) -> tuple:
+        """(2, num_kv_heads, num_blocks, block_size, head_dim); see the module docstring."""
+        self.num_blocks, self.num_kv_heads = num_blocks, num_kv_heads
+        return (2, num_kv_heads, num_blocks, self.block_size, head_dim)
+
     def prepare(
         self, metadata: AttentionMetadata, query_lens: np.ndarray, block_tables: np.ndarray
-    ) -> list[PaddedGroup]:
+    ) -> list[AttentionGroup]:
         is_decode = query_lens == 1
         groups = []
         for members in (np.nonzero(is_decode)[0], np.nonzero(~is_decode)[0]):
             if len(members):
-                groups.append(self._padded_group(metadata, query_lens, block_tables, members))
+                groups.append(self._group(metadata, query_lens, block_tables, members))
         return groups
 
-    def _padded_group(
+    def _group(
         self,
         metadata: AttentionMetadata,
         query_lens: np.ndarray,
         block_tables: np.ndarray,
         members: np.ndarray,
-    ) -> PaddedGroup:
+    ) -> AttentionGroup:
         bs = self.block_size
         q_lens = query_lens[members]
         seq_lens = metadata.seq_lens[members]
         starts = metadata.query_start_loc[members]
-        max_q, max_kv = int(q_lens.max()), int(seq_lens.max())
+        max_q = int(q_lens.max())
+        blocks = -(-int(seq_lens.max()) // bs)
+        num_keys = blocks * bs
+        tables = block_tables[members][:, :blocks]  # (S, blocks), 0-padded past each end
+        head_offsets = np.arange(self.num_kv_heads, dtype=np.int64) * self.num_blocks
+        tile_index = (head_offsets[:, None, None] + tables[None]).reshape(-1)
+
         row = np.arange(max_q)
         row_valid = row[None, :] < q_lens[:, None]  # (S, Q)
         token_index = np.where(row_valid, starts[:, None] + row[None, :], 0)
-        kv_pos = np.arange(max_kv)
-        kv_slots = block_tables[members][:, kv_pos // bs] * bs + kv_pos % bs  # (S, L)
-        # Key positions past a sequence's end read its position 0 instead: the cache is not
-        # zeroed, and a masked NaN would still poison softmax(...) @ V.
-        kv_slots = np.where(kv_pos[None, :] < seq_lens[:, None], kv_slots, kv_slots[:, :1])
+        kv_pos = np.arange(num_keys)
         q_pos = (seq_lens - q_lens)[:, None] + row[None, :]  # (S, Q)
-        mask = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (
+        allowed = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (
             kv_pos[None, None, :] < seq_lens[:, None, None]
-        )
+        )  # (S, Q, L)
         if self.sliding_window is not None:
-            mask &= q_pos[:, :, None] - kv_pos[None, None, :] < self.sliding_window
-        # Padding rows attend to position 0 so that softmax stays finite; they are dropped.
-        mask[:, :, 0] |= ~row_valid
-        flat_valid = row_valid.reshape(-1)
+            allowed &= q_pos[:, :, None] - kv_pos[None, None, :] < self.sliding_window
         dev = self.device
-        return PaddedGroup(
+        flat_valid = row_valid.reshape(-1)
+        whole_batch = max_q == 1 and len(members) == metadata.num_tokens
+        if max_q == 1:
+            mask = torch.from_numpy(np.where(allowed[:, 0], 0.0, -np.inf).astype(np.float32))
+        else:
+            # Padding rows attend to position 0 so that softmax stays finite; they are dropped.
+            allowed[:, :, 0] |= ~row_valid
+            mask = torch.from_numpy(allowed[:, None])
+        return AttentionGroup(
             num_seqs=len(members),
             max_query_len=max_q,
-            query_token_index=torch.from_numpy(token_index.reshape(-1)).to(dev),
+            num_key_positions=num_keys,
+            tile_index=torch.from_numpy(tile_index).to(dev),
+            query_token_index=None if whole_batch else torch.from_numpy(token_index.reshape(-1)).to(dev),
             valid_rows=torch.from_numpy(np.nonzero(flat_valid)[0]).to(dev),
-            output_token_index=torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev),
-            kv_slots=torch.from_numpy(kv_slots.astype(np.int64)).to(dev),
-            mask=torch.from_numpy(mask[:, None]).to(dev),
+            output_token_index=(
+                None if whole_batch else torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev)
+            ),
+            mask=mask.to(dev),
         )
 
     def forward(
@@ -100,25 +138,29 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        num_heads, head_dim = query.shape[1], query.shape[2]
-        num_kv_heads = key.shape[1]
-        key_slots = kv_cache[0].view(-1, num_kv_heads, head_dim)
-        value_slots = kv_cache[1].view(-1, num_kv_heads, head_dim)
-        output = torch.empty_like(query)
-        group: PaddedGroup
-        for group in metadata.backend_data:
-            s, q_len = group.num_seqs, group.max_query_len
-            if q_len == 1:
-                k = key_slots[group.kv_slots]  # (S, L, Hkv, D)
-                v = value_slots[group.kv_slots]
-                q = query[group.query_token_index]  # (S, H, D)
-                output[group.output_token_index] = _decode_attention(q, k, v, group.mask, scale)
+        num_kv_heads, num_blocks, block_size, head_dim = kv_cache.shape[1:]
+        key_tiles = kv_cache[0].view(num_kv_heads * num_blocks, block_size, head_dim)
+        value_tiles = kv_cache[1].view(num_kv_heads * num_blocks, block_size, head_dim)
+        groups: list[AttentionGroup] = metadata.backend_data
+        output = None if len(groups) == 1 and groups[0].output_token_index is None else (
+            torch.empty_like(query)
+        )
+        for group in groups:
+            rows = num_kv_heads * group.num_seqs
+            # (Hkv * S, L, D): kv head major, then sequence
+            k = key_tiles.index_select(0, group.tile_index).view(rows, -1, head_dim)
+            v = value_tiles.index_select(0, group.tile_index).view(rows, -1, head_dim)
+            q = query if group.query_token_index is None else query[group.query_token_index]
+            if group.max_query_len == 1:
+                out = _decode_attention(q, k, v, group.mask, scale, num_kv_heads)
+                if output is None:
+                    return out
+                output[group.output_token_index] = out
                 continue
-            # (S, H, Q, D)
-            q = query[group.query_token_index].view(s, q_len, num_heads, head_dim).transpose(1, 2)
-            # (S, Hkv, L, D)
-            k = key_slots[group.kv_slots].transpose(1, 2)
-            v = value_slots[group.kv_slots].transpose(1, 2)
+            s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
+            q = q.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
+            k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
+            v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=num_kv_heads != num_heads
             )
@@ -127,18 +169,35 @@ class TorchAttentionBackend(AttentionBackend):
         return output
 
 
-def _decode_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """One query token per sequence, as two batched matmuls (the fused CPU kernel is slow
-    for a single query row). query (S, H, D); key/value (S, L, Hkv, D); mask (S, 1, 1, L).
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row)."""
+    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    kv_cache[0].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
+    kv_cache[1].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
 
-    Query heads are grouped by the KV head they share: (S, Hkv, group, D)."""
+
+def _decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """One query token per sequence as two batched matmuls (the fused CPU kernel is slow for
+    a single query row). query (S, H, D); key/value (Hkv * S, L, D); mask (S, L) additive.
+
+    Query heads are grouped by the KV head they share: rows (Hkv * S, group, D)."""
     num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = key.shape[2]
-    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(q, key.permute(0, 2, 3, 1)).float() * scale  # (S, Hkv, G, L)
-    scores.masked_fill_(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value.transpose(1, 2))  # (S, Hkv, G, D)
-    return out.reshape(num_seqs, num_heads, head_dim)
+    group = num_heads // num_kv_heads
+    q = query.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)
+    q = q.reshape(num_kv_heads * num_seqs, group, head_dim)
+    scores = torch.bmm(q, key.transpose(1, 2)).float()  # (Hkv * S, G, L)
+    scores = scores.view(num_kv_heads, num_seqs, group, -1).mul_(scale).add_(mask[:, None, :])
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(num_kv_heads * num_seqs, group, -1)
+    out = torch.bmm(probs, value)  # (Hkv * S, G, D)
+    return out.view(num_kv_heads, num_seqs, num_heads // num_kv_heads, head_dim).transpose(0, 1).reshape(
+        num_seqs, num_heads, head_dim
+    )

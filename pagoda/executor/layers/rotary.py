@@ -62,6 +62,7 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.max_position = max_position
         self.inv_freq = compute_inv_freq(hf_config, head_dim)
+        self._last_lookup: tuple | None = None
         self._build_cache()
 
     def apply_freq_factors(self, factors: torch.Tensor) -> None:
@@ -76,14 +77,26 @@ class RotaryEmbedding(nn.Module):
         device = getattr(self, "cos_cache", torch.empty(0)).device
         self.register_buffer("cos_cache", emb.cos().to(device), persistent=False)
         self.register_buffer("sin_cache", emb.sin().to(device), persistent=False)
+        self._last_lookup = None
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,); query (T, H, D); key (T, Hkv, D)."""
-        cos = self.cos_cache[positions].unsqueeze(1).to(query.dtype)  # (T, 1, D)
-        sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
+        cos, sin = self._cos_sin(positions, query.dtype)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, 1, D) cos and sin of `positions`. Every layer of a step gets the same positions
+        tensor, so they are looked up once per step: the last lookup is kept with a reference
+        to its positions tensor (identity, not value, decides a hit)."""
+        last = self._last_lookup
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
+        cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cache[positions].unsqueeze(1).to(dtype)
+        self._last_lookup = (positions, dtype, cos, sin)
+        return cos, sin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
