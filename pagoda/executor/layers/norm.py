@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -15,12 +16,16 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (..., hidden). With `residual`, returns (norm(x + residual), x + residual)."""
+        """x (..., hidden). With `residual`, returns (norm(x + residual), x + residual).
+
+        torch's fused kernel replaces the ~ten elementwise ops of the textbook form. Half
+        precision follows the reference implementation's roundings exactly: normalise in
+        float32, cast, then scale by the weight in the input dtype."""
         if residual is not None:
             x = x + residual
             residual = x
-        # Computed in float32 like the reference implementation, then cast back.
-        x32 = x.float()
-        variance = x32.pow(2).mean(-1, keepdim=True)
-        normed = self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+        if x.dtype == torch.float32:
+            normed = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        else:
+            normed = self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
         return normed if residual is None else (normed, residual)
