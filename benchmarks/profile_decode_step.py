@@ -1,6 +1,7 @@
 """Where one batched decode step spends its time: torch.profiler over a few engine steps.
 
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --dtype bfloat16
+    .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --quantization int8
 
 Prefills `--batch` random 128-token prompts, then profiles `--steps` pure decode steps and
 prints the mean step time and the top operators (grouped by input shape).
@@ -20,11 +21,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default=None, choices=["int8"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=14, help="operators to list")
     args = parser.parse_args()
 
-    llm = LLM(dtype=args.dtype, kv_cache_memory=1 << 30, max_model_len=2048, max_num_seqs=256)
+    llm = LLM(dtype=args.dtype, quantization=args.quantization, kv_cache_memory=1 << 30,
+              max_model_len=2048, max_num_seqs=256)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
     prompts = [[100 + (i * 7 + j) % 1000 for j in range(128)] for i in range(args.batch)]
@@ -39,7 +42,8 @@ def main() -> None:
         for _ in range(args.steps):
             engine.step()
         step_ms = (time.perf_counter() - start) / args.steps * 1000
-    print(f"batch {args.batch}, {engine.dtype}: {step_ms:.1f} ms per decode step "
+    quant = f", {args.quantization}" if args.quantization else ""
+    print(f"batch {args.batch}, {engine.dtype}{quant}: {step_ms:.1f} ms per decode step "
           f"({args.batch / step_ms * 1000:.0f} output tokens/s)")
     table = prof.key_averages(group_by_input_shape=True).table(
         sort_by="self_cpu_time_total", row_limit=args.rows

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+QUANTIZATION_METHODS = ("int8",)
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,19 @@ class ModelConfig:
     """Tokenizer source when it differs from the model (a HF folder or a GGUF file)."""
     seed: int = 0
     """Seed for requests that give none (keeps runs reproducible)."""
+    quantization: str | None = None
+    """None (weights in the run dtype) or int8: dynamic int8 linear layers, CPU only."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(
+                f"quantization must be None or one of {', '.join(QUANTIZATION_METHODS)}, "
+                f"got {self.quantization!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,10 @@ class LLMEngine:
                 f"{context_len}"
             )
         torch.manual_seed(config.model.seed)
-        model = load_model(checkpoint, self.dtype, self.device, max_position=max_model_len)
+        model = load_model(
+            checkpoint, self.dtype, self.device, max_position=max_model_len,
+            quantization=config.model.quantization,
+        )
         self.eos_token_ids = eos_token_ids(files, self.tokenizer, hf_config)
         self.runner = ModelRunner(model, self.device, self.dtype, config.cache, self.eos_token_ids)
         num_blocks = self.runner.determine_num_blocks(max_model_len, config.scheduler)

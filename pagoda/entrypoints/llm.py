@@ -24,6 +24,7 @@ class LLM:
         model: str | None = None,
         *,
         dtype: str = "auto",
+        quantization: str | None = None,
         max_model_len: int | None = None,
         tokenizer: str | None = None,
         seed: int = 0,
@@ -39,7 +40,7 @@ class LLM:
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len,
-                              tokenizer=tokenizer, seed=seed),
+                              tokenizer=tokenizer, seed=seed, quantization=quantization),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
                               gpu_memory_utilization=gpu_memory_utilization,
                               enable_prefix_caching=enable_prefix_caching,

@@ -7,6 +7,7 @@ import logging
 import torch
 from torch import nn
 
+from pagoda.executor.layers.quantization import check_int8_supported, quantize_linear_layers
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
 from pagoda.executor.loader.model_files import ModelFiles
 from pagoda.executor.loader.safetensors_loader import SafetensorsCheckpoint
@@ -56,7 +57,12 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     max_position: int,
+    quantization: str | None = None,
 ) -> nn.Module:
+    """Build and fill the model; with quantization "int8" its linear layers are then replaced
+    by dynamic int8 ones (see pagoda/executor/layers/quantization.py)."""
+    if quantization == "int8":
+        check_int8_supported(device)  # before the slow load
     model_class = resolve_model_class(checkpoint.hf_config)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -67,9 +73,12 @@ def load_model(
         torch.set_default_dtype(previous_dtype)
     model.load_weights(checkpoint.iter_weights(dtype))
     model.eval()
-    num_params = sum(p.numel() for p in model.parameters())
+    num_params = sum(p.numel() for p in model.parameters())  # before int8 weights leave them
+    if quantization == "int8":
+        quantize_linear_layers(model)
     logger.info(
-        "loaded %s (%.1fM parameters, %s) on %s",
-        type(model).__name__, num_params / 1e6, str(dtype).removeprefix("torch."), device,
+        "loaded %s (%.1fM parameters, %s%s) on %s",
+        type(model).__name__, num_params / 1e6, str(dtype).removeprefix("torch."),
+        f", {quantization} linears" if quantization else "", device,
     )
     return model

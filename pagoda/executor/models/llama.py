@@ -144,9 +144,13 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (n, hidden_size) -> float32 logits (n, vocab_size)."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        """hidden (n, hidden_size) -> float32 logits (n, vocab_size).
+
+        `lm_head` is None when tied to the embedding table; after int8 quantization it is an
+        `Int8LogitsHead` (for tied models too), which picks int8 or float by n."""
+        if self.lm_head is None:
+            return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
