@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-QUANTIZATION_METHODS = ("int8",)
+QUANTIZATION_METHODS = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class ModelConfig:
     seed: int = 0
     """Seed for requests that give none (keeps runs reproducible)."""
     quantization: str | None = None
-    """None (weights in the run dtype) or int8: dynamic int8 linear layers, CPU only."""
+    """None (weights in the run dtype), int8 or int4: weight-only quantized linear layers,
+    CPU only (see pagoda/executor/layers/quantization.py)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:

@@ -24,6 +24,7 @@ from pagoda.executor.loader.model_loader import (
     open_checkpoint,
     resolve_device,
     resolve_dtype,
+    set_cpu_threads,
 )
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
 from pagoda.executor.model_runner import ModelRunner
@@ -63,6 +64,8 @@ class LLMEngine:
         self.hf_config = hf_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        if self.device.type == "cpu":
+            logger.info("%d CPU threads", set_cpu_threads())
         context_len = int(getattr(hf_config, "max_position_embeddings", 2048))
         max_model_len = config.model.max_model_len or context_len
         if max_model_len > context_len:

@@ -19,12 +19,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M)")
     group.add_argument("--tokenizer", default=None, help="tokenizer source if not the model's")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    group.add_argument("--quantization", default=None, choices=["int8"],
-                       help="int8: dynamic int8 linear layers, CPU only. Activations stay in "
-                            "--dtype (cast to float32 around each int8 matmul): bfloat16 is "
-                            "faster for batches, float32 for a single stream. Less accurate "
-                            "than bf16 (~85%% top-1 agreement with float32 on SmolLM2-135M). "
-                            "Default: none")
+    group.add_argument("--quantization", default=None, choices=["int8", "int4"],
+                       help="weight-only quantized linear layers, CPU only (activations stay "
+                            "in --dtype): int8 per output channel, or int4 in groups of 32, "
+                            "which on a Q4_0/Q4_1 GGUF model keeps its own 4-bit weights. "
+                            "Faster decoding of few sequences; batches of 16+ rows use the "
+                            "float weights. Default: none")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output in tokens (default: the model's context)")

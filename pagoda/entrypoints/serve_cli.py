@@ -72,10 +72,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if pagoda_logger.getEffectiveLevel() > logging.INFO:
         pagoda_logger.setLevel(logging.INFO)  # a server reports its start-up and shutdown
 
-    engine = LLM(**engine_kwargs(args)).engine  # the offline class builds the EngineConfig
+    async_engine = AsyncLLMEngine.build_on_engine_thread(
+        lambda: LLM(**engine_kwargs(args)).engine,  # the offline class builds the EngineConfig
+        max_queue=args.max_queue,
+    )
+    engine = async_engine.engine
     model_name = args.served_model_name or engine.model_files.name
     metrics = EngineMetrics(model_name)
-    async_engine = AsyncLLMEngine(engine, metrics=metrics, max_queue=args.max_queue)
+    async_engine.metrics = metrics  # used by the loop from start() on
     state = ServerState(
         engine=async_engine, metrics=metrics, model_name=model_name,
         model_root=engine.model_files.path, api_key=api_key, chat_template=chat_template,

@@ -111,6 +111,35 @@ def test_streams_are_separate_and_the_engine_runs_on_its_own_thread():
     assert fake.thread_ids and threading.get_ident() not in fake.thread_ids
 
 
+def test_an_engine_built_on_the_engine_thread_is_stepped_on_that_thread():
+    """build_on_engine_thread: the thread that built the engine (and so owns torch's
+    OpenMP pool) runs every step; a failing build raises in the caller."""
+    built_on: list[int] = []
+
+    def build():
+        built_on.append(threading.get_ident())
+        return FakeEngine()
+
+    async def main():
+        engine = AsyncLLMEngine.build_on_engine_thread(build, max_queue=5)
+        assert engine.max_queue == 5 and not engine.is_alive  # built, loop not yet started
+        engine.start()
+        outputs = await collect(engine, "r", [7], 3)
+        await engine.shutdown()
+        return engine, outputs
+
+    engine, outputs = run(main())
+    assert outputs[-1].finished and outputs[-1].outputs[0].token_ids == [7, 7, 7]
+    assert built_on and built_on[0] != threading.get_ident()
+    assert engine.engine.thread_ids == set(built_on)
+
+    def broken():
+        raise ValueError("no such model file")
+
+    with pytest.raises(ValueError, match="no such model file"):
+        AsyncLLMEngine.build_on_engine_thread(broken)
+
+
 def test_bad_request_is_refused_and_the_loop_keeps_serving():
     fake = FakeEngine()
 

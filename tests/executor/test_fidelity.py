@@ -9,8 +9,7 @@ import torch
 
 from pagoda.config import CacheConfig
 from pagoda.executor.fidelity import compare_teacher_forced
-from pagoda.executor.layers import quantization
-from pagoda.executor.layers.quantization import Int8LogitsHead
+from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from pagoda.executor.loader.tokenizer import load_tokenizer
@@ -57,26 +56,37 @@ def test_bfloat16_follows_float32(float32_runner, text_token_ids) -> None:
     assert abs(report.perplexity_delta) < 0.05 * report.reference_perplexity
 
 
-def test_int8_follows_float32(float32_runner, text_token_ids) -> None:
-    """Dynamic int8 linears with bf16 activations (what `--quantization int8` runs here).
-
-    Below the 97% of bf16 alone: one activation scale per matmul input cannot cover this
-    model's outlier channels (see pagoda/executor/layers/quantization.py). Measured on the
-    AVX512-VNNI CPU: 85.0% agreement, perplexity 24.29 -> 25.69 (+5.8%). With the 7-bit
-    activations of CPUs without VNNI (REDUCE_RANGE): 68.0%, +36.9%. Without the outlier-row
-    split: 60.0%, +64.9%, so the bars below catch its loss on either kind of CPU."""
-    candidate = bundled_runner(torch.bfloat16, quantization="int8")
-    head = candidate.model.lm_head
-    assert isinstance(head, Int8LogitsHead)
-    # 512 rows would take the float head; force int8, as decode steps of <= 128 rows run.
-    head.max_int8_rows = None
+def quantized_report(float32_runner, text_token_ids, method: str):
+    """Weight-only `method` linears with bf16 activations, as `--quantization` runs on an
+    AVX512-BF16 CPU; every matmul takes the quantized kernel (as decode steps do), none the
+    float weight kept for large batches."""
+    candidate = bundled_runner(torch.bfloat16, quantization=method)
+    layers = [m for m in candidate.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 * len(candidate.model.model.layers)
+    for layer in layers:
+        layer.dense_weight = None
     report = compare_teacher_forced(float32_runner, candidate, text_token_ids)
-    print(f"\nint8 (bf16 activations) vs float32: {report}, "
+    print(f"\n{method} (bf16 activations) vs float32: {report}, "
           f"perplexity {report.perplexity_delta / report.reference_perplexity:+.1%}")
     assert report.num_positions == NUM_POSITIONS
-    min_agreement, max_perplexity_rise = (0.64, 0.45) if quantization.REDUCE_RANGE else (0.82, 0.08)
-    assert report.top1_agreement >= min_agreement
-    assert abs(report.perplexity_delta) < max_perplexity_rise * report.reference_perplexity
+    return report
+
+
+def test_int4_follows_float32(float32_runner, text_token_ids) -> None:
+    """int4 re-finds the GGUF file's own Q4_1 codes (pagoda/executor/layers/quantization.py),
+    so only bf16's error is left. Measured: 97.27% (as bf16 alone), perplexity +0.2%."""
+    report = quantized_report(float32_runner, text_token_ids, "int4")
+    assert report.top1_agreement >= 0.97
+    assert abs(report.perplexity_delta) < 0.01 * report.reference_perplexity
+
+
+def test_int8_follows_float32(float32_runner, text_token_ids) -> None:
+    """int8 per output channel re-quantizes the 4-bit weights onto another grid. Measured:
+    96.09% top-1 agreement, perplexity +1.0%: BELOW the 97% goal on this 4-bit model (int8
+    is meant for float checkpoints; the bars pin today's numbers so a regression shows)."""
+    report = quantized_report(float32_runner, text_token_ids, "int8")
+    assert report.top1_agreement >= 0.955
+    assert abs(report.perplexity_delta) < 0.02 * report.reference_perplexity
 
 
 def test_comparison_detects_a_broken_model(float32_runner, text_token_ids) -> None:

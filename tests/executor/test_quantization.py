@@ -1,4 +1,5 @@
-"""Dynamic int8 linears: the kernel against F.linear, the model conversion, errors, end to end."""
+"""Weight-only int8/int4 linears: the codes, the kernels against F.linear, the float path for
+large batches, the model conversion, errors, end to end."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.config import CacheConfig, ModelConfig
-from pagoda.executor.layers import quantization
 from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers.quantization import (
-    Int8DynamicLinear,
-    Int8LogitsHead,
-    check_int8_supported,
+    GROUP_SIZE,
+    QuantizedLinear,
+    check_quantization_supported,
+    quantize_int4,
 )
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
@@ -22,12 +23,16 @@ from tests.entrypoints.test_cli import run_cli
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
 from tests.executor.tiny_checkpoints import build_checkpoint
 
-MAX_RELATIVE_ERROR = 0.03
-"""Per-channel int8 weights and per-call int8 activations on Gaussian data: ~1-2%."""
+MAX_RELATIVE_ERROR = {"int8": 0.02, "int4": 0.12}
+"""One linear, round-to-nearest on Gaussian weights: int8 per channel ~0.5%, int4 per group
+of 32 ~8%."""
+MODEL_MAX_RELATIVE_ERROR = {"int8": 0.03, "int4": 0.25}
+"""Prompt logits of the tiny random model, errors compounded over its layers: measured
+int8 ~1%, int4 13%."""
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
-    return ((ours.float() - reference).norm() / reference.norm()).item()
+    return ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
 def random_linear(in_features: int, out_features: int, bias: bool) -> Linear:
@@ -39,130 +44,148 @@ def random_linear(in_features: int, out_features: int, bias: bool) -> Linear:
     return linear
 
 
-def test_int8_linear_matches_float_linear() -> None:
+def q4_1_weight(out_features: int, in_features: int) -> tuple[torch.Tensor, ...]:
+    """A weight as GGUF Q4_1 stores it: blocks of 32 holding d * q + m, with each block's
+    codes spanning 0..15 (llama.cpp's quantizer maps the block's min to 0, max to 15)."""
+    blocks = in_features // GROUP_SIZE
+    codes = torch.randint(0, 16, (out_features, blocks, GROUP_SIZE))
+    codes[..., 0], codes[..., 1] = 0, 15
+    d = torch.rand(out_features, blocks, 1) * 0.01 + 0.001
+    m = -torch.rand(out_features, blocks, 1) * 0.1
+    return (d * codes + m).reshape(out_features, in_features), codes, d, m
+
+
+def test_int4_recovers_the_codes_of_a_q4_1_weight() -> None:
+    """Re-quantizing a dequantized Q4_1 tensor gives back its codes, scale d and zero m + 8d,
+    so the int4 kernel multiplies by exactly the GGUF file's weights."""
+    torch.manual_seed(0)
+    weight, codes, d, m = q4_1_weight(96, 128)
+    new_codes, scales_and_zeros = quantize_int4(weight)
+    assert torch.equal(new_codes, codes.reshape(96, 128).to(torch.int32))
+    assert scales_and_zeros.shape == (128 // GROUP_SIZE, 96, 2)
+    torch.testing.assert_close(scales_and_zeros[..., 0], d.squeeze(-1).T, rtol=1e-5, atol=0)
+    torch.testing.assert_close(scales_and_zeros[..., 1], (m + 8 * d).squeeze(-1).T, rtol=1e-5,
+                               atol=1e-7)
+    linear = QuantizedLinear(weight, None, "int4", dense_from_rows=None)
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(linear(x), F.linear(x, weight), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_linear_matches_float_linear(method, dtype) -> None:
     torch.manual_seed(0)
     linear = random_linear(256, 384, bias=True)
-    x = torch.randn(16, 256)
-    reference = F.linear(x, linear.weight, linear.bias)  # (16, 384)
-    int8 = Int8DynamicLinear.from_linear(linear)
-    y = int8(x)
-    assert y.shape == (16, 384) and y.dtype == torch.float32
-    assert relative_error(y, reference) < MAX_RELATIVE_ERROR
-    # Activations in bf16 come back in bf16 (the run dtype), or in the dtype asked for.
-    assert int8(x.bfloat16()).dtype == torch.bfloat16
-    assert relative_error(int8(x.bfloat16()), reference) < MAX_RELATIVE_ERROR
-    assert int8(x.bfloat16(), out_dtype=torch.float32).dtype == torch.float32
-    assert int8(x.view(4, 4, 256)).shape == (4, 4, 384)
-    # No float copy of the weight is kept.
-    assert not list(int8.parameters())
+    quantized = QuantizedLinear(linear.weight.to(dtype), linear.bias.to(dtype), method,
+                                dense_from_rows=None)
+    x = torch.randn(4, 256)
+    reference = F.linear(x, linear.weight, linear.bias)  # (4, 384)
+    y = quantized(x.to(dtype))
+    assert y.shape == (4, 384) and y.dtype == dtype
+    assert relative_error(y, reference) < MAX_RELATIVE_ERROR[method]
+    assert quantized(x.to(dtype), out_dtype=torch.float32).dtype == torch.float32
+    assert quantized(x.view(2, 2, 256).to(dtype)).shape == (2, 2, 384)
+    # The bias is really applied: without it the output is far off.
+    assert relative_error(y - linear.bias.to(dtype), reference) > 0.5
+    # Only codes and scales are kept (plus the bias): no float weight.
+    assert quantized.dense_weight is None
+    assert {name for name, _ in quantized.named_buffers()} == {"codes", "scales"}
+
+
+def test_large_batches_take_the_float_weight() -> None:
+    """From dense_from_rows rows on the matmul is F.linear with the float weight, exactly;
+    below, the quantized kernel (which differs from it)."""
+    torch.manual_seed(0)
+    linear = random_linear(128, 64, bias=False)
+    quantized = QuantizedLinear.from_linear(linear, "int4", dense_from_rows=4)
+    assert quantized.dense_weight is linear.weight
+    few, many = torch.randn(3, 128), torch.randn(4, 128)
+    assert torch.equal(quantized(many), F.linear(many, linear.weight))
+    assert not torch.equal(quantized(few), F.linear(few, linear.weight))
+    assert relative_error(quantized(few), F.linear(few, linear.weight)) < MAX_RELATIVE_ERROR["int4"]
 
 
 def test_merged_linear_with_bias_keeps_each_part() -> None:
     """Qwen2's fused qkv with a bias: every part's rows and bias survive quantization."""
     torch.manual_seed(0)
     merged = MergedLinear(64, {"q": 64, "k": 32, "v": 32}, bias=True)
-    parts = {"q": 64, "k": 32, "v": 32}
-    for shard_id, size in parts.items():
+    for shard_id, size in {"q": 64, "k": 32, "v": 32}.items():
         merged.weight.weight_loader(merged.weight, torch.randn(size, 64) * 0.1, shard_id)
         merged.bias.weight_loader(merged.bias, torch.randn(size) + 3.0, shard_id)
-    x = torch.randn(8, 64)
+    x = torch.randn(2, 64)
     reference = F.linear(x, merged.weight, merged.bias)
-    y = Int8DynamicLinear.from_linear(merged)(x)
-    assert relative_error(y, reference) < MAX_RELATIVE_ERROR
-    # The bias is really applied: without it the output is far off.
-    assert relative_error(y - merged.bias, reference) > 0.5
+    for method in ("int8", "int4"):
+        y = QuantizedLinear.from_linear(merged, method, dense_from_rows=None)(x)
+        assert relative_error(y, reference) < MAX_RELATIVE_ERROR[method]
 
 
-def test_outlier_rows_are_quantized_apart(monkeypatch) -> None:
-    """One row 1000x the others (like a sequence's first token) must not wipe out the rest."""
-    torch.manual_seed(0)
-    linear = random_linear(256, 128, bias=False)
-    x = torch.randn(8, 256)
-    x[3] *= 1000
-    reference = F.linear(x, linear.weight)
-    int8 = Int8DynamicLinear.from_linear(linear)
-    normal = [0, 1, 2, 4, 5, 6, 7]
-    assert relative_error(int8(x)[normal], reference[normal]) < MAX_RELATIVE_ERROR
-    assert relative_error(int8(x)[3], reference[3]) < MAX_RELATIVE_ERROR
-    monkeypatch.setattr(quantization, "OUTLIER_ROW_FACTOR", float("inf"))
-    assert relative_error(int8(x)[normal], reference[normal]) > 0.3  # what the split prevents
+def test_int4_needs_inputs_in_whole_groups() -> None:
+    with pytest.raises(ValueError, match="divisible by 32, this layer has 48"):
+        QuantizedLinear(torch.randn(16, 48), None, "int4")
+    with pytest.raises(ValueError, match="unknown quantization method 'int2'"):
+        QuantizedLinear(torch.randn(16, 64), None, "int2")
 
 
-def test_logits_head_picks_int8_or_float_by_rows() -> None:
-    torch.manual_seed(0)
-    weight = nn.Parameter(torch.randn(1000, 64).bfloat16(), requires_grad=False)
-    head = Int8LogitsHead(weight, max_int8_rows=4)
-    small, large = torch.randn(3, 64).bfloat16(), torch.randn(9, 64).bfloat16()
-    for hidden in (small, large):
-        logits = head(hidden)
-        assert logits.shape == (hidden.shape[0], 1000) and logits.dtype == torch.float32
-        assert relative_error(logits, F.linear(hidden.float(), weight.float())) < MAX_RELATIVE_ERROR
-    torch.testing.assert_close(head(small), head.int8(small, out_dtype=torch.float32))
-    torch.testing.assert_close(head(large), F.linear(large, weight).float())
-    # A float32 matmul is slower than int8 at any number of rows: always int8.
-    assert Int8LogitsHead(weight.float(), max_int8_rows=4).max_int8_rows is None
-
-
-def quantized_tiny_model(arch: str, folder: str) -> nn.Module:
+def quantized_tiny_model(arch: str, folder: str, method: str) -> nn.Module:
     build_checkpoint(arch, folder)
     checkpoint = open_checkpoint(resolve_model_files(folder))
     return load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=256,
-                      quantization="int8")
+                      quantization=method)
 
 
-def test_tied_model_has_no_float_linear_left(tmp_path) -> None:
-    """Qwen2 (qkv bias, tied embeddings): every Linear is int8, the embedding stays float and
-    is the head's float weight, and logits follow the float32 model."""
-    model = quantized_tiny_model("qwen2", str(tmp_path))
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_model_conversion_keeps_a_float_head_and_follows_float32(tmp_path, method) -> None:
+    """Qwen2 (qkv bias, tied embeddings): every decoder Linear is quantized, the head stays
+    the float embedding table, and prompt logits follow the float32 model."""
+    model = quantized_tiny_model("qwen2", str(tmp_path), method)
     assert not [name for name, m in model.named_modules() if isinstance(m, Linear)]
-    int8_names = [name for name, m in model.named_modules() if isinstance(m, Int8DynamicLinear)]
-    assert len(int8_names) == 2 * 4 + 1  # 4 per layer (qkv, o, gate_up, down) + the head
-    assert isinstance(model.lm_head, Int8LogitsHead)
-    embedding = model.model.embed_tokens
-    assert isinstance(embedding, nn.Embedding) and embedding.weight.dtype == torch.float32
-    assert model.lm_head.float_weight is embedding.weight
+    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(quantized) == 2 * 4 and {m.method for m in quantized} == {method}
+    assert model.lm_head is None and model.model.embed_tokens.weight.dtype == torch.float32
 
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
     runner.initialize_kv_cache(64)
+    for layer in quantized:
+        layer.dense_weight = None  # prompts have more rows than dense_from_rows
     float_logits = pagoda_runner(str(tmp_path)).prompt_logits(PROMPTS)
     for ours, reference in zip(runner.prompt_logits(PROMPTS), float_logits):
         assert ours.dtype == torch.float32 and ours.shape == reference.shape
-        # Measured: 2% relative error, 92-100% top-1 agreement per prompt.
-        assert (ours.argmax(-1) == reference.argmax(-1)).float().mean().item() > 0.85
-        assert relative_error(ours, reference) < 0.05
+        # (A random tiny model's top logits are near ties: int4's error flips many argmaxes,
+        # so top-1 agreement is only asked of int8; real text is in test_fidelity.py.)
+        if method == "int8":
+            assert (ours.argmax(-1) == reference.argmax(-1)).float().mean().item() > 0.85
+        assert relative_error(ours, reference) < MODEL_MAX_RELATIVE_ERROR[method]
 
 
-def test_untied_head_is_quantized_too(tmp_path) -> None:
-    model = quantized_tiny_model("llama", str(tmp_path))
-    assert not [name for name, m in model.named_modules() if isinstance(m, Linear)]
-    assert isinstance(model.lm_head, Int8LogitsHead)
-    assert model.lm_head.float_weight is not model.model.embed_tokens.weight
+def test_untied_head_stays_float(tmp_path) -> None:
+    model = quantized_tiny_model("llama", str(tmp_path), "int4")
+    assert type(model.lm_head) is Linear
+    assert not [n for n, m in model.named_modules() if type(m) is Linear and n != "lm_head"]
 
 
-def test_config_rejects_unknown_quantization() -> None:
-    assert ModelConfig(quantization="int8").quantization == "int8"
-    with pytest.raises(ValueError, match="quantization must be None or one of int8, got 'int4'"):
-        ModelConfig(quantization="int4")
+def test_config_accepts_int8_and_int4_only() -> None:
+    assert ModelConfig(quantization="int4").quantization == "int4"
+    with pytest.raises(ValueError, match="quantization must be None or one of int8, int4, got 'int2'"):
+        ModelConfig(quantization="int2")
 
 
-def test_int8_refuses_other_devices_and_builds(monkeypatch) -> None:
-    check_int8_supported(torch.device("cpu"))
-    with pytest.raises(ValueError, match="CPU only.*cuda"):
-        check_int8_supported(torch.device("cuda"))
-    monkeypatch.setattr(quantization, "supported_quantized_engines", lambda: ["qnnpack"])
-    with pytest.raises(ValueError, match="fbgemm, x86 or onednn.*has qnnpack"):
-        check_int8_supported(torch.device("cpu"))
+def test_quantization_refuses_other_devices() -> None:
+    check_quantization_supported("int4", torch.device("cpu"))
+    with pytest.raises(ValueError, match="int4 runs on CPU only.*cuda"):
+        check_quantization_supported("int4", torch.device("cuda"))
+    with pytest.raises(ValueError, match="one of int8, int4, got 'fp8'"):
+        check_quantization_supported("fp8", torch.device("cpu"))
 
 
 def test_cli_rejects_unknown_quantization() -> None:
-    result = run_cli("generate", "--quantization", "int4", "hi")
+    result = run_cli("generate", "--quantization", "int2", "hi")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert "--quantization: invalid choice: 'int4'" in result.stderr and "int8" in result.stderr
+    assert "--quantization: invalid choice: 'int2'" in result.stderr and "int4" in result.stderr
 
 
-def test_cli_int8_on_a_non_cpu_device_is_a_one_line_error() -> None:
-    result = run_cli("generate", "--quantization", "int8", "--device", "meta", "hi")
+def test_cli_quantization_on_a_non_cpu_device_is_a_one_line_error() -> None:
+    result = run_cli("generate", "--quantization", "int4", "--device", "meta", "hi")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("pagoda: error:")]
@@ -170,11 +193,13 @@ def test_cli_int8_on_a_non_cpu_device_is_a_one_line_error() -> None:
 
 
 @pytest.mark.slow
-def test_int8_engine_answers_a_chat_prompt() -> None:
+def test_int4_engine_answers_a_chat_prompt() -> None:
     from pagoda import LLM, SamplingParams
 
-    llm = LLM(quantization="int8", kv_cache_memory=64 * 1024 * 1024, max_model_len=512)
-    assert isinstance(llm.engine.runner.model.lm_head, Int8LogitsHead)
+    llm = LLM(quantization="int4", dtype="bfloat16", kv_cache_memory=64 * 1024 * 1024,
+              max_model_len=512)
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 4 * 30 and {m.method for m in layers} == {"int4"}
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     output = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     assert "Paris" in output.outputs[0].text

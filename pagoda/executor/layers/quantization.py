@@ -1,173 +1,168 @@
-"""Dynamic int8 linear layers (`--quantization int8`), CPU only.
+"""Weight-only quantized linear layers (`--quantization int8|int4`), CPU only.
 
-Weights are quantized once, after loading: symmetric int8 per output channel (row i of W
-gets scale max|W[i]| / 127, zero point 0), then prepacked for fbgemm / oneDNN. Activations
-are quantized per call inside the kernel, with one scale for the whole (M, in) input, and
-the result comes back in float32:
+Weights are quantized once after loading, round-to-nearest; activations stay in the run
+dtype and the kernel dequantizes weights on the fly (fewer bytes to stream per decode step):
 
-    x (M, in) run dtype -> float32 -> quantized.linear_dynamic -> (M, out) float32 -> run dtype
+    int8: symmetric per output channel  W[i, :] ~= scale[i] * q,  q in [-127, 127]
+          torch._weight_int8pack_mm(x, q (out, in) int8, scale (out,))
+    int4: asymmetric per group of GROUP_SIZE inputs, from the group's min and max
+          W[i, g] ~= (q - 8) * scale[g, i] + zero[g, i],  q in [0, 15]
+          torch._weight_int4pack_mm_for_cpu(x, packed, GROUP_SIZE, scales_and_zeros)
 
-Activations stay in the run dtype (bfloat16 where the CPU has native bf16 matmuls): only
-the linears change, and attention, norms and the KV cache keep half the bytes. Median
-decode step, bundled model, 2-core AVX512-VNNI CPU, configurations interleaved in one
-process: bf16 34 ms (batch 1) / 148 ms (batch 64); int8 + bf16 21 / 122 ms; int8 + float32
-17 / 138 ms. So `--dtype float32` is the faster choice for a single stream, bf16 (with half
-the KV-cache bytes) for batches of about 16 and up.
+GGUF Q4_1 stores blocks of 32 weights as d * q + m with q the block's 4-bit codes, and its
+quantizer puts the block minimum at q = 0 and the maximum at q = 15. Re-quantizing such a
+dequantized tensor with int4 groups of 32 finds the same min and max, hence scale = d and
+zero = m + 8 d: the original codes come back, and the kernel multiplies by the weights the
+GGUF file holds (to float rounding). `--quantization int4` on the bundled Q4_1 model is
+therefore the GGUF model itself, kept quantized; on a float checkpoint it is ordinary
+round-to-nearest int4.
 
-Accuracy is bounded by the activations, not the weights: weight-only int8 error is ~1%,
-but one scale per input makes rows with outliers (the first token of a sequence carries
-activations ~100x the rest) crush everything else to a few levels. Two measures help:
-8-bit activations where VNNI makes them safe (`REDUCE_RANGE`), and quantizing outlier rows
-apart. Even so, teacher-forced top-1 agreement with float32 on the bundled SmolLM2-135M is
-~85% and perplexity rises ~6% (bf16 alone: 97%, 0%); without VNNI, 68% and 37%. See
-tests/executor/test_fidelity.py.
+The logits head keeps its float weight (in SmolLM2 the tied embedding table, Q8_0 in the
+GGUF file): a per-channel int8 head is 2.5x faster at one row but costs 0.2 points of top-1
+agreement with float32 on real text, and int4 weights keep only 97.1% with it, too close to
+the 97% bar (tests/executor/test_fidelity.py).
 
-The logits head sees M = rows sampled this step. Int8 wins by ~4x at M = 1 and loses to
-bf16 above M of about 128, so `Int8LogitsHead` keeps the float weight too (for tied
-embeddings it is the embedding table, which stays in float anyway) and picks by M.
+Accuracy on the bundled model, teacher-forced against float32 (tests/executor/test_fidelity.py):
+int4 + bf16 activations 97.3% top-1 agreement (bf16 alone: 97.3%); int8 96.1%, below the
+97% bar: per-channel int8 cannot hold the per-block grid of Q4_1 weights exactly. int8 is
+meant for float checkpoints; on a 4-bit GGUF model use int4.
 
-These ops (`torch.ops.quantized.*`, quantized tensors) are deprecated upstream in favour
-of torchao; torch 2.13 warns when a quantized tensor is created, and we silence exactly
-that warning around the one place we create them.
+Speed: the kernels have fast paths for bf16/fp16 activations only (with float32 they are
+10-30x slower than a float32 matmul, so `load_model` warns). They stream fewer weight bytes
+but do more work per multiply-add than oneDNN's bf16 matmul: at one row they are 2-4x
+faster, at about 8 rows even (2-core AVX512-BF16 CPU, BENCHMARKS.md section 6). Each layer
+therefore keeps the float weight too and takes it from `dense_from_rows` rows on (prefill,
+large batches): memory for speed, the right trade for a small model on a CPU. Pass
+dense_from_rows=None for quantized weights only.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagoda.config import QUANTIZATION_METHODS
 from pagoda.executor.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
 
-INT8_ENGINES = ("x86", "fbgemm", "onednn")
-"""Quantized engines with a dynamic int8 linear kernel for x86 CPUs."""
-OUTLIER_ROW_FACTOR = 4.0
-"""Rows whose largest |x| passes this multiple of the median row's are quantized apart."""
-DEFAULT_INT8_LOGITS_MAX_ROWS = 128
-"""Above this many logit rows a bf16/fp16 head beats the int8 one (measured crossover
-~128 on the AVX512-VNNI CPU; a float32 head never does, see `Int8LogitsHead`)."""
+GROUP_SIZE = 32
+"""int4 inputs per (scale, zero) pair; 32 is GGUF's Q4_0/Q4_1 block, see the docstring."""
+INT4_INNER_K_TILES = 2
+"""Packing parameter of the CPU int4 kernel (2, 4 or 8); 2 accepts any K % 32 == 0."""
+DEFAULT_DENSE_FROM_ROWS = 8
+"""From this many rows a step's matmul takes the float weight (see the docstring)."""
 
 
-def _cpu_has_avx512_vnni() -> bool:
-    try:
-        return bool(torch.cpu._is_vnni_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-REDUCE_RANGE = not _cpu_has_avx512_vnni()
-"""7-bit activations. Needed where the kernel sums pairs of u8 x s8 products in int16 (AVX2:
-255 * 127 * 2 saturates); VNNI accumulates in int32, and the 8th bit halves the error."""
-
-
-def supported_quantized_engines() -> list[str]:
-    return list(torch.backends.quantized.supported_engines)
-
-
-def check_int8_supported(device: torch.device) -> None:
-    """Raise ValueError where dynamic int8 linears cannot run."""
+def check_quantization_supported(method: str, device: torch.device) -> None:
+    """Raise ValueError where `method` cannot run on `device`."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {method!r}"
+        )
     if device.type != "cpu":
         raise ValueError(
-            f"--quantization int8 runs on CPU only (fbgemm/oneDNN kernels), not on {device}; "
-            "use --device cpu or drop --quantization"
-        )
-    engines = supported_quantized_engines()
-    if not any(engine in engines for engine in INT8_ENGINES):
-        raise ValueError(
-            "--quantization int8 needs a torch build with the fbgemm, x86 or onednn quantized "
-            f"engine; this one has {', '.join(engines) or 'none'}"
+            f"--quantization {method} runs on CPU only (PyTorch's packed CPU kernels), not on "
+            f"{device}; use --device cpu or drop --quantization"
         )
 
 
-def quantize_weight_int8(weight: torch.Tensor) -> torch.Tensor:
-    """weight (out, in) float -> quantized qint8 tensor, symmetric per output channel."""
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight (out, in) float -> (codes (out, in) int8, scales (out,) float32)."""
     weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()  # (out,)
-    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():
-        # torch 2.13: "quantized tensor creation functions ... are deprecated" (see docstring).
-        warnings.filterwarnings(
-            "ignore", message=".*quantized tensor creation functions.*", category=UserWarning
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (out,)
+    codes = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight (out, in) float, in % GROUP_SIZE == 0 ->
+    (codes (out, in) int32 in [0, 15], scales_and_zeros (in / GROUP_SIZE, out, 2) float32)."""
+    out_features, in_features = weight.shape
+    if in_features % GROUP_SIZE:
+        raise ValueError(
+            f"int4 needs input sizes divisible by {GROUP_SIZE}, this layer has {in_features}"
         )
-        return torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+    groups = weight.detach().float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
+    low = groups.amin(dim=-1, keepdim=True)  # (out, G, 1)
+    scales = ((groups.amax(dim=-1, keepdim=True) - low) / 15.0).clamp(min=1e-12)
+    codes = ((groups - low) / scales).round().clamp(0, 15).to(torch.int32)
+    zeros = low + 8 * scales  # the kernel computes (q - 8) * scale + zero
+    scales_and_zeros = torch.cat((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+    return codes.reshape(out_features, in_features), scales_and_zeros
 
 
-class Int8DynamicLinear(nn.Module):
-    """y = x W^T (+ b) with W in int8 (per-channel scales) and x quantized per call.
+class QuantizedLinear(nn.Module):
+    """y = x W^T (+ b) with W int8 or int4 (see the module docstring). Input (..., in) in the
+    run dtype; output (..., out) in the input's dtype, or `out_dtype` when given.
 
-    Input (..., in_features) of any float dtype; output (..., out_features) in the input's
-    dtype, or in `out_dtype` when given. Holds no float copy of W."""
+    `dense_weight`: the float weight, used from `dense_from_rows` rows on (None: never)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        method: str,
+        dense_from_rows: int | None = DEFAULT_DENSE_FROM_ROWS,
+    ) -> None:
         super().__init__()
         if weight.device.type != "cpu":
-            raise ValueError(f"int8 weights must be on the CPU, got {weight.device}")
+            raise ValueError(f"quantized weights must be on the CPU, got {weight.device}")
+        self.method = method
         self.out_features, self.in_features = weight.shape
-        bias = None if bias is None else bias.detach().float().contiguous()
-        self.packed = torch.ops.quantized.linear_prepack(quantize_weight_int8(weight), bias)
+        dtype = weight.dtype  # the run dtype: the kernels want scales in the input's dtype
+        if method == "int8":
+            codes, scales = quantize_int8(weight)
+            self.register_buffer("codes", codes)
+            self.register_buffer("scales", scales.to(dtype))
+        elif method == "int4":
+            codes, scales_and_zeros = quantize_int4(weight)
+            self.register_buffer(
+                "codes", torch._convert_weight_to_int4pack_for_cpu(codes, INT4_INNER_K_TILES)
+            )
+            self.register_buffer("scales", scales_and_zeros.to(dtype))
+        else:
+            raise ValueError(f"unknown quantization method {method!r}")
+        self.bias = bias
+        self.dense_weight = weight if dense_from_rows is not None else None
+        self.dense_from_rows = dense_from_rows
 
     @classmethod
-    def from_linear(cls, linear: Linear) -> Int8DynamicLinear:
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: Linear, method: str, **kwargs) -> QuantizedLinear:
+        return cls(linear.weight, linear.bias, method, **kwargs)
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float().contiguous()  # (M, in): kernel's dtype
-        y = self._matmul(rows)  # (M, out) float32
-        return y.view(*x.shape[:-1], self.out_features).to(out_dtype or x.dtype)
+        rows = x.reshape(-1, self.in_features)  # (M, in)
+        if self.dense_weight is not None and rows.shape[0] >= self.dense_from_rows:
+            y = F.linear(rows, self.dense_weight, self.bias)
+        else:
+            y = self._quantized_matmul(rows.contiguous())
+            if self.bias is not None:
+                y = y + self.bias
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if out_dtype is None else y.to(out_dtype)
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """The kernel quantizes x with one scale for all its rows, so a row far larger than
-        the others (the first token of a sequence carries activations 100x the rest) would
-        leave the others a few int8 levels: such rows go through their own call."""
-        if x.shape[0] > 1:
-            row_max = x.abs().amax(dim=1)  # (M,); 5x faster here than vector_norm(inf)
-            outliers = row_max > OUTLIER_ROW_FACTOR * row_max.median()
-            if outliers.any():
-                y = x.new_empty(x.shape[0], self.out_features)
-                for rows in (outliers, ~outliers):
-                    index = rows.nonzero().squeeze(1)
-                    y[index] = self._kernel(x[index])
-                return y
-        return self._kernel(x)
-
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)
+    def _quantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.method == "int8":
+            return torch._weight_int8pack_mm(rows, self.codes, self.scales)
+        return torch._weight_int4pack_mm_for_cpu(rows, self.codes, GROUP_SIZE, self.scales)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
-
-
-class Int8LogitsHead(nn.Module):
-    """hidden (n, hidden) -> float32 logits (n, vocab): int8 for n <= max_int8_rows, else a
-    matmul with the float weight (kept: it is the tied embedding table, or the head's own)."""
-
-    def __init__(self, weight: torch.Tensor, max_int8_rows: int | None) -> None:
-        super().__init__()
-        self.int8 = Int8DynamicLinear(weight, None)
-        self.float_weight = weight  # (vocab, hidden), shared with the embedding when tied
-        if weight.dtype == torch.float32:
-            max_int8_rows = None  # int8 beats a float32 matmul at every M measured
-        self.max_int8_rows = max_int8_rows  # None: always int8
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.max_int8_rows is None or hidden.shape[0] <= self.max_int8_rows:
-            return self.int8(hidden, out_dtype=torch.float32)
-        return F.linear(hidden, self.float_weight).float()
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {self.method}, "
+            f"dense_from_rows={self.dense_from_rows}"
+        )
 
 
 def quantize_linear_layers(
-    model: nn.Module, int8_logits_max_rows: int | None = DEFAULT_INT8_LOGITS_MAX_ROWS
+    model: nn.Module, method: str, dense_from_rows: int | None = DEFAULT_DENSE_FROM_ROWS
 ) -> nn.Module:
-    """Replace every `Linear` / `MergedLinear` of a loaded model by an `Int8DynamicLinear`,
-    and its logits head by an `Int8LogitsHead`; returns the model (changed in place).
-
-    Expects the Llama-family layout: `model.lm_head` is a Linear, or None when tied to
-    `model.model.embed_tokens` (the embedding itself stays in float)."""
+    """Replace every `Linear` / `MergedLinear` of a loaded model's decoder layers by a
+    `QuantizedLinear` (`method`); the logits head stays float (see the module docstring).
+    Returns the model, changed in place."""
     linears = [
         (name, module) for name, module in model.named_modules()
         if isinstance(module, Linear) and name != "lm_head"
@@ -175,18 +170,8 @@ def quantize_linear_layers(
     for name, linear in linears:
         parent_name, _, child_name = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child_name, Int8DynamicLinear.from_linear(linear))
-    head = model.lm_head
-    head_weight = model.model.embed_tokens.weight if head is None else head.weight
-    model.lm_head = Int8LogitsHead(head_weight, int8_logits_max_rows)
-    logger.info(
-        "int8 dynamic quantization: %d linear layers and the logits head (int8 up to %s rows)",
-        len(linears), "any number of" if model.lm_head.max_int8_rows is None else
-        model.lm_head.max_int8_rows,
-    )
-    if REDUCE_RANGE:
-        logger.warning(
-            "this CPU has no AVX512-VNNI: int8 activations are limited to 7 bits, which costs "
-            "accuracy (on SmolLM2-135M: 68%% top-1 agreement with float32 instead of 85%%)"
-        )
+        setattr(parent, child_name, QuantizedLinear.from_linear(
+            linear, method, dense_from_rows=dense_from_rows))
+    logger.info("%s weights in %d linear layers (float weights from %s rows on)",
+                method, len(linears), dense_from_rows)
     return model

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
 
-from pagoda.executor.layers.quantization import check_int8_supported, quantize_linear_layers
+from pagoda.executor.layers.quantization import (
+    check_quantization_supported,
+    quantize_linear_layers,
+)
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
 from pagoda.executor.loader.model_files import ModelFiles
 from pagoda.executor.loader.safetensors_loader import SafetensorsCheckpoint
@@ -25,6 +29,15 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
     return device
+
+
+def set_cpu_threads() -> int:
+    """Intra-op threads = the CPUs this process may run on (its affinity mask, which taskset
+    and container cpusets narrow), set once per engine; OMP_NUM_THREADS, when set, wins.
+    Returns the number in use."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    return torch.get_num_threads()
 
 
 def cpu_has_fast_bfloat16() -> bool:
@@ -59,10 +72,10 @@ def load_model(
     max_position: int,
     quantization: str | None = None,
 ) -> nn.Module:
-    """Build and fill the model; with quantization "int8" its linear layers are then replaced
-    by dynamic int8 ones (see pagoda/executor/layers/quantization.py)."""
-    if quantization == "int8":
-        check_int8_supported(device)  # before the slow load
+    """Build and fill the model; with quantization "int8" or "int4" its linear layers are then
+    replaced by weight-only quantized ones (see pagoda/executor/layers/quantization.py)."""
+    if quantization is not None:
+        check_quantization_supported(quantization, device)  # before the slow load
     model_class = resolve_model_class(checkpoint.hf_config)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -73,9 +86,14 @@ def load_model(
         torch.set_default_dtype(previous_dtype)
     model.load_weights(checkpoint.iter_weights(dtype))
     model.eval()
-    num_params = sum(p.numel() for p in model.parameters())  # before int8 weights leave them
-    if quantization == "int8":
-        quantize_linear_layers(model)
+    num_params = sum(p.numel() for p in model.parameters())
+    if quantization is not None:
+        quantize_linear_layers(model, quantization)
+        if dtype == torch.float32:
+            logger.warning(
+                "--quantization %s with float32 activations is slow (the packed kernels are "
+                "fast for bfloat16/float16 only); use --dtype bfloat16", quantization,
+            )
     logger.info(
         "loaded %s (%.1fM parameters, %s%s) on %s",
         type(model).__name__, num_params / 1e6, str(dtype).removeprefix("torch."),

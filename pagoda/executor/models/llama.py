@@ -146,8 +146,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (n, hidden_size) -> float32 logits (n, vocab_size).
 
-        `lm_head` is None when tied to the embedding table; after int8 quantization it is an
-        `Int8LogitsHead` (for tied models too), which picks int8 or float by n."""
+        `lm_head` is None when tied to the embedding table."""
         if self.lm_head is None:
             return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
