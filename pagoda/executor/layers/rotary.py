@@ -74,32 +74,31 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(self.max_position, dtype=torch.int64).float()
         freqs = torch.outer(positions, self.inv_freq)  # (max_position, head_dim // 2)
         emb = torch.cat((freqs, freqs), dim=-1)
+        signed = torch.cat((-torch.ones_like(freqs), torch.ones_like(freqs)), dim=-1)
         device = getattr(self, "cos_cache", torch.empty(0)).device
         self.register_buffer("cos_cache", emb.cos().to(device), persistent=False)
-        self.register_buffer("sin_cache", emb.sin().to(device), persistent=False)
+        # sin with the first half negated: rotate_half(x) * sin == roll(x, D/2) * signed_sin
+        self.register_buffer("signed_sin_cache", (emb.sin() * signed).to(device), persistent=False)
         self._last_lookup = None
 
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,); query (T, H, D); key (T, Hkv, D)."""
-        cos, sin = self._cos_sin(positions, query.dtype)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+    def forward(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """positions (T,); heads (T, num_heads, D): every head of a token is rotated by its
+        position (callers pass q's and k's heads together, one pass for both).
+
+        Hugging Face computes x * cos + rotate_half(x) * sin with rotate_half(x) =
+        cat(-x2, x1); the same products come from roll(x, D/2) = cat(x2, x1) times sin
+        with its first half negated: two fewer ops, same roundings."""
+        cos, signed_sin = self._cos_sin(positions, heads.dtype)
+        return heads * cos + heads.roll(self.head_dim // 2, dims=-1) * signed_sin
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T, 1, D) cos and sin of `positions`. Every layer of a step gets the same positions
-        tensor, so they are looked up once per step: the last lookup is kept with a reference
-        to its positions tensor (identity, not value, decides a hit)."""
+        """(T, 1, D) cos and signed sin of `positions`. Every layer of a step gets the same
+        positions tensor, so they are looked up once per step: the last lookup is kept with a
+        reference to its positions tensor (identity, not value, decides a hit)."""
         last = self._last_lookup
         if last is not None and last[0] is positions and last[1] == dtype:
             return last[2], last[3]
         cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
-        sin = self.sin_cache[positions].unsqueeze(1).to(dtype)
-        self._last_lookup = (positions, dtype, cos, sin)
-        return cos, sin
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin
+        signed_sin = self.signed_sin_cache[positions].unsqueeze(1).to(dtype)
+        self._last_lookup = (positions, dtype, cos, signed_sin)
+        return cos, signed_sin
