@@ -28,6 +28,9 @@ class ModelConfig:
     quantization: str | None = None
     """None (weights in the run dtype), int8 or int4: weight-only quantized linear layers,
     CPU only (see pagoda/executor/layers/quantization.py)."""
+    compile: bool = False
+    """torch.compile the model at start, with a warm-up (ModelRunner.compile_model): faster
+    steps, a slower start (about a minute per compiled step shape on a 2-core CPU)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:

@@ -100,6 +100,11 @@ class LLMEngine:
                 f"({max_model_len}), or long prompts could never be scheduled"
             )
         self.runner.initialize_kv_cache(num_blocks)
+        if config.model.compile:
+            start = time.perf_counter()
+            sizes = self.runner.compile_model()
+            logger.info("compiled the model for steps of %s tokens in %.0f s",
+                        ", ".join(map(str, sizes)), time.perf_counter() - start)
         self.block_manager = BlockManager(
             num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )

@@ -25,6 +25,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "which on a Q4_0/Q4_1 GGUF model keeps its own 4-bit weights. "
                             "Faster decoding of few sequences; batches of 16+ rows use the "
                             "float weights. Default: none")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model and warm it up at start: faster decode "
+                            "steps (1.3-1.6x on a 2-core CPU), but about a minute of "
+                            "compiling per step shape first (3 shapes). Default: eager")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output in tokens (default: the model's context)")
@@ -44,7 +48,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return {
         "model": args.model, "tokenizer": args.tokenizer, "dtype": args.dtype,
-        "quantization": args.quantization, "device": args.device,
+        "quantization": args.quantization, "compile": args.compile, "device": args.device,
         "max_model_len": args.max_model_len, "block_size": args.block_size,
         "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
         "enable_prefix_caching": args.enable_prefix_caching, "max_num_seqs": args.max_num_seqs,

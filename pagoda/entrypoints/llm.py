@@ -25,6 +25,7 @@ class LLM:
         *,
         dtype: str = "auto",
         quantization: str | None = None,
+        compile: bool = False,
         max_model_len: int | None = None,
         tokenizer: str | None = None,
         seed: int = 0,
@@ -40,7 +41,8 @@ class LLM:
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len,
-                              tokenizer=tokenizer, seed=seed, quantization=quantization),
+                              tokenizer=tokenizer, seed=seed, quantization=quantization,
+                              compile=compile),
             cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
                               gpu_memory_utilization=gpu_memory_utilization,
                               enable_prefix_caching=enable_prefix_caching,

@@ -135,6 +135,23 @@ class ModelRunner:
             layer.backend = self.backend
         self.num_blocks = num_blocks
 
+    # ---- torch.compile ---------------------------------------------------------------------
+
+    def compile_model(self) -> list[int]:
+        """torch.compile the decoder stack (`model.model`; attention stays one opaque op, see
+        pagoda/executor/attention/layer.py), then warm it up: run the step shapes the engine
+        will meet, so their graphs are compiled now and not during the first requests.
+        Dynamo specialises one-token steps; quantized layers branch at `dense_from_rows`.
+        Needs the KV cache (its first blocks are scratch). Returns the token counts run."""
+        self.model.model = torch.compile(self.model.model, dynamic=True)
+        warm_up_sizes = [1, 2, 16]
+        with torch.inference_mode():
+            for num_tokens in warm_up_sizes:
+                blocks = np.zeros((1, -(-num_tokens // self.block_size)), dtype=np.int64)
+                self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]),
+                              np.array([num_tokens]), blocks)
+        return warm_up_sizes
+
     # ---- one step --------------------------------------------------------------------------
 
     def _forward(

@@ -1,12 +1,23 @@
-"""The Attention layer models call: it reads the step's metadata from the forward context."""
+"""The Attention layer models call: it reads the step's metadata from the forward context.
+
+Under torch.compile (`--compile`) the layer is one opaque custom op, `pagoda::attention`:
+the compiled graph fuses everything around it, while the paged-cache write and read (and
+the per-step metadata, which changes every step) stay out of the graph and its guards.
+"""
 
 from __future__ import annotations
+
+import itertools
+import weakref
 
 import torch
 from torch import nn
 
 from pagoda.executor.attention.backend import AttentionBackend
 from pagoda.executor.forward_context import get_forward_context
+
+_layers: weakref.WeakValueDictionary[int, Attention] = weakref.WeakValueDictionary()
+_next_layer_id = itertools.count()
 
 
 class Attention(nn.Module):
@@ -18,11 +29,30 @@ class Attention(nn.Module):
         # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        self.layer_id = next(_next_layer_id)  # how the custom op finds this layer
+        _layers[self.layer_id] = self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (T, H, D), k/v (T, Hkv, D) -> (T, H * D)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.pagoda.attention(q, k, v, self.layer_id)
+        return self.attend(q, k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; the runner binds one")
         metadata = get_forward_context()
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
+
+
+@torch.library.custom_op("pagoda::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+    # Writes this step's K/V into the layer's cache: a side effect on a tensor the graph never
+    # sees, so no reordering can touch it; the op's output is always a fresh tensor.
+    return _layers[layer_id].attend(q, k, v)
+
+
+@_attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])

@@ -95,6 +95,9 @@ class RotaryEmbedding(nn.Module):
         """(T, 1, D) cos and signed sin of `positions`. Every layer of a step gets the same
         positions tensor, so they are looked up once per step: the last lookup is kept with a
         reference to its positions tensor (identity, not value, decides a hit)."""
+        if torch.compiler.is_compiling():  # the compiled graph computes it once anyway
+            return (self.cos_cache[positions].unsqueeze(1).to(dtype),
+                    self.signed_sin_cache[positions].unsqueeze(1).to(dtype))
         last = self._last_lookup
         if last is not None and last[0] is positions and last[1] == dtype:
             return last[2], last[3]
