@@ -152,7 +152,7 @@ class AsyncLLMEngine:
         def thread_main() -> None:
             try:
                 holder["engine"] = build_engine()
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
                 holder["error"] = e
                 return
             finally:

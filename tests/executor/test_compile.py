@@ -32,8 +32,8 @@ def greedy_run(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: q/k norms before the rotary
 def test_compiled_model_generates_what_eager_does(arch, tmp_path) -> None:
     build_checkpoint(arch, str(tmp_path))
-    kwargs = dict(model=str(tmp_path), tokenizer=bundled_model_path(), dtype="float32",
-                  kv_cache_memory=1 << 20, max_model_len=64, block_size=4)
+    kwargs = {"model": str(tmp_path), "tokenizer": bundled_model_path(), "dtype": "float32",
+              "kv_cache_memory": 1 << 20, "max_model_len": 64, "block_size": 4}
     eager = LLM(**kwargs)
     compiled = LLM(**kwargs, compile=True)
     assert isinstance(compiled.engine.runner.model.model, torch._dynamo.eval_frame.OptimizedModule)
