@@ -2,6 +2,7 @@
 # Issue 6's four comparisons, back to back on one machine (see BENCHMARKS.md section 6).
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]
+#   SERVE_ONLY=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]   # blocks 2-4 only
 #
 # LLAMA_BIN holds llama-server and llama-batched-bench (built as in benchmarks/PEERS.md).
 # PAGODA_FLAGS go to every Pagoda engine (e.g. --quantization int8). Each block waits for
@@ -21,21 +22,25 @@ quiet() { while awk '{exit !($1 >= 1.0)}' /proc/loadavg; do sleep 5; done; }
 wait_up() { until curl -sf "$1/health" >/dev/null; do sleep 1; done; }
 
 # 1. Offline throughput: transformers at batch 8, llama.cpp at 32 sequences, Pagoda on 256.
+if [ -z "${SERVE_ONLY:-}" ]; then
 quiet; $PY benchmarks/transformers_baseline.py --num-prompts 32 --input-len 128 \
   --output-len 128 --batch-size 8 --output "$OUT/transformers-b8.json"
 quiet; "$LLAMA_BIN/llama-batched-bench" -m "$GGUF" -c 8192 -b 2048 -ub 512 -t 2 \
   -npp 128 -ntg 128 -npl 1,32 2>/dev/null | grep '^|' > "$OUT/llamacpp-batched.txt"
 quiet; $PAGODA bench throughput --num-prompts 256 --input-len 128 --output-len 128 \
   --max-num-seqs 256 "${ENGINE[@]}" --label pagoda --output "$OUT/pagoda-throughput.json"
+fi
 
 # 2-4. Serving at 16 streams, a 512-token prompt on an idle server, one stream.
-serve_runs() {  # $1 base url, $2 label
+# SERVE_ONLY=1 skips the offline block (1) above.
+serve_runs() {  # $1 base url, $2 label; a seed per run: no run reuses another's prompts
+  # (with the same seed, random prompts of equal length repeat, and a prefix cache would hit)
   $PAGODA bench serve --base-url "$1" --label "$2" --num-requests 32 --input-len 128 \
-    --output-len 128 --max-concurrency 16 --output "$OUT/$2-serve16.json" --no-progress
+    --output-len 128 --max-concurrency 16 --seed 1 --output "$OUT/$2-serve16.json" --no-progress
   $PAGODA bench serve --base-url "$1" --label "$2" --num-requests 5 --input-len 512 \
-    --output-len 1 --max-concurrency 1 --output "$OUT/$2-ttft512.json" --no-progress
+    --output-len 1 --max-concurrency 1 --seed 2 --output "$OUT/$2-ttft512.json" --no-progress
   $PAGODA bench serve --base-url "$1" --label "$2" --num-requests 3 --input-len 128 \
-    --output-len 128 --max-concurrency 1 --output "$OUT/$2-single.json" --no-progress
+    --output-len 128 --max-concurrency 1 --seed 3 --output "$OUT/$2-single.json" --no-progress
 }
 quiet
 "$LLAMA_BIN/llama-server" -m "$GGUF" --host 127.0.0.1 --port 8081 --parallel 16 \
@@ -55,6 +60,9 @@ kill $PAGODA_PID; wait $PAGODA_PID 2>/dev/null || true
 for run in serve16 ttft512 single; do
   $PAGODA bench compare "$OUT/llamacpp-$run.json" "$OUT/pagoda-$run.json" > "$OUT/compare-$run.md"
 done
-$PAGODA bench compare "$OUT/transformers-b8.json" "$OUT/pagoda-throughput.json" \
-  > "$OUT/compare-throughput.md"
-cat "$OUT/llamacpp-batched.txt" "$OUT"/compare-*.md
+if [ -z "${SERVE_ONLY:-}" ]; then
+  $PAGODA bench compare "$OUT/transformers-b8.json" "$OUT/pagoda-throughput.json" \
+    > "$OUT/compare-throughput.md"
+  cat "$OUT/llamacpp-batched.txt"
+fi
+cat "$OUT"/compare-*.md
