@@ -22,7 +22,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--quantization", default=None, choices=["int8", "int4"],
                        help="weight-only quantized linear layers, CPU only (activations stay "
                             "in --dtype): int8 per output channel, or int4 in groups of 32, "
-                            "which on a Q4_0/Q4_1 GGUF model keeps its own 4-bit weights. "
+                            "which on a Q4_1 GGUF model keeps its own 4-bit weights. "
                             "Faster decoding of few sequences; steps of 8+ rows use the "
                             "float weights. Default: none")
     group.add_argument("--compile", action="store_true",
