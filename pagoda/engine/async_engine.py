@@ -24,6 +24,7 @@ detokenizes continuously.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
 import queue
@@ -33,22 +34,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.request_stream import (
+    EngineDeadError,
+    EngineStepError,
+    QueueFullError,
+    RequestStream,
+)
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (crashed or shut down); no request can be served."""
-
-
-class EngineStepError(RuntimeError):
-    """The engine failed while running this request's batch; the request was aborted."""
-
-
-class QueueFullError(RuntimeError):
-    """More requests are waiting than the server allows (--max-queue)."""
 
 
 @dataclass
@@ -69,37 +64,6 @@ class _Abort:
 @dataclass
 class _Stop:
     done: threading.Event = field(default_factory=threading.Event)
-
-
-class RequestStream:
-    """The outputs of one request, in order; the last has `finished` set. Iterate it once."""
-
-    def __init__(self, request_id: str, num_seqs: int) -> None:
-        self.request_id = request_id
-        self.num_seqs = num_seqs
-        self.finished = False
-        """True once the last output (or an error) was delivered."""
-        self._queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException | None) -> None:
-        """An output, an error to raise, or None: aborted, end the iteration."""
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if item.finished:
-            self.finished = True
-        return item
 
 
 class AsyncLLMEngine:
@@ -145,30 +109,23 @@ class AsyncLLMEngine:
         leaves two pools, more OpenMP threads than cores, and libgomp then stops spinning
         between parallel regions: every op pays a futex wake-up. Measured on the 2-core CPU,
         a single stream decoded at 31 ms/token with one pool and 47-53 ms/token with two."""
-        built = threading.Event()
+        built: concurrent.futures.Future[AsyncLLMEngine] = concurrent.futures.Future()
         go = threading.Event()
-        holder: dict = {}
 
         def thread_main() -> None:
             try:
-                holder["engine"] = build_engine()
+                async_engine = cls(build_engine(), **kwargs)
             except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
-                holder["error"] = e
+                built.set_exception(e)
                 return
-            finally:
-                built.set()
+            built.set_result(async_engine)
             go.wait()
-            holder["async_engine"]._run()
+            async_engine._run()
 
         # A daemon: a forced exit (second Ctrl+C) must not hang on a step in progress.
         thread = threading.Thread(target=thread_main, name="pagoda-engine", daemon=True)
         thread.start()
-        built.wait()
-        if "error" in holder:
-            thread.join()
-            raise holder["error"]
-        async_engine = cls(holder["engine"], **kwargs)
-        holder["async_engine"] = async_engine
+        async_engine = built.result()  # raises what the build raised
         async_engine._prebuilt = (thread, go)
         return async_engine
 

@@ -10,12 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagoda.engine.async_engine import (
-    AsyncLLMEngine,
-    EngineDeadError,
-    EngineStepError,
-    QueueFullError,
-)
+from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
 

@@ -16,12 +16,8 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.engine.async_engine import (
-    AsyncLLMEngine,
-    EngineDeadError,
-    EngineStepError,
-    RequestStream,
-)
+from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.request_stream import EngineDeadError, EngineStepError, RequestStream
 from pagoda.entrypoints.llm import apply_chat_template, encode_chat_prompt
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import (

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.engine.async_engine import EngineDeadError, EngineStepError, RequestStream
+from pagoda.engine.request_stream import EngineDeadError, EngineStepError, RequestStream
 from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.protocol import (
     CompletionLogProbs,

@@ -16,8 +16,8 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pagoda.engine.async_engine import (
-    AsyncLLMEngine,
+from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
     QueueFullError,

@@ -1,0 +1,52 @@
+"""What a request's consumer sees of the async engine: its stream of outputs, and the errors
+that end it (the engine loop itself is in async_engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pagoda.outputs import RequestOutput
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (crashed or shut down); no request can be served."""
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed while running this request's batch; the request was aborted."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server allows (--max-queue)."""
+
+
+
+class RequestStream:
+    """The outputs of one request, in order; the last has `finished` set. Iterate it once."""
+
+    def __init__(self, request_id: str, num_seqs: int) -> None:
+        self.request_id = request_id
+        self.num_seqs = num_seqs
+        self.finished = False
+        """True once the last output (or an error) was delivered."""
+        self._queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException | None) -> None:
+        """An output, an error to raise, or None: aborted, end the iteration."""
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
