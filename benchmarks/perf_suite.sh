@@ -5,7 +5,7 @@
 #   SERVE_ONLY=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]   # blocks 2-4 only
 #
 # LLAMA_BIN holds llama-server and llama-batched-bench (built as in benchmarks/PEERS.md).
-# PAGODA_FLAGS go to every Pagoda engine (e.g. --quantization int8). Each block waits for
+# PAGODA_FLAGS go to every Pagoda engine (e.g. --compile, --quantization int4). Each block waits for
 # the 1-minute load average to fall below 1.0 first; results land in OUT_DIR as JSON/text.
 set -euo pipefail
 OUT=${1:?usage: perf_suite.sh OUT_DIR [PAGODA_FLAGS...]}

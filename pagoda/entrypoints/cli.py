@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from pagoda.config import QUANTIZATION_METHODS, SUPPORTED_DTYPES
+
 EXIT_USAGE = 2
 
 
@@ -18,8 +20,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None,
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M)")
     group.add_argument("--tokenizer", default=None, help="tokenizer source if not the model's")
-    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    group.add_argument("--quantization", default=None, choices=["int8", "int4"],
+    group.add_argument("--dtype", default="auto", choices=SUPPORTED_DTYPES)
+    group.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
                        help="weight-only quantized linear layers, CPU only (activations stay "
                             "in --dtype): int8 per output channel, or int4 in groups of 32, "
                             "which on a Q4_1 GGUF model keeps its own 4-bit weights. "

@@ -27,13 +27,15 @@ int4 + bf16 activations 97.3% top-1 agreement (bf16 alone: 97.3%); int8 96.1%, b
 97% bar: per-channel int8 cannot hold the per-block grid of Q4_1 weights exactly. int8 is
 meant for float checkpoints; on a 4-bit GGUF model use int4.
 
-Speed: the kernels have fast paths for bf16/fp16 activations only (with float32 they are
-10-30x slower than a float32 matmul, so `load_model` warns). They stream fewer weight bytes
-but do more work per multiply-add than oneDNN's bf16 matmul: at one row they are 2-4x
-faster, at about 8 rows even (2-core AVX512-BF16 CPU, BENCHMARKS.md section 6). Each layer
-therefore keeps the float weight too and takes it from `dense_from_rows` rows on (prefill,
-large batches): memory for speed, the right trade for a small model on a CPU. Pass
-dense_from_rows=None for quantized weights only.
+Speed, microseconds per call, bf16 activations, 2-core AVX512-BF16 CPU without AMX, weight
+576 -> 3072 (bf16 / int4 / int8): M = 1: 99 / 50 / 52; M = 8: 148 / 176 / 200; M = 32:
+374 / 672 / 781. The kernels stream fewer weight bytes but do more work per multiply-add
+than oneDNN's bf16 matmul, so they win for the rows of a decode step and lose from about 8
+rows on. Each layer therefore keeps the float weight too and takes it from
+`dense_from_rows` rows on (prefill, large batches): memory for speed, the right trade for a
+small model on a CPU. Pass dense_from_rows=None for quantized weights only. With float32
+activations the kernels have no fast path (10-80x slower than a float32 matmul), so
+`load_model` warns.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from pagoda.executor.layers.linear import Linear
 logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
-"""int4 inputs per (scale, zero) pair; 32 is GGUF's Q4_0/Q4_1 block, see the docstring."""
+"""int4 inputs per (scale, zero) pair; 32 is GGUF's Q4_1 block, see the docstring."""
 INT4_INNER_K_TILES = 2
 """Packing parameter of the CPU int4 kernel (2, 4 or 8); 2 accepts any K % 32 == 0."""
 DEFAULT_DENSE_FROM_ROWS = 8
@@ -97,7 +99,7 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class QuantizedLinear(nn.Module):
     """y = x W^T (+ b) with W int8 or int4 (see the module docstring). Input (..., in) in the
-    run dtype; output (..., out) in the input's dtype, or `out_dtype` when given.
+    run dtype; output (..., out) in the same dtype.
 
     `dense_weight`: the float weight, used from `dense_from_rows` rows on (None: never)."""
 
@@ -134,7 +136,7 @@ class QuantizedLinear(nn.Module):
     def from_linear(cls, linear: Linear, method: str, **kwargs) -> QuantizedLinear:
         return cls(linear.weight, linear.bias, method, **kwargs)
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, in)
         if self.dense_weight is not None and rows.shape[0] >= self.dense_from_rows:
             y = F.linear(rows, self.dense_weight, self.bias)
@@ -142,8 +144,7 @@ class QuantizedLinear(nn.Module):
             y = self._quantized_matmul(rows.contiguous())
             if self.bias is not None:
                 y = y + self.bias
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y if out_dtype is None else y.to(out_dtype)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _quantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
         if self.method == "int8":

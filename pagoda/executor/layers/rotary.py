@@ -95,13 +95,12 @@ class RotaryEmbedding(nn.Module):
         """(T, 1, D) cos and signed sin of `positions`. Every layer of a step gets the same
         positions tensor, so they are looked up once per step: the last lookup is kept with a
         reference to its positions tensor (identity, not value, decides a hit)."""
-        if torch.compiler.is_compiling():  # the compiled graph computes it once anyway
-            return (self.cos_cache[positions].unsqueeze(1).to(dtype),
-                    self.signed_sin_cache[positions].unsqueeze(1).to(dtype))
+        compiling = torch.compiler.is_compiling()  # the compiled graph computes it once anyway
         last = self._last_lookup
-        if last is not None and last[0] is positions and last[1] == dtype:
+        if not compiling and last is not None and last[0] is positions and last[1] == dtype:
             return last[2], last[3]
         cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
         signed_sin = self.signed_sin_cache[positions].unsqueeze(1).to(dtype)
-        self._last_lookup = (positions, dtype, cos, signed_sin)
+        if not compiling:
+            self._last_lookup = (positions, dtype, cos, signed_sin)
         return cos, signed_sin
