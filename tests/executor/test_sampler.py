@@ -1,4 +1,4 @@
-"""Tests for SamplingParams validation and the batched sampler (CPU, deterministic)."""
+"""The batched sampler (CPU, deterministic); SamplingParams itself: tests/engine/test_sampling_params.py."""
 
 from __future__ import annotations
 
@@ -360,60 +360,6 @@ def test_sampled_frequencies_follow_softmax() -> None:
     counts = torch.bincount(ids, minlength=vocab).double()
     expected = torch.softmax(logits[0] / 0.5, -1).double() * num_draws
     assert float(((counts - expected) ** 2 / expected).sum()) < 25.0
-
-
-# --------------------------------------------------------------------------- SamplingParams
-
-
-def test_sampling_params_defaults_and_normalisation() -> None:
-    p = SamplingParams(top_k=-1, stop="###", stop_token_ids=None)
-    assert p.top_k == 0 and p.stop == ["###"] and p.stop_token_ids == []
-    d = SamplingParams()
-    assert (d.n, d.temperature, d.top_p, d.top_k, d.min_p, d.max_tokens, d.min_tokens) == (
-        1, 1.0, 1.0, 0, 0.0, 16, 0)
-    assert d.stop == [] and d.logprobs is None and d.skip_special_tokens
-    assert SamplingParams(max_tokens=None).max_tokens is None
-    c = SamplingParams(stop=["a"], logit_bias={1: 2.0})
-    clone = c.clone()
-    assert clone == c and clone.stop is not c.stop and clone.logit_bias is not c.logit_bias
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "field_name"),
-    [
-        ({"n": 0}, "n"),
-        ({"presence_penalty": 2.5}, "presence_penalty"),
-        ({"frequency_penalty": -2.1}, "frequency_penalty"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty"),
-        ({"temperature": -1}, "temperature"),
-        ({"temperature": float("nan")}, "temperature"),
-        ({"top_p": 0.0}, "top_p"),
-        ({"top_p": 1.1}, "top_p"),
-        ({"top_k": -2}, "top_k"),
-        ({"min_p": 1.5}, "min_p"),
-        ({"seed": 1.5}, "seed"),
-        ({"stop": [""]}, "stop"),
-        ({"stop": 5}, "stop"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids"),
-        ({"max_tokens": 0}, "max_tokens"),
-        ({"min_tokens": -1}, "min_tokens"),
-        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
-        ({"logprobs": -1}, "logprobs"),
-        ({"logprobs": 21}, "logprobs"),
-        ({"prompt_logprobs": 21}, "prompt_logprobs"),
-        ({"logit_bias": {1: 101.0}}, "logit_bias"),
-        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-    ],
-)
-def test_sampling_params_validation(kwargs: dict, field_name: str) -> None:
-    with pytest.raises(ValueError, match=field_name):
-        SamplingParams(**kwargs)
-
-
-def test_temperature_error_message() -> None:
-    with pytest.raises(ValueError, match="temperature must be >= 0, got -1"):
-        SamplingParams(temperature=-1)
 
 
 def test_out_of_vocab_token_ids_rejected() -> None:
