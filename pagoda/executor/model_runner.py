@@ -19,8 +19,9 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.engine.scheduler import SchedulerOutput
-from pagoda.executor.attention.torch_backend import TorchAttentionBackend
+from pagoda.executor.attention.cpu_backend import select_backend
 from pagoda.executor.forward_context import forward_context
+from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.sampler import Sampler, SamplingMetadata, compute_token_logprobs
 from pagoda.outputs import TokenLogprobs
@@ -72,7 +73,10 @@ class ModelRunner:
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
         self.block_size = cache_config.block_size
-        self.backend = TorchAttentionBackend(self.block_size, device, model.sliding_window)
+        self.backend = select_backend(
+            self.block_size, device, dtype, hf_config.num_attention_heads, self.num_kv_heads,
+            self.head_dim, model.sliding_window,
+        )
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -141,10 +145,13 @@ class ModelRunner:
         """torch.compile the decoder stack (`model.model`; attention stays one opaque op, see
         pagoda/executor/attention/layer.py), then warm it up: run the step shapes the engine
         will meet, so their graphs are compiled now and not during the first requests.
-        Dynamo specialises one-token steps; quantized layers branch at `dense_from_rows`.
-        Needs the KV cache (its first blocks are scratch). Returns the token counts run."""
+        Dynamo specialises one-token steps; quantized layers branch at `dense_from_rows`,
+        so that many tokens is one more shape. Needs the KV cache (its first blocks are
+        scratch). Returns the token counts run."""
         self.model.model = torch.compile(self.model.model, dynamic=True)
-        warm_up_sizes = [1, 2, 16]
+        branch_sizes = {m.dense_from_rows for m in self.model.modules()
+                        if isinstance(m, QuantizedLinear) and m.dense_from_rows}
+        warm_up_sizes = sorted({1, 2, 16} | branch_sizes)
         with torch.inference_mode():
             for num_tokens in warm_up_sizes:
                 blocks = np.zeros((1, -(-num_tokens // self.block_size)), dtype=np.int64)

@@ -10,15 +10,16 @@ import torch
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
 
 BLOCK_SIZE, NUM_BLOCKS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 48, 6, 2, 8
-SCALE = HEAD_DIM**-0.5
 
 
 def reference_attention(q, keys, values, first_pos, window):
-    """q (Q, H, D) at positions first_pos.., keys/values (seq_len, Hkv, D) -> (Q, H, D)."""
-    group = NUM_HEADS // NUM_KV_HEADS
+    """q (Q, H, D) at positions first_pos.., keys/values (seq_len, Hkv, D) -> (Q, H, D),
+    in float32."""
+    q, keys, values = q.float(), keys.float(), values.float()
+    group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1)  # (L, H, D)
     v = values.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,lhd->hql", q, k) * SCALE
+    scores = torch.einsum("qhd,lhd->hql", q, k) * q.shape[-1] ** -0.5
     q_pos = torch.arange(q.shape[0])[:, None] + first_pos
     k_pos = torch.arange(keys.shape[0])[None, :]
     allowed = k_pos <= q_pos
@@ -28,33 +29,37 @@ def reference_attention(q, keys, values, first_pos, window):
     return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
 
 
-def run_step(seqs, window=None, seed=0):
-    """seqs: (num_computed, num_scheduled) per sequence. Returns (backend output, reference)."""
+def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
+             dtype=torch.float32, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), block_size=BLOCK_SIZE,
+             num_blocks=NUM_BLOCKS):
+    """seqs: (num_computed, num_scheduled) per sequence. Returns (backend output, reference);
+    heads: (query heads, KV heads, head dim)."""
+    num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    backend = TorchAttentionBackend(BLOCK_SIZE, torch.device("cpu"), window)
-    shape = backend.kv_cache_shape(NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM)
-    kv_cache = torch.randn(shape, generator=gen)  # stale, finite values everywhere
-    blocks_needed = [-(-(c + n) // BLOCK_SIZE) for c, n in seqs]
-    free = rng.permutation(NUM_BLOCKS)
+    backend = backend_class(block_size, torch.device("cpu"), window)
+    shape = backend.kv_cache_shape(num_blocks, num_kv_heads, head_dim)
+    kv_cache = torch.randn(shape, generator=gen).to(dtype)  # stale, finite values everywhere
+    blocks_needed = [-(-(c + n) // block_size) for c, n in seqs]
+    free = rng.permutation(num_blocks)
     tables, start = np.zeros((len(seqs), max(blocks_needed)), dtype=np.int64), 0
     for i, count in enumerate(blocks_needed):
         tables[i, :count] = free[start : start + count]
         start += count
-    full_k = [torch.randn(c + n, NUM_KV_HEADS, HEAD_DIM, generator=gen) for c, n in seqs]
-    full_v = [torch.randn(c + n, NUM_KV_HEADS, HEAD_DIM, generator=gen) for c, n in seqs]
+    full_k = [torch.randn(c + n, num_kv_heads, head_dim, generator=gen).to(dtype) for c, n in seqs]
+    full_v = [torch.randn(c + n, num_kv_heads, head_dim, generator=gen).to(dtype) for c, n in seqs]
     for i, (computed, _) in enumerate(seqs):  # earlier steps' K/V already in the cache
         pos = np.arange(computed)
-        slots = torch.from_numpy(tables[i, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+        slots = torch.from_numpy(tables[i, pos // block_size] * block_size + pos % block_size)
         write_kv_cache(full_k[i][:computed], full_v[i][:computed], kv_cache, slots)
 
     computed = np.array([c for c, _ in seqs])
     scheduled = np.array([n for _, n in seqs])
     metadata = backend.build_metadata(computed, scheduled, tables)
-    q = torch.randn(int(scheduled.sum()), NUM_HEADS, HEAD_DIM, generator=gen)
+    q = torch.randn(int(scheduled.sum()), num_heads, head_dim, generator=gen).to(dtype)
     k = torch.cat([full_k[i][c:] for i, (c, _) in enumerate(seqs)])
     v = torch.cat([full_v[i][c:] for i, (c, _) in enumerate(seqs)])
-    out = backend.forward(q, k, v, kv_cache, metadata, SCALE)
+    out = backend.forward(q, k, v, kv_cache, metadata, head_dim**-0.5)
     expected = torch.cat([
         reference_attention(q_rows, full_k[i], full_v[i], seqs[i][0], window)
         for i, q_rows in enumerate(q.split(scheduled.tolist()))

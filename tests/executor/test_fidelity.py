@@ -59,10 +59,11 @@ def test_bfloat16_follows_float32(float32_runner, text_token_ids) -> None:
 def quantized_report(float32_runner, text_token_ids, method: str):
     """Weight-only `method` linears with bf16 activations, as `--quantization` runs on an
     AVX512-BF16 CPU; every matmul takes the quantized kernel (as decode steps do), none the
-    float weight kept for large batches."""
+    float weight kept for large batches. The logits head is int8 in both modes."""
     candidate = bundled_runner(torch.bfloat16, quantization=method)
     layers = [m for m in candidate.model.modules() if isinstance(m, QuantizedLinear)]
-    assert len(layers) == 4 * len(candidate.model.model.layers)
+    assert len(layers) == 4 * len(candidate.model.model.layers) + 1
+    assert candidate.model.quantized_head in layers
     for layer in layers:
         layer.dense_weight = None
     report = compare_teacher_forced(float32_runner, candidate, text_token_ids)
@@ -74,19 +75,20 @@ def quantized_report(float32_runner, text_token_ids, method: str):
 
 def test_int4_follows_float32(float32_runner, text_token_ids) -> None:
     """int4 re-finds the GGUF file's own Q4_1 codes (pagoda/executor/layers/quantization.py),
-    so only bf16's error is left. Measured: 97.27% (as bf16 alone), perplexity +0.2%."""
+    so bf16's error is left, plus the int8 head's. Measured: 97.07% (bf16 alone: 97.27%,
+    one position of 512 apart), perplexity +0.2%."""
     report = quantized_report(float32_runner, text_token_ids, "int4")
     assert report.top1_agreement >= 0.97
     assert abs(report.perplexity_delta) < 0.01 * report.reference_perplexity
 
 
 def test_int8_follows_float32(float32_runner, text_token_ids) -> None:
-    """int8 per output channel re-quantizes the 4-bit weights onto another grid. Measured:
-    96.09% top-1 agreement, perplexity +1.0%: BELOW the 97% goal on this 4-bit model (int8
+    """int8 in groups of 32 re-quantizes the 4-bit weights onto another grid. Measured:
+    96.88% top-1 agreement, perplexity +0.3%: BELOW the 97% goal on this 4-bit model (int8
     is meant for float checkpoints; the bars pin today's numbers so a regression shows)."""
     report = quantized_report(float32_runner, text_token_ids, "int8")
-    assert report.top1_agreement >= 0.955
-    assert abs(report.perplexity_delta) < 0.02 * report.reference_perplexity
+    assert report.top1_agreement >= 0.965
+    assert abs(report.perplexity_delta) < 0.01 * report.reference_perplexity
 
 
 def test_comparison_detects_a_broken_model(float32_runner, text_token_ids) -> None:

@@ -1,5 +1,6 @@
-"""Weight-only int8/int4 linears: the codes, the kernels against F.linear, the float path for
-large batches, the model conversion, errors, end to end."""
+"""Weight-only int8/int4 linears: the codes, each kernel (Pagoda's, PyTorch's int4, dense)
+against F.linear, the float path for large batches, the model conversion (int8 head
+included), errors, end to end. The C kernel itself is tested in test_cpu_kernels.py."""
 
 from __future__ import annotations
 
@@ -11,21 +12,20 @@ from torch import nn
 from pagoda.config import CacheConfig, ModelConfig
 from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers.quantization import (
-    GROUP_SIZE,
     QuantizedLinear,
     check_quantization_supported,
-    quantize_int4,
+    choose_kernel,
 )
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from pagoda.executor.model_runner import ModelRunner
 from tests.entrypoints.test_cli import run_cli
+from tests.executor.test_cpu_kernels import gguf_like_weight
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
 from tests.executor.tiny_checkpoints import build_checkpoint
 
 MAX_RELATIVE_ERROR = {"int8": 0.02, "int4": 0.12}
-"""One linear, round-to-nearest on Gaussian weights: int8 per channel ~0.5%, int4 per group
-of 32 ~8%."""
+"""One linear, round-to-nearest on Gaussian weights, groups of 32: int8 ~0.5%, int4 ~8%."""
 MODEL_MAX_RELATIVE_ERROR = {"int8": 0.03, "int4": 0.25}
 """Prompt logits of the tiny random model, errors compounded over its layers: measured
 int8 ~1%, int4 13%."""
@@ -44,36 +44,30 @@ def random_linear(in_features: int, out_features: int, bias: bool) -> Linear:
     return linear
 
 
-def q4_1_weight(out_features: int, in_features: int) -> tuple[torch.Tensor, ...]:
-    """A weight as GGUF Q4_1 stores it: blocks of 32 holding d * q + m, with each block's
-    codes spanning 0..15 (llama.cpp's quantizer maps the block's min to 0, max to 15)."""
-    blocks = in_features // GROUP_SIZE
-    codes = torch.randint(0, 16, (out_features, blocks, GROUP_SIZE))
-    codes[..., 0], codes[..., 1] = 0, 15
-    d = torch.rand(out_features, blocks, 1) * 0.01 + 0.001
-    m = -torch.rand(out_features, blocks, 1) * 0.1
-    return (d * codes + m).reshape(out_features, in_features), codes, d, m
-
-
-def test_int4_recovers_the_codes_of_a_q4_1_weight() -> None:
-    """Re-quantizing a dequantized Q4_1 tensor gives back its codes, scale d and zero m + 8d,
-    so the int4 kernel multiplies by exactly the GGUF file's weights."""
+def test_torch_int4_kernel_multiplies_by_the_q4_1_weights() -> None:
+    """PyTorch's int4 kernel (the fallback) gets scale d and zero m + 8d from the re-found
+    Q4_1 codes, so it multiplies by exactly the GGUF file's weights."""
     torch.manual_seed(0)
-    weight, codes, d, m = q4_1_weight(96, 128)
-    new_codes, scales_and_zeros = quantize_int4(weight)
-    assert torch.equal(new_codes, codes.reshape(96, 128).to(torch.int32))
-    assert scales_and_zeros.shape == (128 // GROUP_SIZE, 96, 2)
-    torch.testing.assert_close(scales_and_zeros[..., 0], d.squeeze(-1).T, rtol=1e-5, atol=0)
-    torch.testing.assert_close(scales_and_zeros[..., 1], (m + 8 * d).squeeze(-1).T, rtol=1e-5,
-                               atol=1e-7)
+    weight, _, _ = gguf_like_weight("q4", 96, 128)
     linear = QuantizedLinear(weight, None, "int4", dense_from_rows=None)
+    assert linear.kernel == "torch-int4"  # float32 activations
     x = torch.randn(3, 128)
     torch.testing.assert_close(linear(x), F.linear(x, weight), rtol=1e-4, atol=1e-5)
+
+
+def test_the_kernel_follows_the_activation_dtype() -> None:
+    """bf16 takes Pagoda's kernel (available on the project's machines, see
+    test_cpu_kernels.py); other dtypes PyTorch's int4 kernel or, for int8, a dense matmul."""
+    assert choose_kernel("int4", torch.bfloat16) == "pagoda"
+    assert choose_kernel("int8", torch.bfloat16) == "pagoda"
+    assert choose_kernel("int4", torch.float32) == "torch-int4"
+    assert choose_kernel("int8", torch.float32) == "dense"
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantized_linear_matches_float_linear(method, dtype) -> None:
+    """Each kernel: Pagoda's (bf16), PyTorch's int4 and the dense int8 fallback (float32)."""
     torch.manual_seed(0)
     linear = random_linear(256, 384, bias=True)
     quantized = QuantizedLinear(linear.weight.to(dtype), linear.bias.to(dtype), method,
@@ -88,7 +82,8 @@ def test_quantized_linear_matches_float_linear(method, dtype) -> None:
     assert relative_error(y - linear.bias.to(dtype), reference) > 0.5
     # Only codes and scales are kept (plus the bias): no float weight.
     assert quantized.dense_weight is None
-    assert {name for name, _ in quantized.named_buffers()} == {"codes", "scales"}
+    assert quantized.kernel == choose_kernel(method, dtype)
+    assert quantized.codes.dtype != dtype or quantized.kernel == "dense"
 
 
 def test_large_batches_take_the_float_weight() -> None:
@@ -118,17 +113,18 @@ def test_merged_linear_with_bias_keeps_each_part() -> None:
         assert relative_error(y, reference) < MAX_RELATIVE_ERROR[method]
 
 
-def test_int4_needs_inputs_in_whole_groups() -> None:
-    with pytest.raises(ValueError, match="divisible by 32, this layer has 48"):
+def test_quantization_needs_whole_groups_and_tiles() -> None:
+    with pytest.raises(ValueError, match="input sizes by 32; this layer is 48 -> 16"):
         QuantizedLinear(torch.randn(16, 48), None, "int4")
     with pytest.raises(ValueError, match="unknown quantization method 'int2'"):
         QuantizedLinear(torch.randn(16, 64), None, "int2")
 
 
-def quantized_tiny_model(arch: str, folder: str, method: str) -> nn.Module:
+def quantized_tiny_model(arch: str, folder: str, method: str,
+                         dtype: torch.dtype = torch.float32) -> nn.Module:
     build_checkpoint(arch, folder)
     checkpoint = open_checkpoint(resolve_model_files(folder))
-    return load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=256,
+    return load_model(checkpoint, dtype, torch.device("cpu"), max_position=256,
                       quantization=method)
 
 
@@ -156,10 +152,26 @@ def test_model_conversion_keeps_a_float_head_and_follows_float32(tmp_path, metho
         assert relative_error(ours, reference) < MODEL_MAX_RELATIVE_ERROR[method]
 
 
-def test_untied_head_stays_float(tmp_path) -> None:
+def test_untied_head_stays_float_in_float32(tmp_path) -> None:
     model = quantized_tiny_model("llama", str(tmp_path), "int4")
-    assert type(model.lm_head) is Linear
+    assert type(model.lm_head) is Linear and model.quantized_head is None
     assert not [n for n, m in model.named_modules() if type(m) is Linear and n != "lm_head"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_bf16_models_get_an_int8_logits_head(tmp_path, arch) -> None:
+    """With bf16 activations the logits head (untied lm_head, or the tied embedding table)
+    runs int8 through Pagoda's kernel; its logits follow the float head's."""
+    model = quantized_tiny_model(arch, str(tmp_path), "int4", torch.bfloat16)
+    head = model.quantized_head
+    assert isinstance(head, QuantizedLinear) and head.method == "int8" and head.kernel == "pagoda"
+    hidden = torch.randn(3, 64, dtype=torch.bfloat16)
+    logits = model.compute_logits(hidden)
+    reference = F.linear(hidden.float(), model.logits_head_weight().float())
+    assert logits.dtype == torch.float32
+    assert relative_error(logits, reference) < MAX_RELATIVE_ERROR["int8"]
+    model.quantized_head = None
+    assert not torch.equal(model.compute_logits(hidden), logits)  # the int8 head was used
 
 
 def test_config_accepts_int8_and_int4_only() -> None:
@@ -198,7 +210,8 @@ def test_int4_engine_answers_a_chat_prompt() -> None:
     llm = LLM(quantization="int4", dtype="bfloat16", kv_cache_memory=64 * 1024 * 1024,
               max_model_len=512)
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
-    assert len(layers) == 4 * 30 and {m.method for m in layers} == {"int4"}
+    assert len(layers) == 4 * 30 + 1 and {m.method for m in layers} == {"int4", "int8"}
+    assert llm.engine.runner.model.quantized_head.method == "int8"
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     output = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     assert "Paris" in output.outputs[0].text

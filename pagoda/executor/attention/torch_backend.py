@@ -53,6 +53,10 @@ class AttentionGroup:
     mask: torch.Tensor
     """Decodes: (num_seqs, L) float, 0 where allowed and -inf elsewhere.
     Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed."""
+    block_tables: torch.Tensor
+    """(num_seqs, blocks) int64: the group's block tables (for kernels that read the cache)."""
+    seq_lens: torch.Tensor
+    """(num_seqs,) int64"""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -126,6 +130,8 @@ class TorchAttentionBackend(AttentionBackend):
                 None if whole_batch else torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev)
             ),
             mask=mask.to(dev),
+            block_tables=torch.from_numpy(np.ascontiguousarray(tables, dtype=np.int64)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int64)).to(dev),
         )
 
     def forward(
@@ -138,35 +144,53 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        num_kv_heads, num_blocks, block_size, head_dim = kv_cache.shape[1:]
-        key_tiles = kv_cache[0].view(num_kv_heads * num_blocks, block_size, head_dim)
-        value_tiles = kv_cache[1].view(num_kv_heads * num_blocks, block_size, head_dim)
         groups: list[AttentionGroup] = metadata.backend_data
         output = None if len(groups) == 1 and groups[0].output_token_index is None else (
             torch.empty_like(query)
         )
         for group in groups:
-            rows = num_kv_heads * group.num_seqs
-            # (Hkv * S, L, D): kv head major, then sequence
-            k = key_tiles.index_select(0, group.tile_index).view(rows, -1, head_dim)
-            v = value_tiles.index_select(0, group.tile_index).view(rows, -1, head_dim)
             q = query if group.query_token_index is None else query[group.query_token_index]
             if group.max_query_len == 1:
-                out = _decode_attention(q, k, v, group.mask, scale, num_kv_heads)
+                out = self.decode(q, kv_cache, group, scale)
                 if output is None:
                     return out
                 output[group.output_token_index] = out
-                continue
-            s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
-            q = q.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
-            k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
-            v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=num_kv_heads != num_heads
-            )
-            out = out.transpose(1, 2).reshape(s * q_len, num_heads, head_dim)
-            output[group.output_token_index] = out[group.valid_rows]
+            else:
+                output[group.output_token_index] = self.prefill(q, kv_cache, group, scale)
         return output
+
+    @staticmethod
+    def _gather(kv_cache: torch.Tensor, group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's keys and values, (Hkv * S, L, D): kv head major, then sequence."""
+        num_kv_heads, _, block_size, head_dim = kv_cache.shape[1:]
+        rows = num_kv_heads * group.num_seqs
+        k = kv_cache[0].view(-1, block_size, head_dim).index_select(0, group.tile_index)
+        v = kv_cache[1].view(-1, block_size, head_dim).index_select(0, group.tile_index)
+        return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
+
+    def prefill(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
+    ) -> torch.Tensor:
+        """The prefill group's attention: query (S * max_query_len, H, D), padded rows
+        included -> (valid rows, H, D), one padded scaled_dot_product_attention call."""
+        num_kv_heads, head_dim = kv_cache.shape[1], kv_cache.shape[4]
+        k, v = self._gather(kv_cache, group)
+        s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
+        q = query.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
+        k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
+        v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=num_kv_heads != num_heads
+        )
+        return out.transpose(1, 2).reshape(s * q_len, num_heads, head_dim)[group.valid_rows]
+
+    def decode(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
+    ) -> torch.Tensor:
+        """The decode group's attention: query (S, H, D) -> (S, H, D). Gathers each
+        sequence's key/value tiles, then two batched matmuls (`_decode_attention`)."""
+        k, v = self._gather(kv_cache, group)
+        return _decode_attention(query, k, v, group.mask, scale, kv_cache.shape[1])
 
 
 def write_kv_cache(

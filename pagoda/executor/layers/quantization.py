@@ -1,41 +1,34 @@
 """Weight-only quantized linear layers (`--quantization int8|int4`), CPU only.
 
-Weights are quantized once after loading, round-to-nearest; activations stay in the run
-dtype and the kernel dequantizes weights on the fly (fewer bytes to stream per decode step):
+Weights are quantized once after loading, round to nearest, in groups of 32 inputs with
+float16 scales (pagoda/executor/kernels/packing.py):
 
-    int8: symmetric per output channel  W[i, :] ~= scale[i] * q,  q in [-127, 127]
-          torch._weight_int8pack_mm(x, q (out, in) int8, scale (out,))
-    int4: asymmetric per group of GROUP_SIZE inputs, from the group's min and max
-          W[i, g] ~= (q - 8) * scale[g, i] + zero[g, i],  q in [0, 15]
-          torch._weight_int4pack_mm_for_cpu(x, packed, GROUP_SIZE, scales_and_zeros)
+    int4: w = d * q + m, q in [0, 15]        GGUF's Q4_1 form
+    int8: w = d * q,     q in [-127, 127]    GGUF's Q8_0 form
 
-GGUF Q4_1 stores blocks of 32 weights as d * q + m with q the block's 4-bit codes, and its
-quantizer puts the block minimum at q = 0 and the maximum at q = 15. Re-quantizing such a
-dequantized tensor with int4 groups of 32 finds the same min and max, hence scale = d and
-zero = m + 8 d: the original codes come back, and the kernel multiplies by the weights the
-GGUF file holds (to float rounding). `--quantization int4` on the bundled Q4_1 model is
-therefore the GGUF model itself, kept quantized; on a float checkpoint it is ordinary
-round-to-nearest int4.
+A GGUF Q4_1 (Q8_0) tensor comes back to its own codes and scales, so on the bundled Q4_1
+model `--quantization int4` multiplies by the weights the file holds, kept in 4 bits.
+Activations stay in the run dtype. With quantization on, the logits head is int8 too: in
+SmolLM2 it is the tied embedding table, which the GGUF file holds as Q8_0.
 
-The logits head keeps its float weight (in SmolLM2 the tied embedding table, Q8_0 in the
-GGUF file): a per-channel int8 head is 2.5x faster at one row but costs 0.2 points of top-1
-agreement with float32 on real text, and int4 weights keep only 97.1% with it, too close to
-the 97% bar (tests/executor/test_fidelity.py).
+Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
+- "pagoda": Pagoda's own C kernel (pagoda/executor/kernels/cpu_kernels.c), for bf16
+  activations on CPUs with AVX-512 BF16. It dequantizes a tile of weights to bf16 once and
+  reuses it for every row of the step, so it stays fast up to 16 rows, where PyTorch's
+  int4/int8 kernels (which dequantize per row) are already slower than a bf16 matmul.
+  Microseconds per call, weight 576 -> 3072, bf16 matmul / this kernel (int4): 1 row
+  156 / 73, 8 rows 178 / 111, 16 rows 283 / 235; the logits head (576 -> 49152, int8):
+  1 row 4433 / 1035 (benchmarks/bench_quantized_matmul.py).
+- "torch-int4": elsewhere, int4 through torch._weight_int4pack_mm_for_cpu.
+- "dense": elsewhere, int8 as the dequantized weight through F.linear (the same numbers, no
+  speed-up; PyTorch's int8 kernel has no per-group scales).
+
+From `dense_from_rows` rows on (prefills, large batches) a layer takes the float weight it
+keeps (oneDNN's bf16 matmul wins there): memory for speed, the right trade for a small model
+on a CPU. Pass dense_from_rows=None for quantized weights only.
 
 Accuracy on the bundled model, teacher-forced against float32 (tests/executor/test_fidelity.py):
-int4 + bf16 activations 97.3% top-1 agreement (bf16 alone: 97.3%); int8 96.1%, below the
-97% bar: per-channel int8 cannot hold the per-block grid of Q4_1 weights exactly. int8 is
-meant for float checkpoints; on a 4-bit GGUF model use int4.
-
-Speed, microseconds per call, bf16 activations, 2-core AVX512-BF16 CPU without AMX, weight
-576 -> 3072 (bf16 / int4 / int8): M = 1: 99 / 50 / 52; M = 8: 148 / 176 / 200; M = 32:
-374 / 672 / 781. The kernels stream fewer weight bytes but do more work per multiply-add
-than oneDNN's bf16 matmul, so they win for the rows of a decode step and lose from about 8
-rows on. Each layer therefore keeps the float weight too and takes it from
-`dense_from_rows` rows on (prefill, large batches): memory for speed, the right trade for a
-small model on a CPU. Pass dense_from_rows=None for quantized weights only. With float32
-activations the kernels have no fast path (10-80x slower than a float32 matmul), so
-`load_model` warns.
+see BENCHMARKS.md section 6.
 """
 
 from __future__ import annotations
@@ -47,15 +40,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.config import QUANTIZATION_METHODS
+from pagoda.executor.kernels.ops import gemm_q, gemm_q_op, kernels_available
+from pagoda.executor.kernels.packing import (
+    GROUP_K,
+    GroupQuantized,
+    check_packable,
+    pack,
+    quantize_groups,
+)
 from pagoda.executor.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
 
-GROUP_SIZE = 32
-"""int4 inputs per (scale, zero) pair; 32 is GGUF's Q4_1 block, see the docstring."""
+METHOD_FORMATS = {"int4": "q4", "int8": "q8"}
+"""--quantization method -> group format of pagoda/executor/kernels/packing.py"""
+HEAD_METHOD = "int8"
 INT4_INNER_K_TILES = 2
-"""Packing parameter of the CPU int4 kernel (2, 4 or 8); 2 accepts any K % 32 == 0."""
-DEFAULT_DENSE_FROM_ROWS = 8
+"""Packing parameter of PyTorch's CPU int4 kernel (2, 4 or 8); 2 accepts any K % 32 == 0."""
+DEFAULT_DENSE_FROM_ROWS = 32
 """From this many rows a step's matmul takes the float weight (see the docstring)."""
 
 
@@ -72,29 +74,17 @@ def check_quantization_supported(method: str, device: torch.device) -> None:
         )
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight (out, in) float -> (codes (out, in) int8, scales (out,) float32)."""
-    weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (out,)
-    codes = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-    return codes, scales
+def choose_kernel(method: str, dtype: torch.dtype) -> str:
+    """"pagoda", "torch-int4" or "dense" (see the module docstring)."""
+    if dtype == torch.bfloat16 and kernels_available():
+        return "pagoda"
+    return "torch-int4" if method == "int4" else "dense"
 
 
-def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight (out, in) float, in % GROUP_SIZE == 0 ->
-    (codes (out, in) int32 in [0, 15], scales_and_zeros (in / GROUP_SIZE, out, 2) float32)."""
-    out_features, in_features = weight.shape
-    if in_features % GROUP_SIZE:
-        raise ValueError(
-            f"int4 needs input sizes divisible by {GROUP_SIZE}, this layer has {in_features}"
-        )
-    groups = weight.detach().float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
-    low = groups.amin(dim=-1, keepdim=True)  # (out, G, 1)
-    scales = ((groups.amax(dim=-1, keepdim=True) - low) / 15.0).clamp(min=1e-12)
-    codes = ((groups - low) / scales).round().clamp(0, 15).to(torch.int32)
-    zeros = low + 8 * scales  # the kernel computes (q - 8) * scale + zero
-    scales_and_zeros = torch.cat((scales, zeros), dim=-1).transpose(0, 1).contiguous()
-    return codes.reshape(out_features, in_features), scales_and_zeros
+def torch_int4_scales_and_zeros(quantized: GroupQuantized) -> torch.Tensor:
+    """(K / 32, N, 2) float32 for PyTorch's int4 kernel, which computes (q - 8) * scale + zero."""
+    scales, mins = quantized.scales.float(), quantized.mins.float()  # (N, G)
+    return torch.stack((scales, mins + 8 * scales), dim=-1).transpose(0, 1).contiguous()
 
 
 class QuantizedLinear(nn.Module):
@@ -113,21 +103,23 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         if weight.device.type != "cpu":
             raise ValueError(f"quantized weights must be on the CPU, got {weight.device}")
-        self.method = method
-        self.out_features, self.in_features = weight.shape
-        dtype = weight.dtype  # the run dtype: the kernels want scales in the input's dtype
-        if method == "int8":
-            codes, scales = quantize_int8(weight)
-            self.register_buffer("codes", codes)
-            self.register_buffer("scales", scales.to(dtype))
-        elif method == "int4":
-            codes, scales_and_zeros = quantize_int4(weight)
-            self.register_buffer(
-                "codes", torch._convert_weight_to_int4pack_for_cpu(codes, INT4_INNER_K_TILES)
-            )
-            self.register_buffer("scales", scales_and_zeros.to(dtype))
-        else:
+        if method not in METHOD_FORMATS:
             raise ValueError(f"unknown quantization method {method!r}")
+        self.method, self.format = method, METHOD_FORMATS[method]
+        self.out_features, self.in_features = weight.shape
+        quantized = quantize_groups(weight, self.format)
+        self.kernel = choose_kernel(method, weight.dtype)
+        mins = None
+        if self.kernel == "pagoda":
+            codes, scales, mins = pack(quantized)
+        elif self.kernel == "torch-int4":
+            codes = torch._convert_weight_to_int4pack_for_cpu(quantized.codes.int(), INT4_INNER_K_TILES)
+            scales = torch_int4_scales_and_zeros(quantized).to(weight.dtype)
+        else:
+            codes, scales = quantized.dequantize().to(weight.dtype), None
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.register_buffer("mins", mins)
         self.bias = bias
         self.dense_weight = weight if dense_from_rows is not None else None
         self.dense_from_rows = dense_from_rows
@@ -147,14 +139,17 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def _quantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.method == "int8":
-            return torch._weight_int8pack_mm(rows, self.codes, self.scales)
-        return torch._weight_int4pack_mm_for_cpu(rows, self.codes, GROUP_SIZE, self.scales)
+        if self.kernel == "pagoda":
+            gemm = gemm_q_op if torch.compiler.is_compiling() else gemm_q
+            return gemm(rows, self.codes, self.scales, self.mins, self.format, self.out_features)
+        if self.kernel == "torch-int4":
+            return torch._weight_int4pack_mm_for_cpu(rows, self.codes, GROUP_K, self.scales)
+        return F.linear(rows, self.codes)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, {self.method}, "
-            f"dense_from_rows={self.dense_from_rows}"
+            f"kernel={self.kernel}, dense_from_rows={self.dense_from_rows}"
         )
 
 
@@ -162,8 +157,8 @@ def quantize_linear_layers(
     model: nn.Module, method: str, dense_from_rows: int | None = DEFAULT_DENSE_FROM_ROWS
 ) -> nn.Module:
     """Replace every `Linear` / `MergedLinear` of a loaded model's decoder layers by a
-    `QuantizedLinear` (`method`); the logits head stays float (see the module docstring).
-    Returns the model, changed in place."""
+    `QuantizedLinear` (`method`), and give the model an int8 logits head
+    (`model.quantized_head`) where Pagoda's kernel runs it. Returns the model, changed in place."""
     linears = [
         (name, module) for name, module in model.named_modules()
         if isinstance(module, Linear) and name != "lm_head"
@@ -173,6 +168,17 @@ def quantize_linear_layers(
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child_name, QuantizedLinear.from_linear(
             linear, method, dense_from_rows=dense_from_rows))
-    logger.info("%s weights in %d linear layers (float weights from %s rows on)",
-                method, len(linears), dense_from_rows)
+    head = model.logits_head_weight()
+    head_note = "float logits head"
+    if choose_kernel(HEAD_METHOD, head.dtype) == "pagoda":
+        try:
+            check_packable(*head.shape)
+        except ValueError as error:
+            head_note = f"float logits head ({error})"
+        else:
+            model.quantized_head = QuantizedLinear(head, None, HEAD_METHOD, dense_from_rows)
+            head_note = f"{HEAD_METHOD} logits head"
+    kernels = sorted({m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)})
+    logger.info("%s weights in %d linear layers, %s, kernels %s (float weights from %s rows on)",
+                method, len(linears), head_note, "/".join(kernels), dense_from_rows)
     return model

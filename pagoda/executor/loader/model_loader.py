@@ -89,10 +89,11 @@ def load_model(
     num_params = sum(p.numel() for p in model.parameters())
     if quantization is not None:
         quantize_linear_layers(model, quantization)
-        if dtype == torch.float32:
+        if dtype != torch.bfloat16:
             logger.warning(
-                "--quantization %s with float32 activations is slow (the packed kernels are "
-                "fast for bfloat16/float16 only); use --dtype bfloat16", quantization,
+                "--quantization %s with %s activations runs PyTorch's kernels (int8: no "
+                "speed-up); Pagoda's quantized kernels take bfloat16: use --dtype bfloat16",
+                quantization, str(dtype).removeprefix("torch."),
             )
     logger.info(
         "loaded %s (%.1fM parameters, %s%s) on %s",

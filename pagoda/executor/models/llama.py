@@ -133,6 +133,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        # Set by quantize_linear_layers (--quantization): a QuantizedLinear over the head's
+        # weight, used in place of it; the embedding keeps its float table for lookups.
+        self.quantized_head: nn.Module | None = None
 
     @property
     def sliding_window(self) -> int | None:
@@ -147,9 +150,15 @@ class LlamaForCausalLM(nn.Module):
         """hidden (n, hidden_size) -> float32 logits (n, vocab_size).
 
         `lm_head` is None when tied to the embedding table."""
+        if self.quantized_head is not None:
+            return self.quantized_head(hidden).float()
         if self.lm_head is None:
             return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
+
+    def logits_head_weight(self) -> torch.Tensor:
+        """(vocab_size, hidden_size): the lm_head's weight, or the embedding table when tied."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

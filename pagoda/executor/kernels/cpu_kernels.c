@@ -1,0 +1,315 @@
+/* Pagoda's CPU kernels: built on first use by pagoda/executor/kernels/build.py with the
+ * machine's C compiler (-O3 -march=native -fopenmp), loaded with ctypes. OpenMP resolves to
+ * the libgomp that torch already loaded, so these kernels share torch's thread pool.
+ *
+ * gemm_q: y (M, N) bf16 = x (M, K) bf16 . W^T, W (N, K) held as 4- or 8-bit codes in groups
+ * of 32 inputs with float16 scales, dequantized to bf16 once per tile and reused for every
+ * row of x (PyTorch's int4/int8 CPU kernels dequantize per row and turn compute-bound from
+ * ~8 rows on; this one stays near the bf16 dot-product rate up to 16 rows).
+ *
+ * Packed layout (pagoda/executor/kernels/packing.py writes it), per tile of 16 outputs
+ * n0 .. n0+15 and group of 32 inputs k0 .. k0+31. A pair p covers inputs k0 + 2p, k0 + 2p + 1;
+ * its slot s = 2 lane + half stands for output n0 + lane, input k0 + 2p + half, which is the
+ * vdpbf16ps order: with x's pair broadcast, lane l accumulates output n0 + l.
+ *   FORMAT_Q4: w = d * q + m, q in [0, 15]                       (GGUF Q4_1's form)
+ *              codes[tile][group][c][s], c = 0 .. 7, one byte: low nibble pair 2c's slot s,
+ *              high nibble pair 2c+1's
+ *   FORMAT_Q8: w = d * q, q in [-127, 127]                        (GGUF Q8_0's form)
+ *              codes[tile][group][p][half][lane], int8
+ *   scales[tile][group][lane] float16 d; mins[tile][group][lane] float16 m (Q4 only)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FORMAT_Q4 0
+#define FORMAT_Q8 1
+#define TILE_N 16
+#define GROUP_K 32
+#define Q4_ROWS 8  /* rows of x one pass keeps in registers (2 accumulators a row) */
+#define Q8_ROWS 16 /* (1 accumulator a row) */
+/* Independent accumulator chains per row, so that ~8 dot-products are in flight whatever
+ * the row count (vdpbf16ps has a latency of several cycles; one chain would wait on it). */
+#define CHAINS(rows) ((rows) >= 8 ? 1 : (rows) >= 4 ? 2 : (rows) >= 2 ? 4 : 8)
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+int pagoda_kernels_available(void) { return 1; }
+
+static inline __attribute__((always_inline)) __m512 broadcast_pair(const uint16_t *x) {
+    int32_t pair;
+    memcpy(&pair, x, sizeof pair);
+    return (__m512)_mm512_set1_epi32(pair);
+}
+
+/* Q4, one tile of 16 outputs for `rows` (<= Q4_ROWS, a constant after inlining) rows of x.
+ * A code q becomes the bf16 number 128 + q by bits alone (0x4300 | q: in [128, 256) bf16
+ * steps by 1), so each group accumulates sum_k x (128 + q) and its epilogue applies
+ * d * that + (m - 128 d) * sum_k x  =  sum_k x (d q + m).  xsum: (rows, groups) float. */
+static inline __attribute__((always_inline)) void gemm_tile_q4(
+    int rows, const uint16_t *x, int64_t ldx, const float *xsum, int64_t groups,
+    const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
+    uint16_t *y, int64_t ldy) {
+    const __m512i low_nibble = _mm512_set1_epi16(0x000F), bf16_128 = _mm512_set1_epi16(0x4300);
+    const int chains = CHAINS(rows);
+    __m512 total[Q4_ROWS], group_acc[Q4_ROWS * 8];
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) total[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *gc = codes + g * GROUP_K * TILE_N / 2;
+        const uint16_t *xg = x + g * GROUP_K;
+#pragma GCC unroll 64
+        for (int a = 0; a < rows * chains; a++) group_acc[a] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int pc = 0; pc < GROUP_K / 4; pc++) { /* pairs 2 pc (low nibbles), 2 pc + 1 (high) */
+            __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gc + pc * 32)));
+            __m512bh w0 = (__m512bh)_mm512_ternarylogic_epi32(words, low_nibble, bf16_128, 0xEA);
+            __m512bh w1 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(words, 4), bf16_128);
+            const int c0 = (2 * pc) % chains, c1 = (2 * pc + 1) % chains;
+#pragma GCC unroll 16
+            for (int r = 0; r < rows; r++) {
+                __m512 *acc = group_acc + r * chains;
+                acc[c0] = _mm512_dpbf16_ps(acc[c0], w0, (__m512bh)broadcast_pair(xg + r * ldx + 4 * pc));
+                acc[c1] = _mm512_dpbf16_ps(acc[c1], w1, (__m512bh)broadcast_pair(xg + r * ldx + 4 * pc + 2));
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + g * TILE_N)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + g * TILE_N)));
+        __m512 shifted_min = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m); /* m - 128 d */
+#pragma GCC unroll 16
+        for (int r = 0; r < rows; r++) {
+            __m512 sum = group_acc[r * chains];
+#pragma GCC unroll 8
+            for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, group_acc[r * chains + c]);
+            total[r] = _mm512_fmadd_ps(sum, d, total[r]);
+            total[r] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[r * groups + g]), shifted_min, total[r]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++)
+        _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
+/* Q8, one tile of 16 outputs for `rows` (<= Q8_ROWS) rows of x: codes -> float -> times d
+ * -> bf16 pairs, then one dot-product per row and pair. */
+static inline __attribute__((always_inline)) void gemm_tile_q8(
+    int rows, const uint16_t *x, int64_t ldx, int64_t groups,
+    const uint8_t *codes, const uint16_t *scales, uint16_t *y, int64_t ldy) {
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const int chains = CHAINS(rows);
+    __m512 acc[Q8_ROWS * 8];
+#pragma GCC unroll 64
+    for (int a = 0; a < rows * chains; a++) acc[a] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + g * TILE_N)));
+        const uint8_t *gc = codes + g * GROUP_K * TILE_N;
+        const uint16_t *xg = x + g * GROUP_K;
+#pragma GCC unroll 16
+        for (int p = 0; p < GROUP_K / 2; p++) {
+            const __m128i *pair_codes = (const __m128i *)(gc + p * 32);
+            __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(pair_codes))), d);
+            __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(pair_codes + 1))), d);
+            /* words 0-15 = bf16(lo), 16-31 = bf16(hi) -> interleave to (lo_l, hi_l) per lane */
+            __m512bh w = (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            const int c = p % chains;
+#pragma GCC unroll 16
+            for (int r = 0; r < rows; r++)
+                acc[r * chains + c] = _mm512_dpbf16_ps(acc[r * chains + c], w, (__m512bh)broadcast_pair(xg + r * ldx + 2 * p));
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < rows; r++) {
+        __m512 sum = acc[r * chains];
+#pragma GCC unroll 8
+        for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]);
+        _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(sum));
+    }
+}
+
+#define Q4_CASE(R) case R: gemm_tile_q4(R, x, K, xsum, groups, c, s, mn, y, N); break;
+#define Q8_CASE(R) case R: gemm_tile_q8(R, x, K, groups, c, s, y, N); break;
+
+static void gemm_tile_rows(int format, int rows, const uint16_t *x, int64_t K,
+                           const float *xsum, int64_t groups, const uint8_t *c,
+                           const uint16_t *s, const uint16_t *mn, uint16_t *y, int64_t N) {
+    if (format == FORMAT_Q4) {
+        switch (rows) {
+            Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8)
+        }
+    } else {
+        switch (rows) {
+            Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) Q8_CASE(6) Q8_CASE(7) Q8_CASE(8)
+            Q8_CASE(9) Q8_CASE(10) Q8_CASE(11) Q8_CASE(12) Q8_CASE(13) Q8_CASE(14) Q8_CASE(15)
+            Q8_CASE(16)
+        }
+    }
+}
+
+/* xsum (M, K / 32) float: sums of x over each group of 32 inputs (Q4's epilogue needs them). */
+static void group_sums(const uint16_t *x, int64_t M, int64_t K, float *xsum) {
+    for (int64_t i = 0; i < M * (K / GROUP_K); i++) {
+        __m512i words = _mm512_loadu_si512(x + i * GROUP_K);
+        __m512 lo = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(words)), 16);
+        __m512 hi = (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(words, 1)), 16);
+        xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+    }
+}
+
+/* y (M, N) bf16 = x (M, K) bf16 . W^T; N % 16 == 0, K % 32 == 0 (the caller checks). */
+void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
+                   const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
+                   uint16_t *y) {
+    const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
+    const int64_t tile_code_bytes = groups * GROUP_K * TILE_N / (format == FORMAT_Q4 ? 2 : 1);
+    const int max_rows = format == FORMAT_Q4 ? Q4_ROWS : Q8_ROWS;
+    float *xsum = NULL;
+    if (format == FORMAT_Q4) {
+        xsum = malloc(sizeof(float) * (size_t)(M * groups));
+        if (xsum == NULL) return;
+        group_sums(x, M, K, xsum);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const uint8_t *c = codes + t * tile_code_bytes;
+        const uint16_t *s = scales + t * groups * TILE_N;
+        const uint16_t *mn = format == FORMAT_Q4 ? mins + t * groups * TILE_N : NULL;
+        for (int64_t m0 = 0; m0 < M; m0 += max_rows) {
+            int rows = M - m0 < max_rows ? (int)(M - m0) : max_rows;
+            gemm_tile_rows(format, rows, x + m0 * K, K, xsum ? xsum + m0 * groups : NULL,
+                           groups, c, s, mn, y + m0 * N + t * TILE_N, N);
+        }
+    }
+    free(xsum);
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into 2^n * 2^f,
+ * f in [-0.5, 0.5], 2^f by a degree-6 polynomial (relative error ~1e-7); x < -87 gives 0. */
+static inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 bf16x16_to_float(const uint16_t *p) {
+    return (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+}
+
+#define MAX_GROUP 16   /* query heads sharing one KV head */
+#define MAX_HEAD_DIM 256
+
+/* Decode attention over the paged cache: one query token per sequence.
+ *   query (S, H, D) bf16; out (S, H, D) bf16
+ *   kv_cache (2, Hkv, num_blocks, block_size, D) bf16 (K then V, head-major; see
+ *     pagoda/executor/attention/torch_backend.py)
+ *   block_tables (S, table_width) int64; seq_lens (S,) int64: keys 0 .. seq_len-1
+ *   window > 0: only the last `window` keys (sliding-window attention)
+ * D % 32 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks).
+ * Scores and softmax in float32 (scores kept in `scratch`, one row of keys per query head). */
+void pagoda_paged_decode_attention(
+    const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
+    const int64_t *seq_lens, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+    int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window, float scale,
+    uint16_t *out) {
+    const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
+    const uint16_t *v_cache = kv_cache + Hkv * head_stride;
+    int64_t max_len = 0;
+    for (int64_t s = 0; s < S; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + 16)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < S * Hkv; task++) {
+            const int64_t s = task / Hkv, h = task % Hkv, len = seq_lens[s];
+            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
+            const int64_t *table = block_tables + s * table_width;
+            const uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
+            __m512bh q[MAX_GROUP][MAX_HEAD_DIM / 32];
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < D / 32; c++)
+                    q[g][c] = (__m512bh)_mm512_loadu_si512(query + ((s * H + h * G + g) * D + c * 32));
+            /* scores[g][j] = scale * q_g . k_(first + j) */
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t pos = first + j;
+                const uint16_t *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+                for (int64_t g = 0; g < G; g++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int64_t c = 0; c < D / 32; c++)
+                        acc = _mm512_dpbf16_ps(acc, q[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
+                    scores[g * n + j] = scale * _mm512_reduce_add_ps(acc);
+                }
+            }
+            for (int64_t g = 0; g < G; g++) {
+                float *row = scores + g * n;
+                __m512 vmax = _mm512_set1_ps(-INFINITY);
+                int64_t j = 0;
+                for (; j + 16 <= n; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(row + j));
+                float mx = _mm512_reduce_max_ps(vmax);
+                for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+                __m512 vsum = _mm512_setzero_ps();
+                for (j = 0; j < n; j += 16) {
+                    __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+                    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), _mm512_set1_ps(mx)));
+                    e = _mm512_maskz_mov_ps(live, e);
+                    _mm512_mask_storeu_ps(row + j, live, e);
+                    vsum = _mm512_add_ps(vsum, e);
+                }
+                const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+                for (j = 0; j < n; j++) row[j] *= inv;
+            }
+            /* out_g = sum_j p_gj v_j */
+            __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t pos = first + j;
+                const uint16_t *v = v_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+                for (int64_t c = 0; c < D / 16; c++) {
+                    __m512 vc = bf16x16_to_float(v + c * 16);
+                    for (int64_t g = 0; g < G; g++)
+                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + j]), vc, acc[g][c]);
+                }
+            }
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < D / 16; c++)
+                    _mm256_storeu_si256((__m256i *)(out + (s * H + h * G + g) * D + c * 16),
+                                        (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
+        }
+        free(scores);
+    }
+}
+
+#else /* no AVX-512 BF16: the Python side falls back to PyTorch's kernels */
+
+int pagoda_kernels_available(void) { return 0; }
+
+void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
+                   const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
+                   uint16_t *y) {
+    (void)format; (void)x; (void)M; (void)K; (void)N; (void)codes; (void)scales; (void)mins;
+    (void)y;
+}
+
+void pagoda_paged_decode_attention(
+    const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
+    const int64_t *seq_lens, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+    int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window, float scale,
+    uint16_t *out) {
+    (void)query; (void)kv_cache; (void)block_tables; (void)seq_lens; (void)S; (void)H;
+    (void)Hkv; (void)D; (void)num_blocks; (void)block_size; (void)table_width; (void)window;
+    (void)scale; (void)out;
+}
+
+#endif

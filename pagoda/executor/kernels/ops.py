@@ -1,0 +1,87 @@
+"""Torch-facing wrappers of the C kernels in cpu_kernels.c.
+
+`gemm_q` has a custom op twin (`pagoda::gemm_q`) for torch.compile graphs, which treat it as
+opaque; the attention kernel is called from inside the `pagoda::attention` op, which already
+is."""
+
+from __future__ import annotations
+
+import torch
+
+from pagoda.executor.kernels.build import load_cpu_kernels
+from pagoda.executor.kernels.packing import FORMATS
+
+
+def kernels_available() -> bool:
+    return load_cpu_kernels() is not None
+
+
+def gemm_q(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+    format: str, out_features: int,
+) -> torch.Tensor:
+    """x (M, K) bf16 contiguous, weight packed by packing.pack -> (M, out_features) bf16.
+    A direct call (a custom op costs ~20 us of dispatch per call in eager mode); under
+    torch.compile call `gemm_q_op`, which the graph treats as opaque."""
+    lib = load_cpu_kernels()
+    if lib is None:
+        raise RuntimeError("gemm_q needs Pagoda's CPU kernels, unavailable here")
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"gemm_q takes a contiguous 2-D bfloat16 input, got {x.dtype} {tuple(x.shape)}")
+    rows, in_features = x.shape
+    y = x.new_empty(rows, out_features)
+    lib.pagoda_gemm_q(
+        FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
+        scales.data_ptr(), None if mins is None else mins.data_ptr(), y.data_ptr(),
+    )
+    return y
+
+
+@torch.library.custom_op("pagoda::gemm_q", mutates_args=())
+def gemm_q_op(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+    format: str, out_features: int,
+) -> torch.Tensor:
+    return gemm_q(x, codes, scales, mins, format, out_features)
+
+
+@gemm_q_op.register_fake
+def _(x, codes, scales, mins, format, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
+MAX_QUERIES_PER_KV_HEAD = 16
+"""MAX_GROUP and MAX_HEAD_DIM of cpu_kernels.c"""
+MAX_HEAD_DIM = 256
+
+
+def decode_attention_supported(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> bool:
+    """Whether paged_decode_attention takes this layer's shapes (else use the torch path)."""
+    return (
+        kernels_available() and dtype == torch.bfloat16 and head_dim % 32 == 0
+        and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads <= MAX_QUERIES_PER_KV_HEAD
+    )
+
+
+def paged_decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, window: int | None,
+) -> torch.Tensor:
+    """One query token per sequence against its keys 0 .. seq_len - 1 in the paged cache.
+    query (S, H, D) bf16; kv_cache (2, Hkv, blocks, block_size, D) bf16; block_tables
+    (S, width) int64; seq_lens (S,) int64 -> (S, H, D) bf16. Only the last `window` keys
+    when window is set."""
+    lib = load_cpu_kernels()
+    num_seqs, num_heads, head_dim = query.shape
+    _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
+    query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+    out = torch.empty_like(query)
+    lib.pagoda_paged_decode_attention(
+        query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
+        num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size,
+        block_tables.shape[1], window or 0, scale, out.data_ptr(),
+    )
+    return out

@@ -1,0 +1,114 @@
+"""Pagoda's C kernels (pagoda/executor/kernels/cpu_kernels.c) against torch references:
+the group-quantized matmul in both formats and every row count, the packing that re-finds
+GGUF Q4_1 / Q8_0 codes, and decode attention over a scattered paged cache.
+
+These run wherever the kernels build (a C compiler and AVX-512 BF16, as on this project's
+machines); elsewhere `kernels_available()` is False and the first test says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
+from pagoda.executor.attention.torch_backend import TorchAttentionBackend
+from pagoda.executor.kernels.build import build_library
+from pagoda.executor.kernels.ops import gemm_q, kernels_available
+from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
+from tests.executor.test_attention_backend import run_step
+
+
+def test_the_kernels_build_and_run_here() -> None:
+    """The project's machines have a C compiler and AVX-512 BF16: a missing kernel there is a
+    regression (build errors surface here, not as a silent fallback)."""
+    assert build_library().exists()
+    assert kernels_available()
+
+
+def gguf_like_weight(format: str, out_features: int, in_features: int):
+    """A weight as GGUF's Q4_1 / Q8_0 quantizers leave it: float16 scales, each group's
+    codes reaching the extremes (Q4_1: 0 and 15; Q8_0: +-127)."""
+    groups = in_features // GROUP_K
+    d = (torch.rand(out_features, groups) * 0.01 + 0.001).half().float()
+    if format == "q4":
+        codes = torch.randint(0, 16, (out_features, groups, GROUP_K))
+        codes[..., 0], codes[..., 1] = 0, 15
+        m = (-torch.rand(out_features, groups) * 0.1).half().float()
+        weight = d[..., None] * codes + m[..., None]
+    else:
+        codes = torch.randint(-127, 128, (out_features, groups, GROUP_K))
+        codes[..., 0] = 127 * torch.where(torch.rand(out_features, groups) < 0.5, 1, -1)
+        weight = d[..., None] * codes
+    return weight.view(out_features, in_features), codes.view(out_features, in_features), d
+
+
+@pytest.mark.parametrize("format", ["q4", "q8"])
+def test_quantize_groups_recovers_gguf_codes(format) -> None:
+    torch.manual_seed(0)
+    weight, codes, d = gguf_like_weight(format, 32, 128)
+    quantized = quantize_groups(weight, format)
+    assert torch.equal(quantized.codes.long(), codes)
+    assert torch.equal(quantized.scales.float(), d)
+    torch.testing.assert_close(quantized.dequantize(), weight, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("format", ["q4", "q8"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 21])
+def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(format, rows) -> None:
+    """Every row count (one pass holds 8 rows for q4, 16 for q8; 21 takes several) against
+    x @ W^T with W dequantized and rounded to bf16, as the kernel multiplies it."""
+    torch.manual_seed(rows)
+    weight = torch.randn(96, 160) * 0.05
+    quantized = quantize_groups(weight, format)
+    codes, scales, mins = pack(quantized)
+    x = torch.randn(rows, 160).bfloat16()
+    out = gemm_q(x, codes, scales, mins, format, 96)
+    expected = x.float() @ quantized.dequantize().bfloat16().float().T
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_gemm_q_rejects_a_float32_input() -> None:
+    quantized = quantize_groups(torch.randn(16, 32), "q8")
+    with pytest.raises(ValueError, match="bfloat16"):
+        gemm_q(torch.randn(2, 32), *pack(quantized), "q8", 16)
+
+
+def test_packing_rejects_shapes_the_kernel_cannot_tile() -> None:
+    with pytest.raises(ValueError, match="divisible by 16"):
+        quantize_groups(torch.randn(20, 64), "q4")
+
+
+SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(40, 1)],  # one stream, several blocks
+        [(7, 1), (0, 1), (130, 1), (33, 1)],  # decodes only, lengths off the 16-lane grid
+        [(0, 5), (70, 1), (3, 6), (12, 1)],  # decodes (kernel) mixed with prefills (torch)
+    ],
+)
+@pytest.mark.parametrize("heads", [SMOLLM_HEADS, (4, 4, 32), (8, 1, 128)])
+def test_kernel_decode_attention_matches_naive_attention(seqs, heads) -> None:
+    out, expected = run_step(seqs, backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
+                             heads=heads, block_size=16, num_blocks=64)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_kernel_decode_attention_sliding_window() -> None:
+    out, expected = run_step([(50, 1), (9, 1), (2, 9)], window=20, seed=3,
+                             backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
+                             heads=SMOLLM_HEADS, block_size=16, num_blocks=64)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_the_kernel_backend_is_chosen_only_where_it_applies() -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(select_backend(16, cpu, torch.bfloat16, 9, 3, 64, None),
+                      CpuKernelAttentionBackend)
+    for dtype, heads in [(torch.float32, (9, 3, 64)), (torch.bfloat16, (4, 4, 8))]:
+        backend = select_backend(16, cpu, dtype, *heads, None)
+        assert type(backend) is TorchAttentionBackend
