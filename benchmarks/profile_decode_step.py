@@ -15,14 +15,14 @@ import time
 from torch.profiler import ProfilerActivity, profile
 
 from pagoda import LLM, SamplingParams
-from pagoda.config import QUANTIZATION_METHODS
+from pagoda.config import QUANTIZATION_CHOICES
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS)
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=14, help="operators to list")
     args = parser.parse_args()

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
+QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
+"""`quantization` values: auto (int4 for a Q4_1 GGUF model where Pagoda's kernel runs it,
+see pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,10 @@ class ModelConfig:
     """Tokenizer source when it differs from the model (a HF folder or a GGUF file)."""
     seed: int = 0
     """Seed for requests that give none (keeps runs reproducible)."""
-    quantization: str | None = None
-    """None (weights in the run dtype), int8 or int4: weight-only quantized linear layers,
-    CPU only (see pagoda/executor/layers/quantization.py)."""
+    quantization: str | None = "auto"
+    """auto, none/None (weights in the run dtype), int8 or int4: weight-only quantized linear
+    layers, CPU only (see pagoda/executor/layers/quantization.py). auto keeps a Q4_1 GGUF
+    model's own 4-bit weights (int4) with bf16 activations on a CPU with Pagoda's kernels."""
     compile: bool = False
     """torch.compile the model at start, with a warm-up (ModelRunner.compile_model): faster
     steps, a slower start (about a minute per compiled step shape on a 2-core CPU)."""
@@ -37,9 +41,9 @@ class ModelConfig:
             raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(
-                f"quantization must be None or one of {', '.join(QUANTIZATION_METHODS)}, "
+                f"quantization must be None or one of {', '.join(QUANTIZATION_CHOICES)}, "
                 f"got {self.quantization!r}"
             )
 

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from pagoda.config import QUANTIZATION_METHODS, SUPPORTED_DTYPES
+from pagoda.config import QUANTIZATION_CHOICES, SUPPORTED_DTYPES
 
 EXIT_USAGE = 2
 
@@ -21,12 +21,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M)")
     group.add_argument("--tokenizer", default=None, help="tokenizer source if not the model's")
     group.add_argument("--dtype", default="auto", choices=SUPPORTED_DTYPES)
-    group.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
+    group.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
                        help="weight-only quantized linear layers, CPU only (activations stay "
-                            "in --dtype): int8 per output channel, or int4 in groups of 32, "
-                            "which on a Q4_1 GGUF model keeps its own 4-bit weights. "
-                            "Faster decoding of few sequences; steps of 8+ rows use the "
-                            "float weights. Default: none")
+                            "in --dtype), in groups of 32: int4 (Q4_1's form; on a Q4_1 GGUF "
+                            "model its own 4-bit weights) or int8 (Q8_0's form); the logits "
+                            "head then runs int8. Faster decoding; steps of 32+ rows use the "
+                            "float weights. Default auto: int4 for a Q4_1 GGUF model on a "
+                            "CPU with AVX-512 BF16 in bfloat16, else none")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model and warm it up at start: faster decode "
                             "steps (1.3-1.6x on a 2-core CPU), but about a minute of "

@@ -24,7 +24,7 @@ class LLM:
         model: str | None = None,
         *,
         dtype: str = "auto",
-        quantization: str | None = None,
+        quantization: str | None = "auto",
         compile: bool = False,
         max_model_len: int | None = None,
         tokenizer: str | None = None,

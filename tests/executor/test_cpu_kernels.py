@@ -1,9 +1,11 @@
 """Pagoda's C kernels (pagoda/executor/kernels/cpu_kernels.c) against torch references:
 the group-quantized matmul in both formats and every row count, the packing that re-finds
-GGUF Q4_1 / Q8_0 codes, and decode attention over a scattered paged cache.
+GGUF Q4_1 / Q8_0 codes, and attention over a scattered paged cache (decodes, prefills,
+chunked prefills, sliding window).
 
-These run wherever the kernels build (a C compiler and AVX-512 BF16, as on this project's
-machines); elsewhere `kernels_available()` is False and the first test says so."""
+The project's machines (and CI's) have gcc and AVX-512 BF16, so all of this runs there; on a
+CPU without AVX-512 BF16 the first test checks instead that the kernels stand aside (and the
+rest, which would have nothing to call, are skipped for that reason only)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,21 @@ import torch
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend
-from pagoda.executor.kernels.build import build_library
-from pagoda.executor.kernels.ops import gemm_q, kernels_available
+from pagoda.executor.kernels.build import build_library, cpu_flags
+from pagoda.executor.kernels.ops import gemm_q, kernels_available, paged_attention
 from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
 from tests.executor.test_attention_backend import run_step
 
+CPU_HAS_AVX512_BF16 = "avx512_bf16" in cpu_flags().split()
 
-def test_the_kernels_build_and_run_here() -> None:
-    """The project's machines have a C compiler and AVX-512 BF16: a missing kernel there is a
-    regression (build errors surface here, not as a silent fallback)."""
+
+def test_the_kernels_build_and_run_where_the_cpu_has_avx512_bf16() -> None:
+    """A build error or a missing kernel on such a CPU is a regression, not a silent fallback."""
     assert build_library().exists()
-    assert kernels_available()
+    assert kernels_available() == CPU_HAS_AVX512_BF16
+
+
+needs_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16, reason="this CPU lacks AVX-512 BF16")
 
 
 def gguf_like_weight(format: str, out_features: int, in_features: int):
@@ -52,6 +58,7 @@ def test_quantize_groups_recovers_gguf_codes(format) -> None:
     torch.testing.assert_close(quantized.dequantize(), weight, rtol=0, atol=1e-6)
 
 
+@needs_kernels
 @pytest.mark.parametrize("format", ["q4", "q8"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 21])
 def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(format, rows) -> None:
@@ -68,6 +75,7 @@ def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(format, rows) -> None
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
 
 
+@needs_kernels
 def test_gemm_q_rejects_a_float32_input() -> None:
     quantized = quantize_groups(torch.randn(16, 32), "q8")
     with pytest.raises(ValueError, match="bfloat16"):
@@ -82,6 +90,7 @@ def test_packing_rejects_shapes_the_kernel_cannot_tile() -> None:
 SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     "seqs",
     [
@@ -91,20 +100,42 @@ SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
     ],
 )
 @pytest.mark.parametrize("heads", [SMOLLM_HEADS, (4, 4, 32), (8, 1, 128)])
-def test_kernel_decode_attention_matches_naive_attention(seqs, heads) -> None:
+def test_kernel_attention_matches_naive_attention(seqs, heads) -> None:
     out, expected = run_step(seqs, backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
                              heads=heads, block_size=16, num_blocks=64)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
-def test_kernel_decode_attention_sliding_window() -> None:
+@needs_kernels
+def test_kernel_attention_sliding_window() -> None:
     out, expected = run_step([(50, 1), (9, 1), (2, 9)], window=20, seed=3,
                              backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
                              heads=SMOLLM_HEADS, block_size=16, num_blocks=64)
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
+@needs_kernels
+def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix() -> None:
+    """The kernel itself (the backend feeds it decodes only, see cpu_backend.py): a 150-token
+    prompt, each token attending keys 0 .. its position, against float32 causal attention."""
+    torch.manual_seed(0)
+    num_tokens, (heads, kv_heads, dim) = 150, SMOLLM_HEADS
+    kv_cache = torch.randn(2, kv_heads, 16, 16, dim).bfloat16()
+    table = torch.randperm(16)[:10].view(1, 10)  # scattered blocks
+    query = torch.randn(num_tokens, heads, dim).bfloat16()
+    out = paged_attention(query, kv_cache, table, torch.zeros(num_tokens, dtype=torch.long),
+                          torch.arange(1, num_tokens + 1), dim**-0.5, None)
+    keys, values = (kv_cache[i][:, table[0]].reshape(kv_heads, -1, dim)[:, :num_tokens]
+                    for i in (0, 1))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.float().transpose(0, 1), keys.float(), values.float(), is_causal=True,
+        enable_gqa=True,
+    ).transpose(0, 1)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@needs_kernels
 def test_the_kernel_backend_is_chosen_only_where_it_applies() -> None:
     cpu = torch.device("cpu")
     assert isinstance(select_backend(16, cpu, torch.bfloat16, 9, 3, 64, None),

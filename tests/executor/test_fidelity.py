@@ -59,11 +59,12 @@ def test_bfloat16_follows_float32(float32_runner, text_token_ids) -> None:
 def quantized_report(float32_runner, text_token_ids, method: str):
     """Weight-only `method` linears with bf16 activations, as `--quantization` runs on an
     AVX512-BF16 CPU; every matmul takes the quantized kernel (as decode steps do), none the
-    float weight kept for large batches. The logits head is int8 in both modes."""
+    float weight kept for large batches. The logits head is int8 in both modes (where
+    Pagoda's kernel runs: this project's machines)."""
     candidate = bundled_runner(torch.bfloat16, quantization=method)
     layers = [m for m in candidate.model.modules() if isinstance(m, QuantizedLinear)]
-    assert len(layers) == 4 * len(candidate.model.model.layers) + 1
-    assert candidate.model.quantized_head in layers
+    head = candidate.model.quantized_head
+    assert len(layers) == 4 * len(candidate.model.model.layers) + (head is not None)
     for layer in layers:
         layer.dense_weight = None
     report = compare_teacher_forced(float32_runner, candidate, text_token_ids)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.config import CacheConfig, ModelConfig
+from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers.quantization import (
     QuantizedLinear,
@@ -17,10 +18,10 @@ from pagoda.executor.layers.quantization import (
     choose_kernel,
 )
 from pagoda.executor.loader.model_files import resolve_model_files
-from pagoda.executor.loader.model_loader import load_model, open_checkpoint
+from pagoda.executor.loader.model_loader import load_model, open_checkpoint, resolve_quantization
 from pagoda.executor.model_runner import ModelRunner
 from tests.entrypoints.test_cli import run_cli
-from tests.executor.test_cpu_kernels import gguf_like_weight
+from tests.executor.test_cpu_kernels import gguf_like_weight, needs_kernels
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
 from tests.executor.tiny_checkpoints import build_checkpoint
 
@@ -56,10 +57,11 @@ def test_torch_int4_kernel_multiplies_by_the_q4_1_weights() -> None:
 
 
 def test_the_kernel_follows_the_activation_dtype() -> None:
-    """bf16 takes Pagoda's kernel (available on the project's machines, see
+    """bf16 takes Pagoda's kernel where it runs (the project's machines, see
     test_cpu_kernels.py); other dtypes PyTorch's int4 kernel or, for int8, a dense matmul."""
-    assert choose_kernel("int4", torch.bfloat16) == "pagoda"
-    assert choose_kernel("int8", torch.bfloat16) == "pagoda"
+    fast = "pagoda" if kernels_available() else None
+    assert choose_kernel("int4", torch.bfloat16) == (fast or "torch-int4")
+    assert choose_kernel("int8", torch.bfloat16) == (fast or "dense")
     assert choose_kernel("int4", torch.float32) == "torch-int4"
     assert choose_kernel("int8", torch.float32) == "dense"
 
@@ -158,6 +160,7 @@ def test_untied_head_stays_float_in_float32(tmp_path) -> None:
     assert not [n for n, m in model.named_modules() if type(m) is Linear and n != "lm_head"]
 
 
+@needs_kernels
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_bf16_models_get_an_int8_logits_head(tmp_path, arch) -> None:
     """With bf16 activations the logits head (untied lm_head, or the tied embedding table)
@@ -174,10 +177,31 @@ def test_bf16_models_get_an_int8_logits_head(tmp_path, arch) -> None:
     assert not torch.equal(model.compute_logits(hidden), logits)  # the int8 head was used
 
 
-def test_config_accepts_int8_and_int4_only() -> None:
-    assert ModelConfig(quantization="int4").quantization == "int4"
-    with pytest.raises(ValueError, match="quantization must be None or one of int8, int4, got 'int2'"):
+def test_config_accepts_the_quantization_choices_only() -> None:
+    assert ModelConfig().quantization == "auto"
+    for choice in ("auto", "none", None, "int8", "int4"):
+        assert ModelConfig(quantization=choice).quantization == choice
+    with pytest.raises(ValueError, match="quantization must be None or one of auto, none, int8, "
+                                         "int4, got 'int2'"):
         ModelConfig(quantization="int2")
+
+
+def test_auto_keeps_a_q4_1_gguf_in_4_bits_where_the_kernel_runs(tmp_path) -> None:
+    """auto: int4 for the bundled Q4_1 GGUF with bf16 activations on a CPU with Pagoda's
+    kernels; float weights for float32, for a safetensors model, and for none/None."""
+    cpu = torch.device("cpu")
+    bundled = open_checkpoint(resolve_model_files(None))
+    assert bundled.layer_weight_type() == "Q4_1"
+    expected = "int4" if kernels_available() else None
+    assert resolve_quantization("auto", bundled, torch.bfloat16, cpu) == expected
+    assert resolve_quantization("auto", bundled, torch.float32, cpu) is None
+    assert resolve_quantization("auto", bundled, torch.bfloat16, torch.device("meta")) is None
+    for choice in ("none", None):
+        assert resolve_quantization(choice, bundled, torch.bfloat16, cpu) is None
+    assert resolve_quantization("int8", bundled, torch.float32, cpu) == "int8"
+    build_checkpoint("llama", str(tmp_path))
+    safetensors = open_checkpoint(resolve_model_files(str(tmp_path)))
+    assert resolve_quantization("auto", safetensors, torch.bfloat16, cpu) is None
 
 
 def test_quantization_refuses_other_devices() -> None:
@@ -210,8 +234,9 @@ def test_int4_engine_answers_a_chat_prompt() -> None:
     llm = LLM(quantization="int4", dtype="bfloat16", kv_cache_memory=64 * 1024 * 1024,
               max_model_len=512)
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
-    assert len(layers) == 4 * 30 + 1 and {m.method for m in layers} == {"int4", "int8"}
-    assert llm.engine.runner.model.quantized_head.method == "int8"
+    head = llm.engine.runner.model.quantized_head  # int8 where Pagoda's kernel runs it
+    assert len(layers) == 4 * 30 + (head is not None) and head in [None, *layers]
+    assert {m.method for m in layers} == ({"int4", "int8"} if head else {"int4"})
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     output = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     assert "Paris" in output.outputs[0].text

@@ -1,10 +1,17 @@
-"""Attention on CPUs with Pagoda's C kernels: decodes read the paged cache in place.
+"""Attention on CPUs with Pagoda's C kernel: decode tokens read the paged cache in place.
 
 Same cache layout, metadata and prefill path as the torch backend (torch_backend.py); the
-decode group runs `paged_decode_attention` (pagoda/executor/kernels/cpu_kernels.c): one
-pass per (sequence, KV head) over its blocks, float32 scores and softmax, no gathered copy
-of the keys and values and no per-op dispatch. `select_backend` picks it where the kernel
-takes the model's shapes.
+decode group runs `paged_attention` (pagoda/executor/kernels/cpu_kernels.c): one task per
+(sequence, KV head) over its blocks, scores and softmax in float32, no gathered copy of the
+keys and values and no per-op dispatch. `select_backend` picks it where the kernel takes
+the model's shapes.
+
+The kernel takes prefill tokens too (each against its own causal prefix), and is both
+faster than the padded, masked scaled_dot_product_attention there (5.2 vs 6.7 ms a layer
+for a 512-token prompt) and closer to float32 attention (RMS error 0.00026 vs 0.00033).
+Prefills stay on the torch path all the same: the switch moved the bundled model's top-1
+agreement with float32 (tests/executor/test_fidelity.py) from 97.3% to 96.5% in bf16, by
+flipping near-tied positions, and the 97% bar is the project's accuracy goal.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import torch
 
 from pagoda.executor.attention.backend import AttentionBackend
 from pagoda.executor.attention.torch_backend import AttentionGroup, TorchAttentionBackend
-from pagoda.executor.kernels.ops import decode_attention_supported, paged_decode_attention
+from pagoda.executor.kernels.ops import paged_attention, paged_attention_supported
 
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
@@ -22,8 +29,9 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
     ) -> torch.Tensor:
-        return paged_decode_attention(query, kv_cache, group.block_tables, group.seq_lens, scale,
-                                      self.sliding_window)
+        query_seq = torch.arange(group.num_seqs)  # query token i is sequence i of the group
+        return paged_attention(query, kv_cache, group.block_tables, query_seq, group.seq_lens,
+                               scale, self.sliding_window)
 
 
 def select_backend(
@@ -31,6 +39,6 @@ def select_backend(
     num_kv_heads: int, head_dim: int, sliding_window: int | None,
 ) -> AttentionBackend:
     """The C-kernel backend on CPU where it takes these shapes, else the torch backend."""
-    if device.type == "cpu" and decode_attention_supported(dtype, num_heads, num_kv_heads, head_dim):
+    if device.type == "cpu" and paged_attention_supported(dtype, num_heads, num_kv_heads, head_dim):
         return CpuKernelAttentionBackend(block_size, device, sliding_window)
     return TorchAttentionBackend(block_size, device, sliding_window)

@@ -32,7 +32,8 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them (else the processor's name)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -55,7 +56,7 @@ def build_library(source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> P
         raise RuntimeError("no C compiler found (set CC)")
     flags = FLAGS + extra_flags
     key = hashlib.sha256(
-        source.read_bytes() + " ".join((compiler, *flags, _cpu_flags())).encode()
+        source.read_bytes() + " ".join((compiler, *flags, cpu_flags())).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
@@ -79,9 +80,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pagoda_kernels_available.restype = ctypes.c_int
     lib.pagoda_gemm_q.restype = None
     lib.pagoda_gemm_q.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
-    lib.pagoda_paged_decode_attention.restype = None
-    lib.pagoda_paged_decode_attention.argtypes = [
-        ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr
+    lib.pagoda_paged_attention.restype = None
+    lib.pagoda_paged_attention.argtypes = [
+        ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr
     ]
     return lib
 

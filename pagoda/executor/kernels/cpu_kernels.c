@@ -210,36 +210,38 @@ static inline __m512 bf16x16_to_float(const uint16_t *p) {
 #define MAX_GROUP 16   /* query heads sharing one KV head */
 #define MAX_HEAD_DIM 256
 
-/* Decode attention over the paged cache: one query token per sequence.
- *   query (S, H, D) bf16; out (S, H, D) bf16
+/* Attention over the paged cache for any mix of decode and prefill tokens: query token t
+ * attends the first key_lens[t] keys of sequence query_seq[t] (key_lens = its position + 1:
+ * causal), or only the last `window` of them when window > 0 (sliding window).
+ *   query (T, H, D) bf16; out (T, H, D) bf16
  *   kv_cache (2, Hkv, num_blocks, block_size, D) bf16 (K then V, head-major; see
- *     pagoda/executor/attention/torch_backend.py)
- *   block_tables (S, table_width) int64; seq_lens (S,) int64: keys 0 .. seq_len-1
- *   window > 0: only the last `window` keys (sliding-window attention)
+ *     pagoda/executor/attention/torch_backend.py), this step's keys already written
+ *   block_tables (S, table_width) int64; query_seq, key_lens (T,) int64
  * D % 32 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks).
- * Scores and softmax in float32 (scores kept in `scratch`, one row of keys per query head). */
-void pagoda_paged_decode_attention(
+ * One task per (token, KV head): scores and softmax in float32 (scores kept in `scratch`,
+ * one row of keys per query head), keys and values read in place through the block table. */
+void pagoda_paged_attention(
     const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
-    const int64_t *seq_lens, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-    int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window, float scale,
-    uint16_t *out) {
+    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
+    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
+    float scale, uint16_t *out) {
     const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
     const uint16_t *v_cache = kv_cache + Hkv * head_stride;
     int64_t max_len = 0;
-    for (int64_t s = 0; s < S; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + 16)));
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < S * Hkv; task++) {
-            const int64_t s = task / Hkv, h = task % Hkv, len = seq_lens[s];
+        for (int64_t task = 0; task < T * Hkv; task++) {
+            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
             const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
-            const int64_t *table = block_tables + s * table_width;
+            const int64_t *table = block_tables + query_seq[t] * table_width;
             const uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
             __m512bh q[MAX_GROUP][MAX_HEAD_DIM / 32];
             for (int64_t g = 0; g < G; g++)
                 for (int64_t c = 0; c < D / 32; c++)
-                    q[g][c] = (__m512bh)_mm512_loadu_si512(query + ((s * H + h * G + g) * D + c * 32));
+                    q[g][c] = (__m512bh)_mm512_loadu_si512(query + ((t * H + h * G + g) * D + c * 32));
             /* scores[g][j] = scale * q_g . k_(first + j) */
             for (int64_t j = 0; j < n; j++) {
                 const int64_t pos = first + j;
@@ -284,7 +286,7 @@ void pagoda_paged_decode_attention(
             }
             for (int64_t g = 0; g < G; g++)
                 for (int64_t c = 0; c < D / 16; c++)
-                    _mm256_storeu_si256((__m256i *)(out + (s * H + h * G + g) * D + c * 16),
+                    _mm256_storeu_si256((__m256i *)(out + (t * H + h * G + g) * D + c * 16),
                                         (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
         }
         free(scores);
@@ -302,14 +304,14 @@ void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t 
     (void)y;
 }
 
-void pagoda_paged_decode_attention(
+void pagoda_paged_attention(
     const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
-    const int64_t *seq_lens, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-    int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window, float scale,
-    uint16_t *out) {
-    (void)query; (void)kv_cache; (void)block_tables; (void)seq_lens; (void)S; (void)H;
-    (void)Hkv; (void)D; (void)num_blocks; (void)block_size; (void)table_width; (void)window;
-    (void)scale; (void)out;
+    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
+    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
+    float scale, uint16_t *out) {
+    (void)query; (void)kv_cache; (void)block_tables; (void)query_seq; (void)key_lens; (void)T;
+    (void)H; (void)Hkv; (void)D; (void)num_blocks; (void)block_size; (void)table_width;
+    (void)window; (void)scale; (void)out;
 }
 
 #endif

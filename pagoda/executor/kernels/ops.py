@@ -55,10 +55,10 @@ MAX_QUERIES_PER_KV_HEAD = 16
 MAX_HEAD_DIM = 256
 
 
-def decode_attention_supported(
+def paged_attention_supported(
     dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> bool:
-    """Whether paged_decode_attention takes this layer's shapes (else use the torch path)."""
+    """Whether paged_attention takes this layer's shapes (else use the torch path)."""
     return (
         kernels_available() and dtype == torch.bfloat16 and head_dim % 32 == 0
         and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
@@ -66,22 +66,23 @@ def decode_attention_supported(
     )
 
 
-def paged_decode_attention(
+def paged_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int | None,
+    query_seq: torch.Tensor, key_lens: torch.Tensor, scale: float, window: int | None,
 ) -> torch.Tensor:
-    """One query token per sequence against its keys 0 .. seq_len - 1 in the paged cache.
-    query (S, H, D) bf16; kv_cache (2, Hkv, blocks, block_size, D) bf16; block_tables
-    (S, width) int64; seq_lens (S,) int64 -> (S, H, D) bf16. Only the last `window` keys
-    when window is set."""
+    """Each query token against the first key_lens[t] keys (its position + 1) of sequence
+    query_seq[t] in the paged cache, which already holds this step's keys; only the last
+    `window` of them when window is set. query (T, H, D) bf16; kv_cache (2, Hkv, blocks,
+    block_size, D) bf16; block_tables (S, width), query_seq and key_lens (T,) int64
+    -> (T, H, D) bf16."""
     lib = load_cpu_kernels()
-    num_seqs, num_heads, head_dim = query.shape
+    num_tokens, num_heads, head_dim = query.shape
     _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
-    query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+    query = query.contiguous()
     out = torch.empty_like(query)
-    lib.pagoda_paged_decode_attention(
-        query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
-        num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size,
-        block_tables.shape[1], window or 0, scale, out.data_ptr(),
+    lib.pagoda_paged_attention(
+        query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), query_seq.data_ptr(),
+        key_lens.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, num_blocks,
+        block_size, block_tables.shape[1], window or 0, scale, out.data_ptr(),
     )
     return out

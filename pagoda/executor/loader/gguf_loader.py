@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -129,6 +130,12 @@ class GGUFCheckpoint:
     @property
     def weight_bytes(self) -> int:
         return sum(int(t.n_bytes) for t in self.reader.tensors)
+
+    def layer_weight_type(self) -> str:
+        """The GGUF type most of the decoder layers' matrices have (e.g. "Q4_1")."""
+        types = Counter(t.tensor_type.name for t in self.reader.tensors
+                        if t.name.startswith("blk.") and len(t.shape) == 2)
+        return types.most_common(1)[0][0] if types else "none"
 
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (Hugging Face name, dequantized tensor in `dtype`) one tensor at a time."""

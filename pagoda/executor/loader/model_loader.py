@@ -10,6 +10,7 @@ from torch import nn
 
 from pagoda.executor.layers.quantization import (
     check_quantization_supported,
+    choose_kernel,
     quantize_linear_layers,
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
@@ -65,6 +66,30 @@ def open_checkpoint(files: ModelFiles) -> GGUFCheckpoint | SafetensorsCheckpoint
     return SafetensorsCheckpoint(files.path)
 
 
+def resolve_quantization(
+    quantization: str | None,
+    checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> str | None:
+    """The method to apply, or None. "auto" is int4 for a GGUF model whose decoder layers are
+    Q4_1 when Pagoda's kernel runs it (bf16 activations, a CPU with AVX-512 BF16): int4 then
+    keeps the file's own 4-bit weights (pagoda/executor/layers/quantization.py), as llama.cpp
+    runs them. Anything else under auto stays in the run dtype."""
+    if quantization in (None, "none"):
+        return None
+    if quantization != "auto":
+        return quantization
+    if (
+        isinstance(checkpoint, GGUFCheckpoint) and checkpoint.layer_weight_type() == "Q4_1"
+        and choose_kernel("int4", dtype) == "pagoda" and device.type == "cpu"
+    ):
+        logger.info("auto quantization: int4, the GGUF file's own Q4_1 weights "
+                    "(--quantization none for float weights)")
+        return "int4"
+    return None
+
+
 def load_model(
     checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
     dtype: torch.dtype,
@@ -72,8 +97,10 @@ def load_model(
     max_position: int,
     quantization: str | None = None,
 ) -> nn.Module:
-    """Build and fill the model; with quantization "int8" or "int4" its linear layers are then
-    replaced by weight-only quantized ones (see pagoda/executor/layers/quantization.py)."""
+    """Build and fill the model; with quantization "int8" or "int4" (or "auto", see
+    `resolve_quantization`) its linear layers are then replaced by weight-only quantized
+    ones (see pagoda/executor/layers/quantization.py)."""
+    quantization = resolve_quantization(quantization, checkpoint, dtype, device)
     if quantization is not None:
         check_quantization_supported(quantization, device)  # before the slow load
     model_class = resolve_model_class(checkpoint.hf_config)
