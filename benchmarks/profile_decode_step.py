@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --dtype bfloat16
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --quantization int8
+    .venv/bin/python benchmarks/profile_decode_step.py --batch 16 --no-profiler --steps 30
 
 Prefills `--batch` random 128-token prompts, then profiles `--steps` pure decode steps and
 prints the mean step time and the top operators (grouped by input shape).
@@ -10,6 +11,7 @@ prints the mean step time and the top operators (grouped by input shape).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 from torch.profiler import ProfilerActivity, profile
@@ -25,12 +27,14 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=14, help="operators to list")
+    parser.add_argument("--no-profiler", action="store_true",
+                        help="time the steps only (the profiler slows small ops down)")
     args = parser.parse_args()
 
     llm = LLM(dtype=args.dtype, quantization=args.quantization, kv_cache_memory=1 << 30,
               max_model_len=2048, max_num_seqs=256)
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 6, ignore_eos=True)
     prompts = [[100 + (i * 7 + j) % 1000 for j in range(128)] for i in range(args.batch)]
     for i, prompt in enumerate(prompts):
         engine.add_request(f"profile-{i}", prompt, params)
@@ -38,7 +42,11 @@ def main() -> None:
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
     ):
         engine.step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    for _ in range(2):
+        engine.step()  # first decode steps: warm caches
+    profiler = (contextlib.nullcontext() if args.no_profiler
+                else profile(activities=[ProfilerActivity.CPU], record_shapes=True))
+    with profiler as prof:
         start = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
@@ -46,10 +54,10 @@ def main() -> None:
     quant = f", {args.quantization}" if args.quantization else ""
     print(f"batch {args.batch}, {engine.dtype}{quant}: {step_ms:.1f} ms per decode step "
           f"({args.batch / step_ms * 1000:.0f} output tokens/s)")
-    table = prof.key_averages(group_by_input_shape=True).table(
-        sort_by="self_cpu_time_total", row_limit=args.rows
-    )
-    print(table)
+    if not args.no_profiler:
+        print(prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=args.rows
+        ))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
   activations on CPUs with AVX-512 BF16. It dequantizes a tile of weights to bf16 once and
   reuses it for every row of the step, so it stays fast up to 16 rows, where PyTorch's
   int4/int8 kernels (which dequantize per row) are already slower than a bf16 matmul.
-  Microseconds per call, weight 576 -> 3072, bf16 matmul / this kernel (int4): 1 row
-  156 / 73, 8 rows 178 / 111, 16 rows 283 / 235; the logits head (576 -> 49152, int8):
-  1 row 4433 / 1035 (benchmarks/bench_quantized_matmul.py).
+  Microseconds per call, weight 576 -> 3072, bf16 matmul / this kernel (int4) / PyTorch's
+  int4: 1 row 99 / 23 / 51, 16 rows 214 / 170 / 340; the logits head (576 -> 49152,
+  int8): 1 row 3536 / 879 (benchmarks/bench_quantized_matmul.py, BENCHMARKS.md section 7).
 - "torch-int4": elsewhere, int4 through torch._weight_int4pack_mm_for_cpu.
 - "dense": elsewhere, int8 as the dequantized weight through F.linear (the same numbers, no
   speed-up; PyTorch's int8 kernel has no per-group scales).
