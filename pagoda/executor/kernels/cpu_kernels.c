@@ -38,6 +38,12 @@
 
 int pagoda_kernels_available(void) { return 1; }
 
+/* Ask for `bytes` (a multiple of 64) at p: the weight stream runs ahead of the hardware
+ * prefetcher, which restarts at every call and tile (measured: ~6 % off a decode step). */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
+}
+
 static inline __attribute__((always_inline)) __m512 broadcast_pair(const uint16_t *x) {
     int32_t pair;
     memcpy(&pair, x, sizeof pair);
@@ -60,6 +66,7 @@ static inline __attribute__((always_inline)) void gemm_tile_q4(
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *gc = codes + g * GROUP_K * TILE_N / 2;
         const uint16_t *xg = x + g * GROUP_K;
+        prefetch_ahead(gc + 4 * GROUP_K * TILE_N / 2, GROUP_K * TILE_N / 2); /* 4 groups on */
 #pragma GCC unroll 64
         for (int a = 0; a < rows * chains; a++) group_acc[a] = _mm512_setzero_ps();
 #pragma GCC unroll 8
@@ -108,6 +115,7 @@ static inline __attribute__((always_inline)) void gemm_tile_q8(
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + g * TILE_N)));
         const uint8_t *gc = codes + g * GROUP_K * TILE_N;
         const uint16_t *xg = x + g * GROUP_K;
+        prefetch_ahead(gc + 2 * GROUP_K * TILE_N, GROUP_K * TILE_N); /* 2 groups on */
 #pragma GCC unroll 16
         for (int p = 0; p < GROUP_K / 2; p++) {
             const __m128i *pair_codes = (const __m128i *)(gc + p * 32);
