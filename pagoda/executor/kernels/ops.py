@@ -37,15 +37,17 @@ def gemm_q(
     return y
 
 
-@torch.library.custom_op("pagoda::gemm_q", mutates_args=())
-def gemm_q_op(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-    format: str, out_features: int,
-) -> torch.Tensor:
-    return gemm_q(x, codes, scales, mins, format, out_features)
+# The graph-facing op, declared through the low-level torch.library API: a call costs ~7 us
+# against ~9.5 us through torch.library.custom_op, whose per-call checks add up over ~120
+# matmuls a step.
+_library = torch.library.Library("pagoda", "FRAGMENT")
+_library.define("gemm_q(Tensor x, Tensor codes, Tensor scales, Tensor? mins, str format, "
+                "int out_features) -> Tensor")
+_library.impl("gemm_q", gemm_q, "CPU")
+gemm_q_op = torch.ops.pagoda.gemm_q
 
 
-@gemm_q_op.register_fake
+@torch.library.register_fake("pagoda::gemm_q")
 def _(x, codes, scales, mins, format, out_features):
     return x.new_empty(x.shape[0], out_features)
 
