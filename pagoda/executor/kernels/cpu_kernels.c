@@ -218,6 +218,83 @@ static inline __m512 bf16x16_to_float(const uint16_t *p) {
 #define MAX_GROUP 16   /* query heads sharing one KV head */
 #define MAX_HEAD_DIM 256
 
+/* One (query token, KV head) task of pagoda_paged_attention: its G query heads (rows
+ * q_rows, each D wide) against keys first .. first + n - 1 of the sequence whose block table
+ * is `table`. G and D are constants where the caller's switch names them, so that the
+ * query and accumulator arrays live in registers. scores: G * n floats of scratch. */
+static inline __attribute__((always_inline)) void attend_task(
+    const int64_t G, const int64_t D, const uint16_t *q_rows, const uint16_t *k_head,
+    const uint16_t *v_head, const int64_t *table, int64_t block_size, int64_t first, int64_t n,
+    float scale, float *scores, uint16_t *out_rows) {
+    __m512bh q[MAX_GROUP][MAX_HEAD_DIM / 32];
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < G; g++)
+#pragma GCC unroll 8
+        for (int64_t c = 0; c < D / 32; c++)
+            q[g][c] = (__m512bh)_mm512_loadu_si512(q_rows + g * D + c * 32);
+    /* scores[g][j] = scale * q_g . k_(first + j) */
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const uint16_t *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+#pragma GCC unroll 8
+        for (int64_t g = 0; g < G; g++) {
+            __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int64_t c = 0; c < D / 32; c++)
+                acc = _mm512_dpbf16_ps(acc, q[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
+            scores[g * n + j] = scale * _mm512_reduce_add_ps(acc);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *row = scores + g * n;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(row + j));
+        float mx = _mm512_reduce_max_ps(vmax);
+        for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+        __m512 vsum = _mm512_setzero_ps();
+        for (j = 0; j < n; j += 16) {
+            __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), _mm512_set1_ps(mx)));
+            e = _mm512_maskz_mov_ps(live, e);
+            _mm512_mask_storeu_ps(row + j, live, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+        for (j = 0; j < n; j++) row[j] *= inv;
+    }
+    /* out_g = sum_j p_gj v_j */
+    __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < G; g++)
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const uint16_t *v = v_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < D / 16; c++) {
+            __m512 vc = bf16x16_to_float(v + c * 16);
+#pragma GCC unroll 8
+            for (int64_t g = 0; g < G; g++)
+                acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + j]), vc, acc[g][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < G; g++)
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < D / 16; c++)
+            _mm256_storeu_si256((__m256i *)(out_rows + g * D + c * 16),
+                                (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
+}
+
+#define ATTEND(GC, DC) attend_task(GC, DC, q_rows, k_head, v_head, table, block_size, first, \
+                                   n, scale, scores, out_rows)
+#define ATTEND_GROUPS(DC) switch (G) { \
+    case 1: ATTEND(1, DC); break; case 2: ATTEND(2, DC); break; case 3: ATTEND(3, DC); break; \
+    case 4: ATTEND(4, DC); break; case 5: ATTEND(5, DC); break; case 6: ATTEND(6, DC); break; \
+    case 7: ATTEND(7, DC); break; case 8: ATTEND(8, DC); break; default: ATTEND(G, DC); }
+
 /* Attention over the paged cache for any mix of decode and prefill tokens: query token t
  * attends the first key_lens[t] keys of sequence query_seq[t] (key_lens = its position + 1:
  * causal), or only the last `window` of them when window > 0 (sliding window).
@@ -246,56 +323,15 @@ void pagoda_paged_attention(
             const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
             const int64_t *table = block_tables + query_seq[t] * table_width;
             const uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
-            __m512bh q[MAX_GROUP][MAX_HEAD_DIM / 32];
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t c = 0; c < D / 32; c++)
-                    q[g][c] = (__m512bh)_mm512_loadu_si512(query + ((t * H + h * G + g) * D + c * 32));
-            /* scores[g][j] = scale * q_g . k_(first + j) */
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t pos = first + j;
-                const uint16_t *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
-                for (int64_t g = 0; g < G; g++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int64_t c = 0; c < D / 32; c++)
-                        acc = _mm512_dpbf16_ps(acc, q[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
-                    scores[g * n + j] = scale * _mm512_reduce_add_ps(acc);
-                }
+            const uint16_t *q_rows = query + (t * H + h * G) * D;
+            uint16_t *out_rows = out + (t * H + h * G) * D;
+            if (D == 64) {
+                ATTEND_GROUPS(64)
+            } else if (D == 128) {
+                ATTEND_GROUPS(128)
+            } else {
+                ATTEND(G, D);
             }
-            for (int64_t g = 0; g < G; g++) {
-                float *row = scores + g * n;
-                __m512 vmax = _mm512_set1_ps(-INFINITY);
-                int64_t j = 0;
-                for (; j + 16 <= n; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(row + j));
-                float mx = _mm512_reduce_max_ps(vmax);
-                for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-                __m512 vsum = _mm512_setzero_ps();
-                for (j = 0; j < n; j += 16) {
-                    __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-                    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), _mm512_set1_ps(mx)));
-                    e = _mm512_maskz_mov_ps(live, e);
-                    _mm512_mask_storeu_ps(row + j, live, e);
-                    vsum = _mm512_add_ps(vsum, e);
-                }
-                const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
-                for (j = 0; j < n; j++) row[j] *= inv;
-            }
-            /* out_g = sum_j p_gj v_j */
-            __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
-            for (int64_t j = 0; j < n; j++) {
-                const int64_t pos = first + j;
-                const uint16_t *v = v_head + (table[pos / block_size] * block_size + pos % block_size) * D;
-                for (int64_t c = 0; c < D / 16; c++) {
-                    __m512 vc = bf16x16_to_float(v + c * 16);
-                    for (int64_t g = 0; g < G; g++)
-                        acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + j]), vc, acc[g][c]);
-                }
-            }
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t c = 0; c < D / 16; c++)
-                    _mm256_storeu_si256((__m256i *)(out + (t * H + h * G + g) * D + c * 16),
-                                        (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
         }
         free(scores);
     }
