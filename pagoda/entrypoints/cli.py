@@ -30,8 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "CPU with AVX-512 BF16 in bfloat16, else none")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model and warm it up at start: faster decode "
-                            "steps (1.3-1.6x on a 2-core CPU), but about a minute of "
-                            "compiling per step shape first (3 shapes). Default: eager")
+                            "steps (1.1-1.5x on a 2-core CPU with int4, 1.3-1.6x in bf16), "
+                            "but up to a minute of compiling per step shape first (3 shapes, "
+                            "4 with quantized weights). Default: eager")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output in tokens (default: the model's context)")

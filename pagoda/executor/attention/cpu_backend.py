@@ -16,22 +16,53 @@ flipping near-tied positions, and the 97% bar is the project's accuracy goal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from pagoda.executor.attention.backend import AttentionBackend
+from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata
 from pagoda.executor.attention.torch_backend import AttentionGroup, TorchAttentionBackend
 from pagoda.executor.kernels.ops import paged_attention, paged_attention_supported
+
+
+@dataclass
+class KernelDecodeGroup(AttentionGroup):
+    """A decode group with what the kernel reads, built once per step (not per layer)."""
+
+    block_tables: torch.Tensor
+    """(num_seqs, max_blocks) int64"""
+    query_seq: torch.Tensor
+    """(num_seqs,) int64: 0 .. num_seqs - 1, query token i is the group's sequence i"""
+    seq_lens: torch.Tensor
+    """(num_seqs,) int64: keys each sequence's query token attends"""
 
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
     name = "cpu-kernel"
 
+    def _group(
+        self,
+        metadata: AttentionMetadata,
+        query_lens: np.ndarray,
+        block_tables: np.ndarray,
+        members: np.ndarray,
+    ) -> AttentionGroup:
+        group = super()._group(metadata, query_lens, block_tables, members)
+        if group.max_query_len > 1:
+            return group
+        return KernelDecodeGroup(
+            **vars(group),
+            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables[members], dtype=np.int64)),
+            query_seq=torch.arange(len(members)),
+            seq_lens=torch.from_numpy(metadata.seq_lens[members].astype(np.int64)),
+        )
+
     def decode(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float
     ) -> torch.Tensor:
-        query_seq = torch.arange(group.num_seqs)  # query token i is sequence i of the group
-        return paged_attention(query, kv_cache, group.block_tables, query_seq, group.seq_lens,
-                               scale, self.sliding_window)
+        return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
+                               group.seq_lens, scale, self.sliding_window)
 
 
 def select_backend(

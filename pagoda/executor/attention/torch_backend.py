@@ -53,10 +53,6 @@ class AttentionGroup:
     mask: torch.Tensor
     """Decodes: (num_seqs, L) float, 0 where allowed and -inf elsewhere.
     Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed."""
-    block_tables: torch.Tensor
-    """(num_seqs, blocks) int64: the group's block tables (for kernels that read the cache)."""
-    seq_lens: torch.Tensor
-    """(num_seqs,) int64"""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -130,8 +126,6 @@ class TorchAttentionBackend(AttentionBackend):
                 None if whole_batch else torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev)
             ),
             mask=mask.to(dev),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables, dtype=np.int64)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int64)).to(dev),
         )
 
     def forward(

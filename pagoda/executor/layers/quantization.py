@@ -71,7 +71,7 @@ def check_quantization_supported(method: str, device: torch.device) -> None:
         )
     if device.type != "cpu":
         raise ValueError(
-            f"--quantization {method} runs on CPU only (PyTorch's packed CPU kernels), not on "
+            f"--quantization {method} runs on CPU only (its kernels are CPU kernels), not on "
             f"{device}; use --device cpu or drop --quantization"
         )
 

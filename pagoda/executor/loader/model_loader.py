@@ -80,9 +80,9 @@ def resolve_quantization(
         return None
     if quantization != "auto":
         return quantization
-    if (
-        isinstance(checkpoint, GGUFCheckpoint) and checkpoint.layer_weight_type() == "Q4_1"
-        and choose_kernel("int4", dtype) == "pagoda" and device.type == "cpu"
+    if (  # device first: elsewhere, neither read the file's tensor list nor build the kernels
+        device.type == "cpu" and isinstance(checkpoint, GGUFCheckpoint)
+        and checkpoint.layer_weight_type() == "Q4_1" and choose_kernel("int4", dtype) == "pagoda"
     ):
         logger.info("auto quantization: int4, the GGUF file's own Q4_1 weights "
                     "(--quantization none for float weights)")

@@ -149,12 +149,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (n, hidden_size) -> float32 logits (n, vocab_size).
 
-        `lm_head` is None when tied to the embedding table."""
+        `quantized_head`, when set, stands in for the head's float weight."""
         if self.quantized_head is not None:
             return self.quantized_head(hidden).float()
-        if self.lm_head is None:
-            return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.logits_head_weight()).float()
 
     def logits_head_weight(self) -> torch.Tensor:
         """(vocab_size, hidden_size): the lm_head's weight, or the embedding table when tied."""
