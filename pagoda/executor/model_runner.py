@@ -223,7 +223,7 @@ class ModelRunner:
 
         sample_requests = [requests[i] for i in sample_rows]
         logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
-        logits = self.model.compute_logits(hidden[logits_index])  # (num_sampled, vocab) fp32
+        logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
         metadata = SamplingMetadata.build(
             params=[r.sampling_params for r in sample_requests],
             prompt_token_ids=[r.prompt_token_ids for r in sample_requests],

@@ -11,8 +11,10 @@ from pagoda.executor.sampler import (
     Sampler,
     SamplerOutput,
     SamplingMetadata,
+    _first_passing,
     apply_penalties,
     compute_token_logprobs,
+    random_sample,
 )
 from pagoda.sampling_params import SamplingParams, SamplingType
 
@@ -368,3 +370,42 @@ def test_out_of_vocab_token_ids_rejected() -> None:
         p.verify_token_ids(VOCAB)
     with pytest.raises(ValueError, match="out of the vocabulary"):
         build([p])
+
+
+def test_random_sample_spans_cdf_blocks_and_skips_zero_weights() -> None:
+    # 1000 tokens = 3 full blocks of CDF_BLOCK plus a padded tail; weight on a few tokens in
+    # different blocks (incl. the first and last token), zero everywhere else
+    vocab, num_draws = 1000, 40000
+    weights = torch.zeros(vocab)
+    support = [0, 255, 256, 600, 999]
+    weights[support] = torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5])
+    torch.manual_seed(0)
+    ids = random_sample(weights.expand(num_draws, vocab).contiguous(), {})
+    counts = torch.bincount(ids, minlength=vocab).double()
+    assert set(torch.nonzero(counts).flatten().tolist()) == set(support)
+    expected = weights.double() / weights.sum() * num_draws
+    chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+    assert chi2 < 25.0  # 4 dof: p(chi2 > 25) ~ 5e-5
+
+
+def test_random_sample_target_at_total_lands_on_last_weighted_token() -> None:
+    # rounding can put u * total at the total: the pick must still be a token with weight,
+    # not a trailing zero-weight token or the padding past the vocabulary
+    cdf = torch.tensor([[0.0, 1.0, 1.0, 3.0, 3.0, 3.0]], dtype=torch.float64)
+    assert _first_passing(cdf, torch.tensor([[3.0]], dtype=torch.float64)).item() == 3
+    assert _first_passing(cdf, torch.tensor([[0.0]], dtype=torch.float64)).item() == 1
+    assert _first_passing(cdf, torch.tensor([[1.0]], dtype=torch.float64)).item() == 3
+
+
+def test_bfloat16_logits_greedy_and_random() -> None:
+    logits = make_logits(6, vocab=300)
+    expected = logits.bfloat16().float().argmax(-1)
+    greedy = sample(logits.bfloat16(), [SamplingParams(temperature=0.0)] * 6)
+    assert greedy.sampled_token_ids.tolist() == expected.tolist()
+    sampler = Sampler()
+    for rows in (6, 2, 6):  # the float32 buffer is reused, shrunk views and all
+        bf16 = logits[:rows].bfloat16()
+        params = [SamplingParams(top_k=1, seed=rows)] * rows  # top-k 1: sampling is argmax
+        ids = sampler(bf16, build(params, vocab=300)).sampled_token_ids
+        assert ids.tolist() == expected[:rows].tolist()
+        assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, logits[:rows].bfloat16())

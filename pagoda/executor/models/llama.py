@@ -147,12 +147,17 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (n, hidden_size) -> float32 logits (n, vocab_size).
+        """hidden (n, hidden_size) -> float32 logits (n, vocab_size)."""
+        return self.head_logits(hidden).float()
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (n, hidden_size) -> logits (n, vocab_size) in the model's dtype (the sampler
+        converts only when it must: a greedy batch needs no float copy).
 
         `quantized_head`, when set, stands in for the head's float weight."""
         if self.quantized_head is not None:
-            return self.quantized_head(hidden).float()
-        return torch.nn.functional.linear(hidden, self.logits_head_weight()).float()
+            return self.quantized_head(hidden)
+        return torch.nn.functional.linear(hidden, self.logits_head_weight())
 
     def logits_head_weight(self) -> torch.Tensor:
         """(vocab_size, hidden_size): the lm_head's weight, or the embedding table when tied."""
