@@ -232,10 +232,18 @@ static inline __attribute__((always_inline)) void attend_task(
 #pragma GCC unroll 8
         for (int64_t c = 0; c < D / 32; c++)
             q[g][c] = (__m512bh)_mm512_loadu_si512(q_rows + g * D + c * 32);
-    /* scores[g][j] = scale * q_g . k_(first + j) */
+    /* scores[g][j] = scale * q_g . k_(first + j). Blocks lie anywhere in the cache, where the
+     * hardware prefetcher loses the stream at every block: with each key, ask for the key one
+     * block ahead and for this key's values (read after the softmax), a row each. */
+    const int64_t row_bytes = D * (int64_t)sizeof(uint16_t), last = first + n - 1;
     for (int64_t j = 0; j < n; j++) {
-        const int64_t pos = first + j;
-        const uint16_t *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        const int64_t pos = first + j, block = pos / block_size, slot = pos % block_size;
+        const int64_t ahead = pos + block_size <= last ? pos + block_size : last;
+        prefetch_ahead((const uint8_t *)(k_head + (table[ahead / block_size] * block_size
+                                                   + ahead % block_size) * D), row_bytes);
+        prefetch_ahead((const uint8_t *)(v_head + (table[block] * block_size + slot) * D),
+                       row_bytes);
+        const uint16_t *k = k_head + (table[block] * block_size + slot) * D;
 #pragma GCC unroll 8
         for (int64_t g = 0; g < G; g++) {
             __m512 acc = _mm512_setzero_ps();
