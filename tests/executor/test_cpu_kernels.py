@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
-from pagoda.executor.attention.torch_backend import TorchAttentionBackend
+from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
 from pagoda.executor.kernels.build import build_library, cpu_flags
 from pagoda.executor.kernels.ops import gemm_q, kernels_available, paged_attention
 from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
@@ -133,6 +133,32 @@ def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix() -> 
         enable_gqa=True,
     ).transpose(0, 1)
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@needs_kernels
+def test_kernel_writes_the_decode_steps_keys_and_values_as_it_attends() -> None:
+    """new_keys: the kernel stores each token's K/V row at its slot (the cache ends up as
+    write_kv_cache leaves it, nothing else touched) and attends with it. K/V come as views of
+    one fused (tokens, q + k + v) tensor, as the model hands them over."""
+    torch.manual_seed(1)
+    (heads, kv_heads, dim), seqs, block_size = SMOLLM_HEADS, 5, 16
+    kv_cache = torch.randn(2, kv_heads, 24, block_size, dim).bfloat16()
+    tables = torch.randperm(24)[:15].view(seqs, 3)  # scattered blocks, 3 per sequence
+    key_lens = torch.tensor([1, 17, 40, 33, 48])  # the new token is the last of each
+    slots = tables.gather(1, ((key_lens - 1) // block_size).view(-1, 1)).view(-1) * block_size \
+        + (key_lens - 1) % block_size
+    fused = torch.randn(seqs, (heads + 2 * kv_heads) * dim).bfloat16()
+    query, key, value = (t.view(seqs, -1, dim) for t in fused.split(
+        [heads * dim, kv_heads * dim, kv_heads * dim], dim=1))
+    assert not key.is_contiguous()
+    expected_cache = kv_cache.clone()
+    write_kv_cache(key, value, expected_cache, slots)
+    expected = paged_attention(query, expected_cache, tables, torch.arange(seqs), key_lens,
+                               dim**-0.5, None)
+    out = paged_attention(query, kv_cache, tables, torch.arange(seqs), key_lens, dim**-0.5, None,
+                          new_keys=(key, value, slots))
+    assert torch.equal(kv_cache, expected_cache)
+    assert torch.equal(out, expected)
 
 
 @needs_kernels

@@ -3,8 +3,9 @@
 Same cache layout, metadata and prefill path as the torch backend (torch_backend.py); the
 decode group runs `paged_attention` (pagoda/executor/kernels/cpu_kernels.c): one task per
 (sequence, KV head) over its blocks, scores and softmax in float32, no gathered copy of the
-keys and values and no per-op dispatch. `select_backend` picks it where the kernel takes
-the model's shapes.
+keys and values and no per-op dispatch. In a decode-only step the same call also writes the
+step's keys and values into the cache: one call a layer. `select_backend` picks it where the
+kernel takes the model's shapes.
 
 The kernel takes prefill tokens too (each against its own causal prefix), and is both
 faster than the padded, masked scaled_dot_product_attention there (5.2 vs 6.7 ms a layer
@@ -57,6 +58,26 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             query_seq=torch.arange(len(members)),
             seq_lens=torch.from_numpy(metadata.seq_lens[members].astype(np.int64)),
         )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """A decode-only step is one kernel call that also writes the step's K/V; anything
+        else goes the torch backend's way (cache write, then a call per group)."""
+        groups = metadata.backend_data
+        if len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
+                groups[0].query_token_index is None):
+            group = groups[0]
+            return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
+                                   group.seq_lens, scale, self.sliding_window,
+                                   new_keys=(key, value, metadata.slot_mapping))
+        return super().forward(query, key, value, kv_cache, metadata, scale)
 
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float

@@ -82,7 +82,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pagoda_gemm_q.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.pagoda_paged_attention.restype = None
     lib.pagoda_paged_attention.argtypes = [
-        ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr
+        ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float,
+        ptr, ptr, i64, i64, ptr, ptr,
     ]
     return lib
 

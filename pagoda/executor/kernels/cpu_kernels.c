@@ -308,18 +308,23 @@ static inline __attribute__((always_inline)) void attend_task(
  * causal), or only the last `window` of them when window > 0 (sliding window).
  *   query (T, H, D) bf16; out (T, H, D) bf16
  *   kv_cache (2, Hkv, num_blocks, block_size, D) bf16 (K then V, head-major; see
- *     pagoda/executor/attention/torch_backend.py), this step's keys already written
+ *     pagoda/executor/attention/torch_backend.py), this step's keys already written, or:
+ *   new_k, new_v (T, Hkv, D) bf16 with token strides k_stride, v_stride (elements), and
+ *     slots (T,) int64 (flat block * block_size + row): this step's keys and values, which
+ *     each task writes (its token's row of its KV head) before reading. Only valid when
+ *     every query token is the only new token of its sequence (decode); NULL: none to write.
  *   block_tables (S, table_width) int64; query_seq, key_lens (T,) int64
  * D % 32 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks).
  * One task per (token, KV head): scores and softmax in float32 (scores kept in `scratch`,
  * one row of keys per query head), keys and values read in place through the block table. */
 void pagoda_paged_attention(
-    const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
+    const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
     const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
     int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, uint16_t *out) {
+    float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
+    int64_t v_stride, const int64_t *slots, uint16_t *out) {
     const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
-    const uint16_t *v_cache = kv_cache + Hkv * head_stride;
+    uint16_t *v_cache = kv_cache + Hkv * head_stride;
     int64_t max_len = 0;
     for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
 #pragma omp parallel
@@ -330,7 +335,11 @@ void pagoda_paged_attention(
             const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
             const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
             const int64_t *table = block_tables + query_seq[t] * table_width;
-            const uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
+            uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
+            if (new_k != NULL) {
+                memcpy(k_head + slots[t] * D, new_k + t * k_stride + h * D, D * sizeof(uint16_t));
+                memcpy(v_head + slots[t] * D, new_v + t * v_stride + h * D, D * sizeof(uint16_t));
+            }
             const uint16_t *q_rows = query + (t * H + h * G) * D;
             uint16_t *out_rows = out + (t * H + h * G) * D;
             if (D == 64) {
@@ -357,13 +366,15 @@ void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t 
 }
 
 void pagoda_paged_attention(
-    const uint16_t *query, const uint16_t *kv_cache, const int64_t *block_tables,
+    const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
     const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
     int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, uint16_t *out) {
+    float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
+    int64_t v_stride, const int64_t *slots, uint16_t *out) {
     (void)query; (void)kv_cache; (void)block_tables; (void)query_seq; (void)key_lens; (void)T;
     (void)H; (void)Hkv; (void)D; (void)num_blocks; (void)block_size; (void)table_width;
-    (void)window; (void)scale; (void)out;
+    (void)window; (void)scale; (void)new_k; (void)new_v; (void)k_stride; (void)v_stride;
+    (void)slots; (void)out;
 }
 
 #endif

@@ -71,20 +71,41 @@ def paged_attention_supported(
 def paged_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
     query_seq: torch.Tensor, key_lens: torch.Tensor, scale: float, window: int | None,
+    new_keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Each query token against the first key_lens[t] keys (its position + 1) of sequence
-    query_seq[t] in the paged cache, which already holds this step's keys; only the last
-    `window` of them when window is set. query (T, H, D) bf16; kv_cache (2, Hkv, blocks,
-    block_size, D) bf16; block_tables (S, width), query_seq and key_lens (T,) int64
-    -> (T, H, D) bf16."""
+    query_seq[t] in the paged cache; only the last `window` of them when window is set.
+    query (T, H, D) bf16; kv_cache (2, Hkv, blocks, block_size, D) bf16; block_tables
+    (S, width), query_seq and key_lens (T,) int64 -> (T, H, D) bf16.
+
+    The cache already holds this step's keys, or `new_keys` = (key, value, slots) brings them:
+    key/value (T, Hkv, D) bf16, slots (T,) int64 flat cache slots, written by the kernel as it
+    goes (one call instead of two index_copy_ and one attention). Only for decode tokens: each
+    query token must be the only new token of its sequence."""
     lib = load_cpu_kernels()
     num_tokens, num_heads, head_dim = query.shape
     _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
     query = query.contiguous()
     out = torch.empty_like(query)
+    new_k = new_v = slots = None
+    k_stride = v_stride = 0
+    if new_keys is not None:
+        # named, not temporaries: each must outlive the call that reads its pointer
+        key, value = _token_rows(new_keys[0]), _token_rows(new_keys[1])
+        slot_mapping = new_keys[2].to(torch.int64).contiguous()
+        new_k, new_v, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
+        k_stride, v_stride = key.stride(0), value.stride(0)
     lib.pagoda_paged_attention(
         query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), query_seq.data_ptr(),
         key_lens.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, num_blocks,
-        block_size, block_tables.shape[1], window or 0, scale, out.data_ptr(),
+        block_size, block_tables.shape[1], window or 0, scale, new_k, new_v, k_stride, v_stride,
+        slots, out.data_ptr(),
     )
     return out
+
+
+def _token_rows(t: torch.Tensor) -> torch.Tensor:
+    """(T, Hkv, D) -> itself when each token's (Hkv, D) values are contiguous (tokens at any
+    stride, as in a view of the fused qkv output), else a contiguous copy."""
+    heads_packed = t.shape[1] == 1 or t.stride(1) == t.shape[2]
+    return t if t.stride(2) == 1 and heads_packed else t.contiguous()
