@@ -374,8 +374,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
     One random number per row, not one per token: drawing ``vocab_size`` numbers per row (the
     exponential race, ``argmax(probs / Exp(1))``) cost ~300 ms a step at 256 rows x 49152 tokens
-    on a CPU. The search has two levels so that it stays exact and cheap: per-block sums
-    (blocks of ``CDF_BLOCK`` tokens, cumulated in float64) find the block, then a float64
+    on a CPU. The search has two levels so that it stays accurate and cheap: block sums
+    (``CDF_BLOCK`` tokens each, float32) cumulated in float64 find the block, then a float64
     cumulative sum inside that one block finds the token. A zero-weight token is never picked.
     """
     num_rows, vocab_size = probs.shape

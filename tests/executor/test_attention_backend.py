@@ -73,12 +73,32 @@ def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
         [(7, 1), (0, 1), (12, 1), (3, 1)],  # decodes only (the whole-batch fast path)
         [(0, 5), (7, 1), (3, 6), (12, 1), (0, 1)],  # prefill, chunk after a prefix, decodes
         [(0, 9), (4, 4)],  # prefills only
+        [(0, 9), (0, 4), (0, 16), (0, 1)],  # prompts from position 0: plain causal, padded
         [(20, 1), (0, 17), (16, 3)],
     ],
 )
 def test_matches_naive_attention(seqs) -> None:
     out, expected = run_step(seqs)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prompts_from_position_zero_need_no_mask() -> None:
+    """Such a prefill group runs SDPA's is_causal (no mask built, the masked half skipped);
+    a cached prefix or a sliding window brings the mask back."""
+    backend = TorchAttentionBackend(BLOCK_SIZE, torch.device("cpu"))
+    backend.kv_cache_shape(NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM)
+    tables = np.arange(6, dtype=np.int64).reshape(2, 3)
+
+    def prefill_mask(computed, scheduled, window_backend=backend):
+        metadata = window_backend.build_metadata(np.array(computed), np.array(scheduled), tables)
+        (group,) = metadata.backend_data
+        return group.mask
+
+    assert prefill_mask([0, 0], [9, 4]) is None
+    assert prefill_mask([0, 3], [9, 4]) is not None
+    windowed = TorchAttentionBackend(BLOCK_SIZE, torch.device("cpu"), sliding_window=4)
+    windowed.kv_cache_shape(NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM)
+    assert prefill_mask([0, 0], [9, 4], windowed) is not None
 
 
 def test_sliding_window() -> None:

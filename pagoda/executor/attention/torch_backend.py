@@ -50,9 +50,10 @@ class AttentionGroup:
     """(n,) padded rows that hold a real token, in token order."""
     output_token_index: torch.Tensor | None
     """(n,) the flat token each valid row belongs to; None as for query_token_index."""
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     """Decodes: (num_seqs, L) float, 0 where allowed and -inf elsewhere.
-    Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed."""
+    Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed; None when all of the
+    group's prompts start at position 0 without a sliding window (plain causal attention)."""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -111,6 +112,11 @@ class TorchAttentionBackend(AttentionBackend):
         whole_batch = max_q == 1 and len(members) == metadata.num_tokens
         if max_q == 1:
             mask = torch.from_numpy(np.where(allowed[:, 0], 0.0, -np.inf).astype(np.float32))
+        elif self.sliding_window is None and np.array_equal(seq_lens, q_lens):
+            # Every prompt starts at position 0: query row r attends keys 0..r, which is
+            # is_causal's top-left mask; padding rows see stale (finite) keys and are dropped.
+            # Same result, bit for bit, and the flash kernel skips the masked half.
+            mask = None
         else:
             # Padding rows attend to position 0 so that softmax stays finite; they are dropped.
             allowed[:, :, 0] |= ~row_valid
@@ -125,7 +131,7 @@ class TorchAttentionBackend(AttentionBackend):
             output_token_index=(
                 None if whole_batch else torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev)
             ),
-            mask=mask.to(dev),
+            mask=None if mask is None else mask.to(dev),
         )
 
     def forward(
@@ -174,7 +180,8 @@ class TorchAttentionBackend(AttentionBackend):
         k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
         v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=group.mask, scale=scale, enable_gqa=num_kv_heads != num_heads
+            q, k, v, attn_mask=group.mask, is_causal=group.mask is None, scale=scale,
+            enable_gqa=num_kv_heads != num_heads,
         )
         return out.transpose(1, 2).reshape(s * q_len, num_heads, head_dim)[group.valid_rows]
 
