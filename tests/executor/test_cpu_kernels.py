@@ -9,6 +9,8 @@ rest, which would have nothing to call, are skipped for that reason only)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -26,6 +28,16 @@ def test_the_kernels_build_and_run_where_the_cpu_has_avx512_bf16() -> None:
     """A build error or a missing kernel on such a CPU is a regression, not a silent fallback."""
     assert build_library().exists()
     assert kernels_available() == CPU_HAS_AVX512_BF16
+
+
+def test_a_build_without_avx512_bf16_says_so_and_exports_no_kernel(tmp_path, monkeypatch) -> None:
+    """What a CPU without the feature gets: the availability check (0), no kernel symbols
+    (load_cpu_kernels checks before declaring any)."""
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+    lib = ctypes.CDLL(str(build_library(extra_flags=("-mno-avx512bf16",))))
+    assert lib.pagoda_kernels_available() == 0
+    with pytest.raises(AttributeError):
+        lib.pagoda_gemm_q  # noqa: B018
 
 
 needs_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16, reason="this CPU lacks AVX-512 BF16")

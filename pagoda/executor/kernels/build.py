@@ -94,12 +94,12 @@ def load_cpu_kernels() -> ctypes.CDLL | None:
     if os.environ.get("PAGODA_DISABLE_KERNELS"):
         return None
     try:
-        lib = _declare(ctypes.CDLL(str(build_library())))
+        lib = ctypes.CDLL(str(build_library()))
     except (RuntimeError, OSError) as error:
         logger.warning("Pagoda's CPU kernels are unavailable, using PyTorch's: %s", error)
         return None
-    if not lib.pagoda_kernels_available():
+    if not lib.pagoda_kernels_available():  # built without the kernels: nothing to declare
         logger.warning("this CPU lacks AVX-512 BF16: Pagoda's CPU kernels are off, "
                        "using PyTorch's")
         return None
-    return lib
+    return _declare(lib)

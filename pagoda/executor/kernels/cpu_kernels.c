@@ -354,27 +354,9 @@ void pagoda_paged_attention(
     }
 }
 
-#else /* no AVX-512 BF16: the Python side falls back to PyTorch's kernels */
+#else /* no AVX-512 BF16: only this symbol; the Python side checks it before declaring the
+       * kernels, and takes PyTorch's instead */
 
 int pagoda_kernels_available(void) { return 0; }
-
-void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
-                   const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
-                   uint16_t *y) {
-    (void)format; (void)x; (void)M; (void)K; (void)N; (void)codes; (void)scales; (void)mins;
-    (void)y;
-}
-
-void pagoda_paged_attention(
-    const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
-    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
-    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
-    int64_t v_stride, const int64_t *slots, uint16_t *out) {
-    (void)query; (void)kv_cache; (void)block_tables; (void)query_seq; (void)key_lens; (void)T;
-    (void)H; (void)Hkv; (void)D; (void)num_blocks; (void)block_size; (void)table_width;
-    (void)window; (void)scale; (void)new_k; (void)new_v; (void)k_stride; (void)v_stride;
-    (void)slots; (void)out;
-}
 
 #endif
