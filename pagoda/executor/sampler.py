@@ -306,14 +306,19 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
         u = torch.empty(num_rows, dtype=torch.float64, device=device)
     for row, generator in generators.items():
         u[row] = torch.rand((), dtype=torch.float64, generator=generator, device=device)
-    pad = -vocab_size % CDF_BLOCK
-    weights = torch.nn.functional.pad(probs, (0, pad)) if pad else probs
-    blocks = weights.view(num_rows, -1, CDF_BLOCK)  # (rows, num_blocks, CDF_BLOCK)
-    block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (rows, num_blocks)
+    # block sums, (rows, num_blocks); a vocabulary off the block grid ends in a short block
+    # (no padded copy of probs: that would be a whole (rows, vocab_size) copy a step)
+    whole = vocab_size - vocab_size % CDF_BLOCK
+    block_sums = probs[:, :whole].view(num_rows, -1, CDF_BLOCK).sum(dim=-1)
+    if whole < vocab_size:
+        block_sums = torch.cat([block_sums, probs[:, whole:].sum(dim=-1, keepdim=True)], dim=1)
+    block_cdf = block_sums.double().cumsum(dim=-1)
     target = u.unsqueeze(1) * block_cdf[:, -1:]  # (rows, 1), below the row's total
     block = _first_passing(block_cdf, target)  # (rows, 1)
     before = block_cdf.gather(1, (block - 1).clamp(min=0)).masked_fill_(block == 0, 0.0)
-    chosen = blocks.gather(1, block.unsqueeze(2).expand(-1, -1, CDF_BLOCK)).squeeze(1)
+    positions = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=device)  # (rows, CDF_BLOCK)
+    chosen = probs.gather(1, positions.clamp(max=vocab_size - 1))
+    chosen.masked_fill_(positions >= vocab_size, 0.0)  # past the short last block
     token = _first_passing(chosen.double().cumsum(dim=-1), target - before)  # (rows, 1)
     return (block * CDF_BLOCK + token).squeeze(1)
 
