@@ -31,7 +31,7 @@ class ModelConfig:
     quantization: str | None = "auto"
     """auto, none/None (weights in the run dtype), int8 or int4: weight-only quantized linear
     layers, CPU only (see pagoda/executor/layers/quantization.py). auto keeps a Q4_1 GGUF
-    model's own 4-bit weights (int4) with bf16 activations on a CPU with Pagoda's kernels."""
+    model's own 4-bit weights (int4) wherever Pagoda's CPU kernels run the run dtype."""
     compile: bool = False
     """torch.compile the model at start, with a warm-up (ModelRunner.compile_model): faster
     steps, a slower start (about a minute per compiled step shape on a 2-core CPU)."""

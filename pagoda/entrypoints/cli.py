@@ -25,9 +25,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="weight-only quantized linear layers, CPU only (activations stay "
                             "in --dtype), in groups of 32: int4 (Q4_1's form; on a Q4_1 GGUF "
                             "model its own 4-bit weights) or int8 (Q8_0's form); the logits "
-                            "head then runs int8. Faster decoding; steps of 32+ rows use the "
-                            "float weights. Default auto: int4 for a Q4_1 GGUF model on a "
-                            "CPU with AVX-512 BF16 in bfloat16, else none")
+                            "head then runs int8. Default auto: int4 for a Q4_1 GGUF model "
+                            "wherever Pagoda's CPU kernels build (float32, or bfloat16 with "
+                            "AVX-512 BF16), else none; `pagoda env` shows the choice")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model and warm it up at start: faster decode "
                             "steps (1.1-1.5x on a 2-core CPU with int4, 1.3-1.6x in bf16), "

@@ -10,7 +10,7 @@ import torch
 from pagoda import LLM, SamplingParams
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.loader.model_files import bundled_model_path
-from tests.executor.test_cpu_kernels import needs_kernels
+from tests.executor.test_cpu_kernels import needs_bf16_kernels
 from tests.executor.tiny_checkpoints import build_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_compiled_model_generates_what_eager_does(arch, tmp_path) -> None:
             torch.testing.assert_close(logprobs, eager_logprobs, rtol=1e-4, atol=1e-4)
 
 
-@needs_kernels
+@needs_bf16_kernels
 def test_compiled_int4_model_runs_pagodas_kernels_as_eager_does(tmp_path) -> None:
     """bf16 + int4: the quantized matmul and the int8 head go through the `pagoda::gemm_q`
     custom op inside the compiled graph, and give what the eager calls give (bf16: fused

@@ -1,46 +1,95 @@
-"""Pagoda's C kernels (pagoda/executor/kernels/cpu_kernels.c) against torch references:
-the group-quantized matmul in both formats and every row count, the packing that re-finds
-GGUF Q4_1 / Q8_0 codes, and attention over a scattered paged cache (decodes, prefills,
-chunked prefills, sliding window).
+"""Pagoda's C kernels (pagoda/executor/kernels/csrc/) against torch references: the
+group-quantized matmul in both formats and every row count, its dequantized large-batch
+path, the packing that re-finds GGUF Q4_1 / Q8_0 codes, and attention over a scattered paged
+cache (decodes, prefills, chunked prefills, sliding window).
 
-The project's machines (and CI's) have gcc and AVX-512 BF16, so all of this runs there; on a
-CPU without AVX-512 BF16 the first test checks instead that the kernels stand aside (and the
-rest, which would have nothing to call, are skipped for that reason only)."""
+Each test runs in both activation dtypes the library has: float32 (portable_f32.c, every
+CPU with a C compiler, which CI has) and bfloat16 (avx512_bf16.c, CPUs with AVX-512 BF16
+only: elsewhere those cases are skipped, as there is no instruction to run them). The
+float32 kernels are also built for every instruction set this CPU can run (generic 4-lane
+vectors, AVX2, AVX-512F, native) and each build is tested; ARM64 builds are tested under
+qemu in test_kernels_aarch64.py."""
 
 from __future__ import annotations
 
 import ctypes
+import platform
 
 import pytest
 import torch
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
+from pagoda.executor.kernels import build, ops
 from pagoda.executor.kernels.build import build_library, cpu_flags
 from pagoda.executor.kernels.ops import gemm_q, kernels_available, paged_attention
 from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
 from tests.executor.test_attention_backend import run_step
 
-CPU_HAS_AVX512_BF16 = "avx512_bf16" in cpu_flags().split()
+CPU_FLAGS = set(cpu_flags().split())
+CPU_HAS_AVX512_BF16 = "avx512_bf16" in CPU_FLAGS
+needs_bf16_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16,
+                                        reason="this CPU lacks AVX-512 BF16")
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_kernels)]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+X86_BUILDS = {  # name: (flags, CPU features the build needs)
+    "generic": (("-march=x86-64",), set()),
+    "avx2": (("-march=haswell",), {"avx2", "fma", "f16c"}),
+    "avx512f": (("-march=skylake-avx512",), {"avx512f", "avx512bw", "avx512vl"}),
+}
+ON_X86 = platform.machine() in ("x86_64", "AMD64")
 
 
-def test_the_kernels_build_and_run_where_the_cpu_has_avx512_bf16() -> None:
-    """A build error or a missing kernel on such a CPU is a regression, not a silent fallback."""
+def test_the_kernels_build_and_run_here() -> None:
+    """A build error or a missing kernel is a regression, not a silent fallback: float32
+    everywhere, bf16 exactly where the CPU has AVX-512 BF16."""
     assert build_library().exists()
-    assert kernels_available() == CPU_HAS_AVX512_BF16
+    assert kernels_available(torch.float32)
+    assert kernels_available(torch.bfloat16) == CPU_HAS_AVX512_BF16
 
 
-def test_a_build_without_avx512_bf16_says_so_and_exports_no_kernel(tmp_path, monkeypatch) -> None:
-    """What a CPU without the feature gets: the availability check (0), no kernel symbols
-    (load_cpu_kernels checks before declaring any)."""
+@pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
+def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path, monkeypatch) -> None:
+    """What a CPU without the feature gets: the float32 kernels, the bf16 availability
+    check (0) and no bf16 kernel symbols (_declare checks before declaring any)."""
     monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
     lib = ctypes.CDLL(str(build_library(extra_flags=("-mno-avx512bf16",))))
-    assert lib.pagoda_kernels_available() == 0
+    assert lib.pagoda_bf16_kernels_available() == 0
+    assert lib.pagoda_gemm_q_f32 is not None
     with pytest.raises(AttributeError):
-        lib.pagoda_gemm_q  # noqa: B018
+        lib.pagoda_gemm_q_bf16  # noqa: B018
 
 
-needs_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16, reason="this CPU lacks AVX-512 BF16")
+@pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
+@pytest.mark.parametrize("flags", [("-march=x86-64",), ("-march=haswell",),
+                                   ("-march=skylake-avx512",), ("-march=sapphirerapids",)])
+def test_every_x86_instruction_set_path_compiles(flags, tmp_path, monkeypatch) -> None:
+    """Each per-ISA piece compiles, including those this CPU cannot run (the run tests below
+    cover what it can)."""
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+    assert build_library(extra_flags=flags).exists()
+
+
+def runnable_builds() -> list:
+    builds = ["native"]
+    if ON_X86:
+        builds += [name for name, (_, needs) in X86_BUILDS.items() if needs <= CPU_FLAGS]
+    return builds
+
+
+@pytest.fixture(params=runnable_builds())
+def isa_build(request, tmp_path, monkeypatch):
+    """The float32 kernels as one instruction-set build of the library, which ops then call.
+    Yields the vector width in bytes."""
+    if request.param == "native":
+        lib = build.load_cpu_kernels()
+    else:
+        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+        lib = build._declare(ctypes.CDLL(str(build_library(
+            extra_flags=X86_BUILDS[request.param][0]))))
+        monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    yield lib.pagoda_f32_vector_bytes()
 
 
 def gguf_like_weight(format: str, out_features: int, in_features: int):
@@ -70,28 +119,55 @@ def test_quantize_groups_recovers_gguf_codes(format) -> None:
     torch.testing.assert_close(quantized.dequantize(), weight, rtol=0, atol=1e-6)
 
 
-@needs_kernels
-@pytest.mark.parametrize("format", ["q4", "q8"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 21])
-def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(format, rows) -> None:
-    """Every row count (one pass holds 8 rows for q4, 16 for q8; 21 takes several) against
-    x @ W^T with W dequantized and rounded to bf16, as the kernel multiplies it."""
+def gemm_case(format: str, rows: int, dtype: torch.dtype):
+    """(kernel output, x @ W^T with W dequantized and rounded to `dtype`, as the kernel
+    multiplies it), float32."""
     torch.manual_seed(rows)
     weight = torch.randn(96, 160) * 0.05
     quantized = quantize_groups(weight, format)
     codes, scales, mins = pack(quantized)
-    x = torch.randn(rows, 160).bfloat16()
+    x = torch.randn(rows, 160).to(dtype)
     out = gemm_q(x, codes, scales, mins, format, 96)
-    expected = x.float() @ quantized.dequantize().bfloat16().float().T
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
-    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+    assert out.dtype == dtype and out.shape == (rows, 96)
+    return out.float(), x.float() @ quantized.dequantize().to(dtype).float().T
 
 
-@needs_kernels
-def test_gemm_q_rejects_a_float32_input() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("format", ["q4", "q8"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 21])
+def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(dtype, format, rows) -> None:
+    """Every row count (one float32 pass holds 4 rows; bf16 8 for q4, 16 for q8; 21 takes
+    several; float32 from 16 rows dequantizes for a BLAS matmul)."""
+    out, expected = gemm_case(format, rows, dtype)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("format", ["q4", "q8"])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7])
+def test_float32_kernel_on_every_instruction_set_build(isa_build, format, rows) -> None:
+    out, expected = gemm_case(format, rows, torch.float32)
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("format", ["q4", "q8"])
+def test_large_float32_batches_dequantize_slice_by_slice(format, monkeypatch) -> None:
+    """From DEQUANTIZE_FROM_ROWS rows: W^T dequantized (bit-equal to the reference's
+    d * q + m) a slice of whole tiles at a time; slices forced small so that several run."""
+    monkeypatch.setattr(ops, "DEQUANTIZE_SLICE_BYTES", 4 * 160 * 32)  # 32 outputs a slice
+    torch.manual_seed(5)
+    quantized = quantize_groups(torch.randn(96, 160) * 0.05, format)
+    packed = pack(quantized)
+    w_t = ops.dequantize_transposed(*packed, format, 96, 160)
+    assert torch.equal(w_t, quantized.dequantize().T)
+    x = torch.randn(ops.DEQUANTIZE_FROM_ROWS + 3, 160)
+    torch.testing.assert_close(gemm_q(x, *packed, format, 96), x @ w_t, rtol=1e-6, atol=1e-6)
+
+
+def test_gemm_q_rejects_an_input_it_has_no_kernel_for() -> None:
     quantized = quantize_groups(torch.randn(16, 32), "q8")
-    with pytest.raises(ValueError, match="bfloat16"):
-        gemm_q(torch.randn(2, 32), *pack(quantized), "q8", 16)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        gemm_q(torch.randn(2, 32).half(), *pack(quantized), "q8", 16)
 
 
 def test_packing_rejects_shapes_the_kernel_cannot_tile() -> None:
@@ -102,7 +178,7 @@ def test_packing_rejects_shapes_the_kernel_cannot_tile() -> None:
 SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
 
 
-@needs_kernels
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "seqs",
     [
@@ -112,30 +188,40 @@ SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
     ],
 )
 @pytest.mark.parametrize("heads", [SMOLLM_HEADS, (4, 4, 32), (8, 1, 128)])
-def test_kernel_attention_matches_naive_attention(seqs, heads) -> None:
-    out, expected = run_step(seqs, backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
+def test_kernel_attention_matches_naive_attention(dtype, seqs, heads) -> None:
+    out, expected = run_step(seqs, backend_class=CpuKernelAttentionBackend, dtype=dtype,
                              heads=heads, block_size=16, num_blocks=64)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    assert out.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_kernels
-def test_kernel_attention_sliding_window() -> None:
+@pytest.mark.parametrize("heads", [SMOLLM_HEADS, (8, 1, 128)])
+def test_float32_attention_on_every_instruction_set_build(isa_build, heads) -> None:
+    out, expected = run_step([(7, 1), (0, 1), (130, 1), (33, 1)], heads=heads, seed=2,
+                             backend_class=CpuKernelAttentionBackend, dtype=torch.float32,
+                             block_size=16, num_blocks=64)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_attention_sliding_window(dtype) -> None:
     out, expected = run_step([(50, 1), (9, 1), (2, 9)], window=20, seed=3,
-                             backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
+                             backend_class=CpuKernelAttentionBackend, dtype=dtype,
                              heads=SMOLLM_HEADS, block_size=16, num_blocks=64)
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_kernels
-def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix(dtype) -> None:
     """The kernel itself (the backend feeds it decodes only, see cpu_backend.py): a 150-token
     prompt, each token attending keys 0 .. its position, against float32 causal attention."""
     torch.manual_seed(0)
     num_tokens, (heads, kv_heads, dim) = 150, SMOLLM_HEADS
-    kv_cache = torch.randn(2, kv_heads, 16, 16, dim).bfloat16()
+    kv_cache = torch.randn(2, kv_heads, 16, 16, dim).to(dtype)
     table = torch.randperm(16)[:10].view(1, 10)  # scattered blocks
-    query = torch.randn(num_tokens, heads, dim).bfloat16()
+    query = torch.randn(num_tokens, heads, dim).to(dtype)
     out = paged_attention(query, kv_cache, table, torch.zeros(num_tokens, dtype=torch.long),
                           torch.arange(1, num_tokens + 1), dim**-0.5, None)
     keys, values = (kv_cache[i][:, table[0]].reshape(kv_heads, -1, dim)[:, :num_tokens]
@@ -144,22 +230,23 @@ def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix() -> 
         query.float().transpose(0, 1), keys.float(), values.float(), is_causal=True,
         enable_gqa=True,
     ).transpose(0, 1)
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_kernels
-def test_kernel_writes_the_decode_steps_keys_and_values_as_it_attends() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_writes_the_decode_steps_keys_and_values_as_it_attends(dtype) -> None:
     """new_keys: the kernel stores each token's K/V row at its slot (the cache ends up as
     write_kv_cache leaves it, nothing else touched) and attends with it. K/V come as views of
     one fused (tokens, q + k + v) tensor, as the model hands them over."""
     torch.manual_seed(1)
     (heads, kv_heads, dim), seqs, block_size = SMOLLM_HEADS, 5, 16
-    kv_cache = torch.randn(2, kv_heads, 24, block_size, dim).bfloat16()
+    kv_cache = torch.randn(2, kv_heads, 24, block_size, dim).to(dtype)
     tables = torch.randperm(24)[:15].view(seqs, 3)  # scattered blocks, 3 per sequence
     key_lens = torch.tensor([1, 17, 40, 33, 48])  # the new token is the last of each
     slots = tables.gather(1, ((key_lens - 1) // block_size).view(-1, 1)).view(-1) * block_size \
         + (key_lens - 1) % block_size
-    fused = torch.randn(seqs, (heads + 2 * kv_heads) * dim).bfloat16()
+    fused = torch.randn(seqs, (heads + 2 * kv_heads) * dim).to(dtype)
     query, key, value = (t.view(seqs, -1, dim) for t in fused.split(
         [heads * dim, kv_heads * dim, kv_heads * dim], dim=1))
     assert not key.is_contiguous()
@@ -173,11 +260,12 @@ def test_kernel_writes_the_decode_steps_keys_and_values_as_it_attends() -> None:
     assert torch.equal(out, expected)
 
 
-@needs_kernels
 def test_the_kernel_backend_is_chosen_only_where_it_applies() -> None:
     cpu = torch.device("cpu")
-    assert isinstance(select_backend(16, cpu, torch.bfloat16, 9, 3, 64, None),
+    assert isinstance(select_backend(16, cpu, torch.float32, 9, 3, 64, None),
                       CpuKernelAttentionBackend)
-    for dtype, heads in [(torch.float32, (9, 3, 64)), (torch.bfloat16, (4, 4, 8))]:
+    bf16_backend = select_backend(16, cpu, torch.bfloat16, 9, 3, 64, None)
+    assert isinstance(bf16_backend, CpuKernelAttentionBackend) == CPU_HAS_AVX512_BF16
+    for dtype, heads in [(torch.float16, (9, 3, 64)), (torch.float32, (4, 4, 8))]:
         backend = select_backend(16, cpu, dtype, *heads, None)
         assert type(backend) is TorchAttentionBackend

@@ -12,6 +12,7 @@ from torch import nn
 from pagoda.config import CacheConfig, ModelConfig
 from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.linear import Linear, MergedLinear
+from pagoda.executor.layers import quantization
 from pagoda.executor.layers.quantization import (
     QuantizedLinear,
     check_quantization_supported,
@@ -21,7 +22,7 @@ from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint, resolve_quantization
 from pagoda.executor.model_runner import ModelRunner
 from tests.entrypoints.test_cli import run_cli
-from tests.executor.test_cpu_kernels import gguf_like_weight, needs_kernels
+from tests.executor.test_cpu_kernels import gguf_like_weight, needs_bf16_kernels
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
 from tests.executor.tiny_checkpoints import build_checkpoint
 
@@ -45,23 +46,33 @@ def random_linear(in_features: int, out_features: int, bias: bool) -> Linear:
     return linear
 
 
-def test_torch_int4_kernel_multiplies_by_the_q4_1_weights() -> None:
+def without_pagoda_kernels(monkeypatch) -> None:
+    """As on a machine where the kernel library cannot be built (no C compiler)."""
+    monkeypatch.setattr(quantization, "kernels_available", lambda dtype=None: False)
+
+
+def test_torch_int4_kernel_multiplies_by_the_q4_1_weights(monkeypatch) -> None:
     """PyTorch's int4 kernel (the fallback) gets scale d and zero m + 8d from the re-found
     Q4_1 codes, so it multiplies by exactly the GGUF file's weights."""
+    without_pagoda_kernels(monkeypatch)
     torch.manual_seed(0)
     weight, _, _ = gguf_like_weight("q4", 96, 128)
     linear = QuantizedLinear(weight, None, "int4", dense_from_rows=None)
-    assert linear.kernel == "torch-int4"  # float32 activations
+    assert linear.kernel == "torch-int4"
     x = torch.randn(3, 128)
     torch.testing.assert_close(linear(x), F.linear(x, weight), rtol=1e-4, atol=1e-5)
 
 
-def test_the_kernel_follows_the_activation_dtype() -> None:
-    """bf16 takes Pagoda's kernel where it runs (the project's machines, see
-    test_cpu_kernels.py); other dtypes PyTorch's int4 kernel or, for int8, a dense matmul."""
-    fast = "pagoda" if kernels_available() else None
-    assert choose_kernel("int4", torch.bfloat16) == (fast or "torch-int4")
-    assert choose_kernel("int8", torch.bfloat16) == (fast or "dense")
+def test_the_kernel_follows_the_activation_dtype(monkeypatch) -> None:
+    """float32 takes Pagoda's kernel on every CPU with a C compiler (CI has one), bf16 where
+    the CPU has AVX-512 BF16 (see test_cpu_kernels.py); other dtypes, and every dtype where
+    the library cannot be built, PyTorch's int4 kernel or, for int8, a dense matmul."""
+    fast_bf16 = "pagoda" if kernels_available(torch.bfloat16) else None
+    assert choose_kernel("int4", torch.float32) == choose_kernel("int8", torch.float32) == "pagoda"
+    assert choose_kernel("int4", torch.bfloat16) == (fast_bf16 or "torch-int4")
+    assert choose_kernel("int8", torch.bfloat16) == (fast_bf16 or "dense")
+    assert choose_kernel("int4", torch.float16) == "torch-int4"
+    without_pagoda_kernels(monkeypatch)
     assert choose_kernel("int4", torch.float32) == "torch-int4"
     assert choose_kernel("int8", torch.float32) == "dense"
 
@@ -88,9 +99,25 @@ def test_quantized_linear_matches_float_linear(method, dtype) -> None:
     assert quantized.codes.dtype != dtype or quantized.kernel == "dense"
 
 
-def test_large_batches_take_the_float_weight() -> None:
-    """From dense_from_rows rows on the matmul is F.linear with the float weight, exactly;
-    below, the quantized kernel (which differs from it)."""
+def test_float32_kernel_keeps_no_float_weight_at_any_batch_size() -> None:
+    """Pagoda's float32 kernel: large batches multiply by the weight dequantized on the fly
+    (ops.DEQUANTIZE_FROM_ROWS), so the layer holds codes and scales only, and a large batch
+    gives what the same rows give one small batch at a time."""
+    torch.manual_seed(0)
+    linear = random_linear(128, 64, bias=False)
+    quantized = QuantizedLinear.from_linear(linear, "int4")
+    assert quantized.kernel == "pagoda" and quantized.dense_weight is None
+    many = torch.randn(40, 128)
+    by_fours = torch.cat([quantized(rows) for rows in many.split(4)])
+    torch.testing.assert_close(quantized(many), by_fours, rtol=1e-5, atol=1e-5)
+    assert relative_error(quantized(many), F.linear(many, linear.weight)) < MAX_RELATIVE_ERROR["int4"]
+
+
+def test_large_batches_take_the_float_weight(monkeypatch) -> None:
+    """Where a kernel keeps the float weight (PyTorch's, and Pagoda's bf16 one): from
+    dense_from_rows rows on the matmul is F.linear with the float weight, exactly; below,
+    the quantized kernel (which differs from it)."""
+    without_pagoda_kernels(monkeypatch)
     torch.manual_seed(0)
     linear = random_linear(128, 64, bias=False)
     quantized = QuantizedLinear.from_linear(linear, "int4", dense_from_rows=4)
@@ -131,12 +158,13 @@ def quantized_tiny_model(arch: str, folder: str, method: str,
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_model_conversion_keeps_a_float_head_and_follows_float32(tmp_path, method) -> None:
-    """Qwen2 (qkv bias, tied embeddings): every decoder Linear is quantized, the head stays
-    the float embedding table, and prompt logits follow the float32 model."""
+def test_model_conversion_keeps_a_float_embedding_and_follows_float32(tmp_path, method) -> None:
+    """Qwen2 (qkv bias, tied embeddings): every decoder Linear is quantized, the embedding
+    table stays float (the head multiplies by its int8 copy), and prompt logits follow the
+    float32 model."""
     model = quantized_tiny_model("qwen2", str(tmp_path), method)
     assert not [name for name, m in model.named_modules() if isinstance(m, Linear)]
-    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    quantized = [m for m in model.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(quantized) == 2 * 4 and {m.method for m in quantized} == {method}
     assert model.lm_head is None and model.model.embed_tokens.weight.dtype == torch.float32
 
@@ -154,21 +182,23 @@ def test_model_conversion_keeps_a_float_head_and_follows_float32(tmp_path, metho
         assert relative_error(ours, reference) < MODEL_MAX_RELATIVE_ERROR[method]
 
 
-def test_untied_head_stays_float_in_float32(tmp_path) -> None:
+def test_untied_head_stays_float_without_pagodas_kernel(tmp_path, monkeypatch) -> None:
+    without_pagoda_kernels(monkeypatch)
     model = quantized_tiny_model("llama", str(tmp_path), "int4")
     assert type(model.lm_head) is Linear and model.quantized_head is None
     assert not [n for n, m in model.named_modules() if type(m) is Linear and n != "lm_head"]
 
 
-@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32,
+                                   pytest.param(torch.bfloat16, marks=needs_bf16_kernels)])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_bf16_models_get_an_int8_logits_head(tmp_path, arch) -> None:
-    """With bf16 activations the logits head (untied lm_head, or the tied embedding table)
-    runs int8 through Pagoda's kernel; its logits follow the float head's."""
-    model = quantized_tiny_model(arch, str(tmp_path), "int4", torch.bfloat16)
+def test_models_get_an_int8_logits_head_where_the_kernel_runs(tmp_path, arch, dtype) -> None:
+    """The logits head (untied lm_head, or the tied embedding table) runs int8 through
+    Pagoda's kernel; its logits follow the float head's."""
+    model = quantized_tiny_model(arch, str(tmp_path), "int4", dtype)
     head = model.quantized_head
     assert isinstance(head, QuantizedLinear) and head.method == "int8" and head.kernel == "pagoda"
-    hidden = torch.randn(3, 64, dtype=torch.bfloat16)
+    hidden = torch.randn(3, 64, dtype=dtype)
     logits = model.compute_logits(hidden)
     reference = F.linear(hidden.float(), model.logits_head_weight().float())
     assert logits.dtype == torch.float32
@@ -186,15 +216,16 @@ def test_config_accepts_the_quantization_choices_only() -> None:
         ModelConfig(quantization="int2")
 
 
-def test_auto_keeps_a_q4_1_gguf_in_4_bits_where_the_kernel_runs(tmp_path) -> None:
-    """auto: int4 for the bundled Q4_1 GGUF with bf16 activations on a CPU with Pagoda's
-    kernels; float weights for float32, for a safetensors model, and for none/None."""
+def test_auto_keeps_a_q4_1_gguf_in_4_bits_where_the_kernel_runs(tmp_path, monkeypatch) -> None:
+    """auto: int4 for the bundled Q4_1 GGUF where Pagoda's kernels run the dtype (float32
+    on every CPU with a compiler, bf16 with AVX-512 BF16); float weights for a safetensors
+    model, for none/None, and where the kernels cannot be built."""
     cpu = torch.device("cpu")
     bundled = open_checkpoint(resolve_model_files(None))
     assert bundled.layer_weight_type() == "Q4_1"
-    expected = "int4" if kernels_available() else None
+    expected = "int4" if kernels_available(torch.bfloat16) else None
     assert resolve_quantization("auto", bundled, torch.bfloat16, cpu) == expected
-    assert resolve_quantization("auto", bundled, torch.float32, cpu) is None
+    assert resolve_quantization("auto", bundled, torch.float32, cpu) == "int4"
     assert resolve_quantization("auto", bundled, torch.bfloat16, torch.device("meta")) is None
     for choice in ("none", None):
         assert resolve_quantization(choice, bundled, torch.bfloat16, cpu) is None
@@ -202,6 +233,8 @@ def test_auto_keeps_a_q4_1_gguf_in_4_bits_where_the_kernel_runs(tmp_path) -> Non
     build_checkpoint("llama", str(tmp_path))
     safetensors = open_checkpoint(resolve_model_files(str(tmp_path)))
     assert resolve_quantization("auto", safetensors, torch.bfloat16, cpu) is None
+    without_pagoda_kernels(monkeypatch)
+    assert resolve_quantization("auto", bundled, torch.float32, cpu) is None
 
 
 def test_quantization_refuses_other_devices() -> None:
@@ -231,8 +264,7 @@ def test_cli_quantization_on_a_non_cpu_device_is_a_one_line_error() -> None:
 def test_int4_engine_answers_a_chat_prompt() -> None:
     from pagoda import LLM, SamplingParams
 
-    llm = LLM(quantization="int4", dtype="bfloat16", kv_cache_memory=64 * 1024 * 1024,
-              max_model_len=512)
+    llm = LLM(quantization="int4", kv_cache_memory=64 * 1024 * 1024, max_model_len=512)
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedLinear)]
     head = llm.engine.runner.model.quantized_head  # int8 where Pagoda's kernel runs it
     assert len(layers) == 4 * 30 + (head is not None) and head in [None, *layers]

@@ -1,10 +1,12 @@
-"""Build Pagoda's C kernels (cpu_kernels.c) on first use and load them with ctypes.
+"""Build Pagoda's C kernels (csrc/*.c, one library) on first use and load them with ctypes.
 
 The library is compiled where it runs, with `-march=native`, by the C compiler in $CC (else
-`cc`), and cached under $PAGODA_KERNEL_CACHE (else ~/.cache/pagoda/kernels) by a hash of the
-source, the flags and the CPU's feature flags, so a shared home on another CPU rebuilds.
-`load_cpu_kernels()` returns None, after one logged warning, where there is no compiler or
-the CPU lacks AVX-512 BF16: callers then take PyTorch's kernels.
+`cc`), so each source takes the instruction set this CPU has (csrc/kernels.h lists them),
+and cached under $PAGODA_KERNEL_CACHE (else ~/.cache/pagoda/kernels) by a hash of the
+sources, the flags and the CPU's feature flags, so a shared home on another CPU rebuilds.
+A compiler that refuses `-march=native` or `-fopenmp` gets a build without them (generic
+vectors, or one thread). `load_cpu_kernels()` returns None, after one logged warning, where
+no compiler builds the library: callers then take PyTorch's kernels.
 
 Load it only after torch: its OpenMP symbols then bind to the libgomp torch loaded, so the
 kernels run on torch's thread pool (two pools on the same cores would spin against each
@@ -28,8 +30,10 @@ import torch  # noqa: F401  (loaded first: see the module docstring)
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+SOURCE_DIR = Path(__file__).with_name("csrc")
+BASE_FLAGS = ("-O3", "-shared", "-fPIC")
+OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
+"""Tried in order until one builds: the CPU's own instruction set and torch's thread pool."""
 
 
 def cpu_flags() -> str:
@@ -48,58 +52,72 @@ def _cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "pagoda" / "kernels"
 
 
-def build_library(source: Path = SOURCE, extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile `source` into a cached shared library; returns its path.
-    Raises RuntimeError naming the compiler's complaint when the build fails."""
+def kernel_sources(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    return sorted(source_dir.glob("*.c"))
+
+
+def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the kernel sources of `source_dir` into one cached shared library; returns
+    its path. Raises RuntimeError naming the compiler's complaint when no flag set builds."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
-    flags = FLAGS + extra_flags
+    sources = kernel_sources(source_dir)
+    content = b"".join(p.read_bytes() for p in sorted(source_dir.iterdir()) if p.is_file())
     key = hashlib.sha256(
-        source.read_bytes() + " ".join((compiler, *flags, cpu_flags())).encode()
+        content + " ".join((compiler, *BASE_FLAGS, *extra_flags, cpu_flags())).encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"{source.stem}-{key}.so"
+    target = _cache_dir() / f"pagoda-kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        result = subprocess.run([compiler, *flags, "-o", str(partial), str(source)],
-                                capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
-        partial.replace(target)  # atomic: concurrent builders each install a whole file
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
+    errors = []
+    for optional in OPTIONAL_FLAGS:
+        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+            partial = Path(tmp.name)
+        try:
+            command = [compiler, *BASE_FLAGS, *optional, *extra_flags, "-o", str(partial),
+                       *map(str, sources)]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode == 0:
+                if optional != OPTIONAL_FLAGS[0]:
+                    logger.warning("Pagoda's CPU kernels built without %s (the compiler "
+                                   "refused them)", " ".join(set(OPTIONAL_FLAGS[0]) - set(optional)))
+                partial.replace(target)  # atomic: concurrent builders each install a whole file
+                return target
+            errors.append(result.stderr.strip()[-1000:])
+        finally:
+            partial.unlink(missing_ok=True)
+    raise RuntimeError(f"{compiler} failed on {source_dir}: {errors[0]}")
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.pagoda_kernels_available.restype = ctypes.c_int
-    lib.pagoda_gemm_q.restype = None
-    lib.pagoda_gemm_q.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
-    lib.pagoda_paged_attention.restype = None
-    lib.pagoda_paged_attention.argtypes = [
-        ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float,
-        ptr, ptr, i64, i64, ptr, ptr,
-    ]
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    lib.pagoda_bf16_kernels_available.restype = ctypes.c_int
+    lib.pagoda_f32_vector_bytes.restype = ctypes.c_int
+    attention_args = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, f32,
+                      ptr, ptr, i64, i64, ptr, ptr]
+    gemm_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
+    names = ["f32"] + (["bf16"] if lib.pagoda_bf16_kernels_available() else [])
+    for name in names:
+        getattr(lib, f"pagoda_gemm_q_{name}").argtypes = gemm_args
+        getattr(lib, f"pagoda_gemm_q_{name}").restype = None
+        getattr(lib, f"pagoda_paged_attention_{name}").argtypes = attention_args
+        getattr(lib, f"pagoda_paged_attention_{name}").restype = None
+    lib.pagoda_dequantize_q_f32.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr]
+    lib.pagoda_dequantize_q_f32.restype = None
     return lib
 
 
 @functools.cache
 def load_cpu_kernels() -> ctypes.CDLL | None:
-    """The built kernel library, or None (logged once) where it cannot run here."""
+    """The built kernel library, or None (logged once) where it cannot be built or loaded.
+    Its float32 kernels run on any CPU; its bf16 ones where `pagoda_bf16_kernels_available()`
+    (AVX-512 BF16), and only those are declared."""
     if os.environ.get("PAGODA_DISABLE_KERNELS"):
         return None
     try:
-        lib = ctypes.CDLL(str(build_library()))
+        return _declare(ctypes.CDLL(str(build_library())))
     except (RuntimeError, OSError) as error:
         logger.warning("Pagoda's CPU kernels are unavailable, using PyTorch's: %s", error)
         return None
-    if not lib.pagoda_kernels_available():  # built without the kernels: nothing to declare
-        logger.warning("this CPU lacks AVX-512 BF16: Pagoda's CPU kernels are off, "
-                       "using PyTorch's")
-        return None
-    return _declare(lib)

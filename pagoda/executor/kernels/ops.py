@@ -1,5 +1,7 @@
-"""Torch-facing wrappers of the C kernels in cpu_kernels.c.
+"""Torch-facing wrappers of the C kernels in csrc/ (kernels.h lists them).
 
+Each kernel comes in the two activation dtypes the library builds: bfloat16 (avx512_bf16.c,
+CPUs with AVX-512 BF16) and float32 (portable_f32.c, every CPU); the input's dtype picks.
 `gemm_q` has a custom op twin (`pagoda::gemm_q`) for torch.compile graphs, which treat it as
 opaque; the attention kernel is called from inside the `pagoda::attention` op, which already
 is."""
@@ -9,32 +11,97 @@ from __future__ import annotations
 import torch
 
 from pagoda.executor.kernels.build import load_cpu_kernels
-from pagoda.executor.kernels.packing import FORMATS
+from pagoda.executor.kernels.packing import FORMATS, TILE_N
+
+KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
-def kernels_available() -> bool:
-    return load_cpu_kernels() is not None
+def kernels_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether Pagoda's kernels run `dtype` activations on this CPU."""
+    lib = load_cpu_kernels()
+    if lib is None or dtype not in KERNEL_DTYPES:
+        return False
+    return dtype == torch.float32 or bool(lib.pagoda_bf16_kernels_available())
+
+
+def _kernel(name: str, dtype: torch.dtype):
+    if not kernels_available(dtype):
+        raise RuntimeError(f"Pagoda's {name} kernel does not run {dtype} on this CPU")
+    return getattr(load_cpu_kernels(), f"pagoda_{name}_{KERNEL_DTYPES[dtype]}")
 
 
 def gemm_q(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
     format: str, out_features: int,
 ) -> torch.Tensor:
-    """x (M, K) bf16 contiguous, weight packed by packing.pack -> (M, out_features) bf16.
-    A direct call (an op through the dispatcher costs 3-11 us more per call); under
-    torch.compile call `gemm_q_op`, which the graph treats as opaque."""
+    """x (M, K) bf16 or float32 contiguous, weight packed by packing.pack -> (M, out_features)
+    in x's dtype. A direct call (an op through the dispatcher costs 3-11 us more per call);
+    under torch.compile call `gemm_q_op`, which the graph treats as opaque."""
+    if x.dim() != 2 or not x.is_contiguous() or x.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"gemm_q takes a contiguous 2-D bfloat16 or float32 input, got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    kernel = _kernel("gemm_q", x.dtype)
+    rows, in_features = x.shape
+    if x.dtype == torch.float32 and rows >= DEQUANTIZE_FROM_ROWS:
+        return _dequantized_matmul(x, codes, scales, mins, format, out_features)
+    y = x.new_empty(rows, out_features)
+    kernel(FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
+           scales.data_ptr(), None if mins is None else mins.data_ptr(), y.data_ptr())
+    return y
+
+
+DEQUANTIZE_FROM_ROWS = 16
+"""From this many float32 rows gemm_q dequantizes the weight, a slice of outputs at a time,
+and multiplies with torch's BLAS matmul: the kernel decodes every weight once per 4 rows,
+so its cost grows with the rows, while a BLAS matmul runs near the CPU's multiply-add peak
+and the dequantization is paid once (BENCHMARKS.md section 9 has the crossover)."""
+DEQUANTIZE_SLICE_BYTES = 8 << 20
+"""Float32 weight bytes dequantized at once (a cache-sized slice of W^T, reused per call)."""
+
+
+def _dequantized_matmul(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+    format: str, out_features: int,
+) -> torch.Tensor:
+    """x (M, K) float32 @ W^T -> (M, out_features), W dequantized slice by slice of outputs
+    (a multiple of the 16-output tiles, so each slice is whole tiles of the packed weight)."""
+    in_features = x.shape[1]
+    slice_outputs = max(TILE_N, DEQUANTIZE_SLICE_BYTES // (4 * in_features) // TILE_N * TILE_N)
+    if slice_outputs >= out_features:
+        return x @ dequantize_transposed(codes, scales, mins, format, out_features, in_features)
+    y = x.new_empty(x.shape[0], out_features)
+    tile_codes = codes.numel() // (out_features // TILE_N)
+    tile_scales = scales.numel() // (out_features // TILE_N)
+    flat_codes, flat_scales = codes.view(-1), scales.view(-1)
+    flat_mins = None if mins is None else mins.view(-1)
+    for start in range(0, out_features, slice_outputs):
+        n = min(slice_outputs, out_features - start)
+        first, count = start // TILE_N, n // TILE_N
+        w_t = dequantize_transposed(
+            flat_codes[first * tile_codes:(first + count) * tile_codes],
+            flat_scales[first * tile_scales:(first + count) * tile_scales],
+            None if flat_mins is None else flat_mins[first * tile_scales:(first + count) * tile_scales],
+            format, n, in_features,
+        )
+        torch.mm(x, w_t, out=y[:, start:start + n])
+    return y
+
+
+def dequantize_transposed(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, format: str,
+    out_features: int, in_features: int, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The packed weight as float32 W^T (in_features, out_features), for x @ W^T by a BLAS
+    matmul; written into `out` when given (reused across calls)."""
     lib = load_cpu_kernels()
     if lib is None:
-        raise RuntimeError("gemm_q needs Pagoda's CPU kernels, unavailable here")
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or not x.is_contiguous():
-        raise ValueError(f"gemm_q takes a contiguous 2-D bfloat16 input, got {x.dtype} {tuple(x.shape)}")
-    rows, in_features = x.shape
-    y = x.new_empty(rows, out_features)
-    lib.pagoda_gemm_q(
-        FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
-        scales.data_ptr(), None if mins is None else mins.data_ptr(), y.data_ptr(),
-    )
-    return y
+        raise RuntimeError("dequantize_transposed needs Pagoda's CPU kernels, unavailable here")
+    if out is None:
+        out = torch.empty(in_features, out_features)
+    lib.pagoda_dequantize_q_f32(FORMATS[format], in_features, out_features, codes.data_ptr(),
+                                scales.data_ptr(), None if mins is None else mins.data_ptr(),
+                                out.data_ptr())
+    return out
 
 
 # The graph-facing op, declared through the low-level torch.library API: a call costs ~7 us
@@ -53,7 +120,7 @@ def _(x, codes, scales, mins, format, out_features):
 
 
 MAX_QUERIES_PER_KV_HEAD = 16
-"""MAX_GROUP and MAX_HEAD_DIM of cpu_kernels.c"""
+"""MAX_GROUP and MAX_HEAD_DIM of csrc/kernels.h"""
 MAX_HEAD_DIM = 256
 
 
@@ -62,7 +129,7 @@ def paged_attention_supported(
 ) -> bool:
     """Whether paged_attention takes this layer's shapes (else use the torch path)."""
     return (
-        kernels_available() and dtype == torch.bfloat16 and head_dim % 32 == 0
+        kernels_available(dtype) and head_dim % 32 == 0
         and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
         and num_heads // num_kv_heads <= MAX_QUERIES_PER_KV_HEAD
     )
@@ -75,14 +142,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """Each query token against the first key_lens[t] keys (its position + 1) of sequence
     query_seq[t] in the paged cache; only the last `window` of them when window is set.
-    query (T, H, D) bf16; kv_cache (2, Hkv, blocks, block_size, D) bf16; block_tables
-    (S, width), query_seq and key_lens (T,) int64 -> (T, H, D) bf16.
+    query (T, H, D); kv_cache (2, Hkv, blocks, block_size, D), both bf16 or both float32;
+    block_tables (S, width), query_seq and key_lens (T,) int64 -> (T, H, D).
 
     The cache already holds this step's keys, or `new_keys` = (key, value, slots) brings them:
-    key/value (T, Hkv, D) bf16, slots (T,) int64 flat cache slots, written by the kernel as it
+    key/value (T, Hkv, D), slots (T,) int64 flat cache slots, written by the kernel as it
     goes (one call instead of two index_copy_ and one attention). Only for decode tokens: each
     query token must be the only new token of its sequence."""
-    lib = load_cpu_kernels()
+    kernel = _kernel("paged_attention", query.dtype)
     num_tokens, num_heads, head_dim = query.shape
     _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
     query = query.contiguous()
@@ -95,7 +162,7 @@ def paged_attention(
         slot_mapping = new_keys[2].to(torch.int64).contiguous()
         new_k, new_v, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
         k_stride, v_stride = key.stride(0), value.stride(0)
-    lib.pagoda_paged_attention(
+    kernel(
         query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), query_seq.data_ptr(),
         key_lens.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, num_blocks,
         block_size, block_tables.shape[1], window or 0, scale, new_k, new_v, k_stride, v_stride,

@@ -12,25 +12,24 @@ Activations stay in the run dtype. With quantization on, the logits head is int8
 SmolLM2 it is the tied embedding table, which the GGUF file holds as Q8_0.
 
 Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
-- "pagoda": Pagoda's own C kernel (pagoda/executor/kernels/cpu_kernels.c), for bf16
-  activations on CPUs with AVX-512 BF16. It dequantizes a tile of weights to bf16 once and
-  reuses it for every row of the step, so it stays fast up to 16 rows, where PyTorch's
-  int4/int8 kernels (which dequantize per row) are already slower than a bf16 matmul.
-  Microseconds per call, weight 576 -> 3072, bf16 matmul / this kernel (int4) / PyTorch's
-  int4: 1 row 99 / 23 / 51, 16 rows 214 / 170 / 340; the logits head (576 -> 49152,
-  int8): 1 row 3536 / 879 (benchmarks/bench_quantized_matmul.py, BENCHMARKS.md section 7).
-- "torch-int4": elsewhere, int4 through torch._weight_int4pack_mm_for_cpu.
+- "pagoda": Pagoda's own C kernels (pagoda/executor/kernels/csrc/), which decode a tile of
+  weights once and reuse it for every row of the step:
+  - bf16 activations on CPUs with AVX-512 BF16 (avx512_bf16.c). PyTorch's int4/int8
+    kernels dequantize per row and are slower than a bf16 matmul from ~8 rows on; this one
+    stays fast up to 16 rows. From `dense_from_rows` rows on (prefills, large batches) a
+    layer takes the float weight it keeps (oneDNN's bf16 matmul wins there): memory for
+    speed. Pass dense_from_rows=None for quantized weights only.
+  - float32 activations on every CPU (portable_f32.c: AVX2, AVX-512F, NEON, generic). No
+    float weight is kept: from ops.DEQUANTIZE_FROM_ROWS rows on the kernel dequantizes the
+    weight slice by slice for a BLAS matmul, so the model stays at its 4-bit size.
+  Timings: BENCHMARKS.md sections 7 and 9 (benchmarks/bench_quantized_matmul.py).
+- "torch-int4": elsewhere (no C compiler), int4 through torch._weight_int4pack_mm_for_cpu.
 - "dense": elsewhere, int8 as the dequantized weight through F.linear (the same numbers, no
   speed-up; PyTorch's int8 kernel has no per-group scales).
 
-From `dense_from_rows` rows on (prefills, large batches) a layer takes the float weight it
-keeps (oneDNN's bf16 matmul wins there): memory for speed, the right trade for a small model
-on a CPU. Pass dense_from_rows=None for quantized weights only.
-
-Accuracy on the bundled model, top-1 agreement with float32 over 512 teacher-forced
-positions (tests/executor/test_fidelity.py): bf16 alone 97.27%; int4 + int8 head 97.07%
-(perplexity +0.2%); int8 + int8 head 96.88% (+0.3%), below the 97% bar: int8 re-quantizes
-the 4-bit weights onto another grid, and is meant for float checkpoints.
+Accuracy on the bundled model against float32: tests/executor/test_fidelity.py and
+BENCHMARKS.md section 9. With float32 activations int4 multiplies by the very weights the
+float32 run uses (the file's Q4_1 codes), so only summation order differs.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def check_quantization_supported(method: str, device: torch.device) -> None:
 
 def choose_kernel(method: str, dtype: torch.dtype) -> str:
     """"pagoda", "torch-int4" or "dense" (see the module docstring)."""
-    if dtype == torch.bfloat16 and kernels_available():
+    if kernels_available(dtype):
         return "pagoda"
     return "torch-int4" if method == "int4" else "dense"
 
@@ -123,7 +122,10 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)
         self.bias = bias
-        self.dense_weight = weight if dense_from_rows is not None else None
+        # The float32 kernel multiplies large batches by a dequantized slice instead.
+        keep_dense = dense_from_rows is not None and not (
+            self.kernel == "pagoda" and weight.dtype == torch.float32)
+        self.dense_weight = weight if keep_dense else None
         self.dense_from_rows = dense_from_rows
 
     @classmethod

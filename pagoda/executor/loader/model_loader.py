@@ -8,6 +8,7 @@ import os
 import torch
 from torch import nn
 
+from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.quantization import (
     check_quantization_supported,
     choose_kernel,
@@ -42,17 +43,21 @@ def set_cpu_threads() -> int:
 
 
 def cpu_has_fast_bfloat16() -> bool:
-    """True where oneDNN runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
+    """True where the CPU multiplies bf16 natively (AVX-512 BF16, which AMX machines also
+    have) and Pagoda's bf16 kernels run. oneDNN alone is not enough: on AVX-512F or AVX2
+    without BF16 it emulates bf16, slower than float32 (MACHINE-FACTS, BENCHMARKS.md)."""
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+    return onednn_bf16 and kernels_available(torch.bfloat16)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 matmuls (measured on the
-    AMX machine in BENCHMARKS.md: 2.2x batched decode throughput, 1.7x single-stream
-    decode, half the prefill time of float32); float32 on other CPUs."""
+    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 (measured on the AMX machine
+    in BENCHMARKS.md: 2.2x batched decode throughput, 1.7x single-stream decode, half the
+    prefill time of float32); float32 on other CPUs (AVX2, AVX-512F without BF16, ARM),
+    where Pagoda's float32 kernels run the quantized weights."""
     if name == "auto":
         if device.type == "cuda" or cpu_has_fast_bfloat16():
             return torch.bfloat16
@@ -73,9 +78,10 @@ def resolve_quantization(
     device: torch.device,
 ) -> str | None:
     """The method to apply, or None. "auto" is int4 for a GGUF model whose decoder layers are
-    Q4_1 when Pagoda's kernel runs it (bf16 activations, a CPU with AVX-512 BF16): int4 then
-    keeps the file's own 4-bit weights (pagoda/executor/layers/quantization.py), as llama.cpp
-    runs them. Anything else under auto stays in the run dtype."""
+    Q4_1 when Pagoda's kernels run the run dtype (float32 on any CPU with a C compiler, bf16
+    on AVX-512 BF16): int4 then keeps the file's own 4-bit weights
+    (pagoda/executor/layers/quantization.py), as llama.cpp runs them. Anything else under
+    auto stays in the run dtype."""
     if quantization in (None, "none"):
         return None
     if quantization != "auto":
@@ -116,10 +122,11 @@ def load_model(
     num_params = sum(p.numel() for p in model.parameters())
     if quantization is not None:
         quantize_linear_layers(model, quantization)
-        if dtype != torch.bfloat16:
+        if choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(
                 "--quantization %s with %s activations runs PyTorch's kernels (int8: no "
-                "speed-up); Pagoda's quantized kernels take bfloat16: use --dtype bfloat16",
+                "speed-up); Pagoda's quantized kernels take float32 (and bfloat16 on CPUs "
+                "with AVX-512 BF16): use --dtype float32",
                 quantization, str(dtype).removeprefix("torch."),
             )
     logger.info(

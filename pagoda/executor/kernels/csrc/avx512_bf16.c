@@ -1,32 +1,19 @@
-/* Pagoda's CPU kernels: built on first use by pagoda/executor/kernels/build.py with the
- * machine's C compiler (-O3 -march=native -fopenmp), loaded with ctypes. OpenMP resolves to
- * the libgomp that torch already loaded, so these kernels share torch's thread pool.
+/* bf16 activations on CPUs with AVX-512 BF16 (and AMX machines, which have it): the
+ * vdpbf16ps path. Layout and entry points: kernels.h. OpenMP resolves to the libgomp that
+ * torch already loaded, so these kernels share torch's thread pool.
  *
- * gemm_q: y (M, N) bf16 = x (M, K) bf16 . W^T, W (N, K) held as 4- or 8-bit codes in groups
- * of 32 inputs with float16 scales, dequantized to bf16 once per tile and reused for every
- * row of x (PyTorch's int4/int8 CPU kernels dequantize per row and turn compute-bound from
- * ~8 rows on; this one stays near the bf16 dot-product rate up to 16 rows).
- *
- * Packed layout (pagoda/executor/kernels/packing.py writes it), per tile of 16 outputs
- * n0 .. n0+15 and group of 32 inputs k0 .. k0+31. A pair p covers inputs k0 + 2p, k0 + 2p + 1;
- * its slot s = 2 lane + half stands for output n0 + lane, input k0 + 2p + half, which is the
- * vdpbf16ps order: with x's pair broadcast, lane l accumulates output n0 + l.
- *   FORMAT_Q4: w = d * q + m, q in [0, 15]                       (GGUF Q4_1's form)
- *              codes[tile][group][c][s], c = 0 .. 7, one byte: low nibble pair 2c's slot s,
- *              high nibble pair 2c+1's
- *   FORMAT_Q8: w = d * q, q in [-127, 127]                        (GGUF Q8_0's form)
- *              codes[tile][group][p][half][lane], int8
- *   scales[tile][group][lane] float16 d; mins[tile][group][lane] float16 m (Q4 only)
+ * gemm_q_bf16: y (M, N) bf16 = x (M, K) bf16 . W^T, W (N, K) held as 4- or 8-bit codes in
+ * groups of 32 inputs with float16 scales, dequantized to bf16 once per tile and reused for
+ * every row of x (PyTorch's int4/int8 CPU kernels dequantize per row and turn compute-bound
+ * from ~8 rows on; this one stays near the bf16 dot-product rate up to 16 rows).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define FORMAT_Q4 0
-#define FORMAT_Q8 1
-#define TILE_N 16
-#define GROUP_K 32
+#include "kernels.h"
+
 #define Q4_ROWS 8  /* rows of x one pass keeps in registers (2 accumulators a row) */
 #define Q8_ROWS 16 /* (1 accumulator a row) */
 /* Independent accumulator chains per row, so that ~8 dot-products are in flight whatever
@@ -36,15 +23,15 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
-int pagoda_kernels_available(void) { return 1; }
+int pagoda_bf16_kernels_available(void) { return 1; }
 
 /* Ask for `bytes` (a multiple of 64) at p: the weight stream runs ahead of the hardware
  * prefetcher, which restarts at every call and tile (measured: ~6 % off a decode step). */
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
+ALWAYS_INLINE void prefetch_ahead(const uint8_t *p, int bytes) {
     for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
 }
 
-static inline __attribute__((always_inline)) __m512 broadcast_pair(const uint16_t *x) {
+ALWAYS_INLINE __m512 broadcast_pair(const uint16_t *x) {
     int32_t pair;
     memcpy(&pair, x, sizeof pair);
     return (__m512)_mm512_set1_epi32(pair);
@@ -54,7 +41,7 @@ static inline __attribute__((always_inline)) __m512 broadcast_pair(const uint16_
  * A code q becomes the bf16 number 128 + q by bits alone (0x4300 | q: in [128, 256) bf16
  * steps by 1), so each group accumulates sum_k x (128 + q) and its epilogue applies
  * d * that + (m - 128 d) * sum_k x  =  sum_k x (d q + m).  xsum: (rows, groups) float. */
-static inline __attribute__((always_inline)) void gemm_tile_q4(
+ALWAYS_INLINE void gemm_tile_q4(
     int rows, const uint16_t *x, int64_t ldx, const float *xsum, int64_t groups,
     const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
     uint16_t *y, int64_t ldy) {
@@ -101,7 +88,7 @@ static inline __attribute__((always_inline)) void gemm_tile_q4(
 
 /* Q8, one tile of 16 outputs for `rows` (<= Q8_ROWS) rows of x: codes -> float -> times d
  * -> bf16 pairs, then one dot-product per row and pair. */
-static inline __attribute__((always_inline)) void gemm_tile_q8(
+ALWAYS_INLINE void gemm_tile_q8(
     int rows, const uint16_t *x, int64_t ldx, int64_t groups,
     const uint8_t *codes, const uint16_t *scales, uint16_t *y, int64_t ldy) {
     const __m512i interleave = _mm512_set_epi16(
@@ -168,7 +155,7 @@ static void group_sums(const uint16_t *x, int64_t M, int64_t K, float *xsum) {
 }
 
 /* y (M, N) bf16 = x (M, K) bf16 . W^T; N % 16 == 0, K % 32 == 0 (the caller checks). */
-void pagoda_gemm_q(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
+void pagoda_gemm_q_bf16(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
                    const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
                    uint16_t *y) {
     const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
@@ -215,14 +202,12 @@ static inline __m512 bf16x16_to_float(const uint16_t *p) {
     return (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
 }
 
-#define MAX_GROUP 16   /* query heads sharing one KV head */
-#define MAX_HEAD_DIM 256
 
 /* One (query token, KV head) task of pagoda_paged_attention: its G query heads (rows
  * q_rows, each D wide) against keys first .. first + n - 1 of the sequence whose block table
  * is `table`. G and D are constants where the caller's switch names them, so that the
  * query and accumulator arrays live in registers. scores: G * n floats of scratch. */
-static inline __attribute__((always_inline)) void attend_task(
+ALWAYS_INLINE void attend_task(
     const int64_t G, const int64_t D, const uint16_t *q_rows, const uint16_t *k_head,
     const uint16_t *v_head, const int64_t *table, int64_t block_size, int64_t first, int64_t n,
     float scale, float *scores, uint16_t *out_rows) {
@@ -317,7 +302,7 @@ static inline __attribute__((always_inline)) void attend_task(
  * D % 32 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks).
  * One task per (token, KV head): scores and softmax in float32 (scores kept in `scratch`,
  * one row of keys per query head), keys and values read in place through the block table. */
-void pagoda_paged_attention(
+void pagoda_paged_attention_bf16(
     const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
     const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
     int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
@@ -357,6 +342,6 @@ void pagoda_paged_attention(
 #else /* no AVX-512 BF16: only this symbol; the Python side checks it before declaring the
        * kernels, and takes PyTorch's instead */
 
-int pagoda_kernels_available(void) { return 0; }
+int pagoda_bf16_kernels_available(void) { return 0; }
 
 #endif
