@@ -53,7 +53,8 @@ class CacheConfig:
     block_size: int = 16
     """Tokens per KV-cache block."""
     kv_cache_memory: int | None = None
-    """Bytes for the KV cache on CPU; None picks a fraction of free RAM (capped by need)."""
+    """Bytes for the KV cache on CPU; None: 256 MiB (or one max_model_len sequence if more),
+    at most a fifth of free RAM and no more than max_num_seqs x max_model_len tokens."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the engine may use (weights + activations + KV cache)."""
     enable_prefix_caching: bool = True

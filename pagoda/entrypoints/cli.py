@@ -38,7 +38,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="longest prompt + output in tokens (default: the model's context)")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--kv-cache-memory", type=int, default=None,
-                       help="bytes for the KV cache on CPU (default: a share of free RAM)")
+                       help="bytes for the KV cache on CPU (default: 256 MiB, or one "
+                            "--max-model-len sequence if more; at most a fifth of free RAM)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="turn automatic prefix caching off")

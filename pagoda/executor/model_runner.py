@@ -11,6 +11,8 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 import os
 import types
 from dataclasses import dataclass, field
@@ -30,7 +32,11 @@ from pagoda.outputs import TokenLogprobs
 logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_FRACTION = 0.2
-"""Share of available RAM the KV cache takes on CPU when no size is given."""
+"""Most of the available RAM the KV cache takes on CPU when no size is given."""
+CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
+"""Default CPU KV cache when no size is given (at least one max_model_len sequence fits):
+the bundled model then holds ~5.7K tokens in float32 (~11K in bf16), room for 16 streams
+of 256 tokens, and runs in well under 1 GB; --kv-cache-memory sets more for large batches."""
 
 
 @dataclass
@@ -102,8 +108,10 @@ class ModelRunner:
         elif self.device.type == "cuda":
             budget = self._profile_cuda_kv_budget(scheduler_config)
         else:
-            budget = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION)
-            return max(1, min(budget // bytes_per_block, most_useful))
+            one_sequence = -(-max_model_len // self.block_size)
+            default = max(one_sequence, CPU_KV_CACHE_DEFAULT_BYTES // bytes_per_block)
+            ram_share = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION) // bytes_per_block
+            return max(1, min(default, ram_share, most_useful))
         return max(1, budget // bytes_per_block)
 
     def _profile_cuda_kv_budget(self, scheduler_config: SchedulerConfig) -> int:
@@ -130,11 +138,23 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate each layer's paged cache, zeroed: backends read whole blocks, and the
-        unwritten rows they mask out must hold finite values."""
+        unwritten rows they mask out must hold finite values.
+
+        On CPU all layers share one anonymous mapping, which the kernel zero-fills page by
+        page on first write: memory is taken as blocks are used, not all at start (a one-shot
+        generation of the bundled model touches a few blocks of its cache). Huge pages are
+        declined for it: each (layer, K/V, head) plane would take 2 MiB at its first row."""
         shape = self.backend.kv_cache_shape(num_blocks, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
-        ]
+        if self.device.type == "cpu":
+            element_size = torch.empty(0, dtype=self.dtype).element_size()
+            mapping = mmap.mmap(-1, self.num_layers * math.prod(shape) * element_size)
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                mapping.madvise(mmap.MADV_NOHUGEPAGE)
+            buffer = torch.frombuffer(mapping, dtype=self.dtype)  # keeps `mapping` alive
+            self.kv_caches = list(buffer.view(self.num_layers, *shape).unbind(0))
+        else:
+            self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                              for _ in range(self.num_layers)]
         for layer, kv_cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = kv_cache
             layer.backend = self.backend

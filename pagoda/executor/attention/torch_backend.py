@@ -197,10 +197,13 @@ class TorchAttentionBackend(AttentionBackend):
 def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row)."""
+    """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row).
+    index_put_, not index_copy_: on CPU index_copy_ wrote every page of the layer's cache
+    (RSS grew by the whole cache at the first prefill), index_put_ only the rows it stores."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    kv_cache[0].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
-    kv_cache[1].view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
+    index = (slice(None), slot_mapping)
+    kv_cache[0].view(num_kv_heads, -1, head_dim)[index] = key.transpose(0, 1)
+    kv_cache[1].view(num_kv_heads, -1, head_dim)[index] = value.transpose(0, 1)
 
 
 def _decode_attention(

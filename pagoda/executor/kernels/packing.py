@@ -87,3 +87,16 @@ def pack(quantized: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
     mins = None if quantized.mins is None else by_tile(quantized.mins)
     return codes.contiguous(), by_tile(quantized.scales), mins
+
+
+def quantize_and_pack(
+    weight: torch.Tensor, format: str, rows_per_slice: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """pack(quantize_groups(weight, format)), a slice of output rows at a time (a multiple
+    of TILE_N: the packed layout is tile-major, so slices concatenate), so that a large
+    weight (a logits head) never has whole-size float temporaries."""
+    parts = [pack(quantize_groups(weight[start:start + rows_per_slice], format))
+             for start in range(0, weight.shape[0], rows_per_slice)]
+    codes, scales, mins = zip(*parts)
+    return (torch.cat(codes), torch.cat(scales),
+            None if mins[0] is None else torch.cat(mins))

@@ -46,7 +46,7 @@ from pagoda.executor.kernels.packing import (
     GROUP_K,
     GroupQuantized,
     check_packable,
-    pack,
+    quantize_and_pack,
     quantize_groups,
 )
 from pagoda.executor.layers.linear import Linear
@@ -108,15 +108,17 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"unknown quantization method {method!r}")
         self.method, self.format = method, METHOD_FORMATS[method]
         self.out_features, self.in_features = weight.shape
-        quantized = quantize_groups(weight, self.format)
+        check_packable(self.out_features, self.in_features)
         self.kernel = choose_kernel(method, weight.dtype)
         mins = None
         if self.kernel == "pagoda":
-            codes, scales, mins = pack(quantized)
-        elif self.kernel == "torch-int4":
+            codes, scales, mins = quantize_and_pack(weight, self.format)
+        else:
+            quantized = quantize_groups(weight, self.format)
+        if self.kernel == "torch-int4":
             codes = torch._convert_weight_to_int4pack_for_cpu(quantized.codes.int(), INT4_INNER_K_TILES)
             scales = torch_int4_scales_and_zeros(quantized).to(weight.dtype)
-        else:
+        elif self.kernel == "dense":
             codes, scales = quantized.dequantize().to(weight.dtype), None
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
@@ -163,15 +165,8 @@ def quantize_linear_layers(
     """Replace every `Linear` / `MergedLinear` of a loaded model's decoder layers by a
     `QuantizedLinear` (`method`), and give the model an int8 logits head
     (`model.quantized_head`) where Pagoda's kernel runs it. Returns the model, changed in place."""
-    linears = [
-        (name, module) for name, module in model.named_modules()
-        if isinstance(module, Linear) and name != "lm_head"
-    ]
-    for name, linear in linears:
-        parent_name, _, child_name = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child_name, QuantizedLinear.from_linear(
-            linear, method, dense_from_rows=dense_from_rows))
+    num_linears = quantize_linears(model, method, dense_from_rows)
+    num_linears += sum(isinstance(m, QuantizedLinear) for m in model.modules()) - num_linears
     head = model.logits_head_weight()
     head_note = "float logits head"
     if choose_kernel(HEAD_METHOD, head.dtype) == "pagoda":
@@ -184,5 +179,26 @@ def quantize_linear_layers(
             head_note = f"{HEAD_METHOD} logits head"
     kernels = sorted({m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)})
     logger.info("%s weights in %d linear layers, %s, kernels %s (float weights from %s rows on)",
-                method, len(linears), head_note, "/".join(kernels), dense_from_rows)
+                method, num_linears, head_note, "/".join(kernels), dense_from_rows)
     return model
+
+
+def quantize_linears(
+    module: nn.Module, method: str, dense_from_rows: int | None = DEFAULT_DENSE_FROM_ROWS
+) -> int:
+    """Replace each `Linear` / `MergedLinear` under `module` (but a model's `lm_head`) by a
+    `QuantizedLinear`, in place. A float weight the quantized layer does not keep is freed
+    at once, even where a caller still holds its parameter (the loader's name table): the
+    parameter is left empty. Returns the number replaced."""
+    linears = [
+        (name, child) for name, child in module.named_modules()
+        if isinstance(child, Linear) and name != "lm_head"
+    ]
+    for name, linear in linears:
+        parent_name, _, child_name = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        quantized = QuantizedLinear.from_linear(linear, method, dense_from_rows=dense_from_rows)
+        setattr(parent, child_name, quantized)
+        if quantized.dense_weight is None:
+            linear.weight.data = linear.weight.data.new_empty(0)
+    return len(linears)

@@ -190,6 +190,10 @@ def _owned_bytes(raw: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(arr.reshape(-1).view(np.uint8))
 
 
+DECODE_SLICE_BLOCKS = 1 << 16
+"""Quant blocks decoded at once (2M weights of a 32-weight type: ~8 MB of float32)."""
+
+
 def dequantize_tensor(
     raw: np.ndarray,
     qtype: gguf.GGMLQuantizationType,
@@ -223,7 +227,12 @@ def dequantize_tensor(
     data = _owned_bytes(raw).to(device)
 
     if qtype in _FLOAT_VIEWS:
-        values = data.view(_FLOAT_VIEWS[qtype]).float()
-    else:
-        values = _DECODERS[qtype](data.view(-1, type_size))  # (num_blocks, block_size)
-    return values.reshape(shape).to(dtype)
+        return data.view(_FLOAT_VIEWS[qtype]).float().reshape(shape).to(dtype)
+    # (num_blocks, block_size), decoded a slice of blocks at a time into the output, so that a
+    # large tensor (an embedding table) has no whole-size float temporaries
+    blocks = data.view(-1, type_size)
+    values = torch.empty(blocks.shape[0], block_size, dtype=dtype, device=blocks.device)
+    for start in range(0, blocks.shape[0], DECODE_SLICE_BLOCKS):
+        stop = start + DECODE_SLICE_BLOCKS
+        values[start:stop] = _DECODERS[qtype](blocks[start:stop])
+    return values.reshape(shape)

@@ -76,6 +76,12 @@ class GGUFCheckpoint:
                 f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
             )
         self.hf_config = self._build_hf_config()
+        # The tokenizer's arrays, parsed into one numpy view per entry (~400 MB of objects for
+        # a 49K vocabulary): the tokenizer is built from the file separately, nothing here
+        # reads them again.
+        for key in [k for k in self.reader.fields if k.startswith("tokenizer.ggml.")]:
+            if len(self.reader.fields[key].data) > 1:
+                del self.reader.fields[key]
 
     def _field(self, key: str, default=None, required: bool = False):
         field = self.reader.fields.get(key)

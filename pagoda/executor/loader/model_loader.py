@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import re
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -12,6 +15,7 @@ from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.quantization import (
     check_quantization_supported,
     choose_kernel,
+    quantize_linears,
     quantize_linear_layers,
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
@@ -21,6 +25,8 @@ from pagoda.executor.models.registry import resolve_model_class
 
 logger = logging.getLogger(__name__)
 
+LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
+"""Hugging Face names of decoder-layer tensors: model.layers.{i}.<...>"""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -96,6 +102,40 @@ def resolve_quantization(
     return None
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim): the float weights
+    freed by quantization were small allocations, which free() keeps in the heap."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
+
+
+def quantize_layers_as_loaded(
+    weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module, method: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass the checkpoint's tensors on to load_weights; once the stream has moved past
+    decoder layer i (GGUF and Hugging Face files keep a layer's tensors together), every
+    tensor of layer i is in place, so its linears are quantized and their float weights freed
+    then: loading never holds the whole float model (RSS peak). A file whose layer comes back
+    after another one's tensors raises ValueError rather than lose them."""
+    layers = model.model.layers
+    done: set[int] = set()
+    current = None
+    for name, tensor in weights:
+        match = LAYER_NAME.match(name)
+        layer = int(match.group(1)) if match else None
+        if layer != current and current is not None:
+            quantize_linears(layers[current], method)
+            release_freed_memory()
+            done.add(current)
+        if layer in done:
+            raise ValueError(f"checkpoint tensor {name!r} comes after other layers' tensors; "
+                             f"load it without --quantization")
+        current = layer
+        yield name, tensor
+
+
 def load_model(
     checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
     dtype: torch.dtype,
@@ -117,11 +157,16 @@ def load_model(
             model = model_class(checkpoint.hf_config, max_position=max_position)
     finally:
         torch.set_default_dtype(previous_dtype)
-    model.load_weights(checkpoint.iter_weights(dtype))
+    weights = checkpoint.iter_weights(dtype)
+    if quantization is not None:
+        weights = quantize_layers_as_loaded(weights, model, quantization)
+    model.load_weights(weights)
     model.eval()
+    if quantization is not None:
+        quantize_linear_layers(model, quantization)  # layers not done while loading, the head
+        release_freed_memory()
     num_params = sum(p.numel() for p in model.parameters())
     if quantization is not None:
-        quantize_linear_layers(model, quantization)
         if choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(
                 "--quantization %s with %s activations runs PyTorch's kernels (int8: no "

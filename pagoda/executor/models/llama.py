@@ -101,7 +101,11 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, qkv_bias: bool, qk_norm: bool, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # _weight: no random initialisation (the checkpoint fills it), so no page is touched
+        # before loading
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.embed_tokens.weight.requires_grad_(False)
         rotary = RotaryEmbedding(config, head_dim_of(config), max_position)
         self.rotary = rotary

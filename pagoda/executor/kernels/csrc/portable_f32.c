@@ -102,15 +102,23 @@ ALWAYS_INLINE void store_sums(int rows, vf32 acc[GEMM_ROWS][CHUNKS][4], int chai
         }
 }
 
-/* Q4, one tile of 16 outputs for `rows` (<= GEMM_ROWS, a constant after inlining) rows of x. */
-ALWAYS_INLINE void tile_q4(int rows, const float *x, int64_t ldx, int64_t groups,
-                           const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
-                           float *y, int64_t ldy) {
-    const int chains = CHAINS(rows);
-    vf32 acc[GEMM_ROWS][CHUNKS][4];
+/* Q4, one tile of 16 outputs for `rows` (<= GEMM_ROWS, a constant after inlining) rows of x.
+ * Up to 2 rows (decode steps), d and m come out of the sums, which saves one multiply-add a
+ * weight: sum_k x_k (d q_k + m) = d sum_k x_k q_k + m sum_k x_k, with xsum (rows, groups)
+ * the sums of x over each group. More rows form w = d * q + m once for all of them (their
+ * accumulators would not leave registers for the group sums). */
+ALWAYS_INLINE void tile_q4(int rows, const float *x, int64_t ldx, const float *xsum,
+                           int64_t groups, const uint8_t *codes, const uint16_t *scales,
+                           const uint16_t *mins, float *y, int64_t ldy) {
+    const int chains = CHAINS(rows), factored = rows <= 2;
+    /* inputs 4c .. 4c+3 sit at bits 0, 8, 4, 12 of each lane's word (kernels.h) */
+    static const int shift[4] = {0, 8, 4, 12};
+    vf32 acc[GEMM_ROWS][CHUNKS][4], total[GEMM_ROWS][CHUNKS];
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < CHUNKS; v++)
+        for (int v = 0; v < CHUNKS; v++) {
+            total[r][v] = (vf32){0};
             for (int c = 0; c < chains; c++) acc[r][v][c] = (vf32){0};
+        }
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *gc = codes + g * GROUP_K * TILE_N / 2;
         const float *xg = x + g * GROUP_K;
@@ -120,9 +128,30 @@ ALWAYS_INLINE void tile_q4(int rows, const float *x, int64_t ldx, int64_t groups
             d[v] = load_f16(scales + g * TILE_N + v * LANES);
             m[v] = load_f16(mins + g * TILE_N + v * LANES);
         }
-        /* inputs 4c .. 4c+3 sit at bits 0, 8, 4, 12 of each lane's word (kernels.h); the
-         * words are re-read per input (L1 hits) so that few registers stay live */
-        static const int shift[4] = {0, 8, 4, 12};
+        if (factored) {
+#pragma GCC unroll 8
+            for (int c = 0; c < GROUP_K / 4; c++) {
+                vu32 words[CHUNKS];
+                for (int v = 0; v < CHUNKS; v++)
+                    words[v] = load_u16_widened((const uint16_t *)(gc + c * 32) + v * LANES);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    for (int v = 0; v < CHUNKS; v++) {
+                        const vf32 q = nibble(words[v], shift[i]);
+                        for (int r = 0; r < rows; r++)
+                            acc[r][v][i % chains] += xg[r * ldx + 4 * c + i] * q;
+                    }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < CHUNKS; v++) {
+                    vf32 sum = acc[r][v][0];
+                    acc[r][v][0] = (vf32){0};
+                    for (int c = 1; c < chains; c++) sum += acc[r][v][c], acc[r][v][c] = (vf32){0};
+                    total[r][v] += d[v] * sum + m[v] * xsum[r * groups + g];
+                }
+            continue;
+        }
+        /* the words are re-read per input (L1 hits) so that few registers stay live */
 #pragma GCC unroll 2
         for (int c = 0; c < GROUP_K / 4; c++) {
 #pragma GCC unroll 4
@@ -138,7 +167,12 @@ ALWAYS_INLINE void tile_q4(int rows, const float *x, int64_t ldx, int64_t groups
             }
         }
     }
-    store_sums(rows, acc, chains, y, ldy);
+    if (factored) {
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < CHUNKS; v++) store_f32(y + r * ldy + v * LANES, total[r][v]);
+    } else {
+        store_sums(rows, acc, chains, y, ldy);
+    }
 }
 
 /* Q8, one tile of 16 outputs for `rows` (<= GEMM_ROWS) rows of x. */
@@ -166,7 +200,7 @@ ALWAYS_INLINE void tile_q8(int rows, const float *x, int64_t ldx, int64_t groups
     store_sums(rows, acc, chains, y, ldy);
 }
 
-#define Q4_CASE(R) case R: tile_q4(R, xr, K, groups, c, s, mn, yr, N); break;
+#define Q4_CASE(R) case R: tile_q4(R, xr, K, xs, groups, c, s, mn, yr, N); break;
 #define Q8_CASE(R) case R: tile_q8(R, xr, K, groups, c, s, yr, N); break;
 
 /* y (M, N) float32 = x (M, K) float32 . W^T; N % 16 == 0, K % 32 == 0 (the caller checks).
@@ -177,6 +211,16 @@ void pagoda_gemm_q_f32(int format, const float *x, int64_t M, int64_t K, int64_t
                        float *y) {
     const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
     const int64_t tile_code_bytes = groups * GROUP_K * TILE_N / (format == FORMAT_Q4 ? 2 : 1);
+    float *xsum = NULL; /* (M, groups): sums of x over each group, for tile_q4's factored form */
+    if (format == FORMAT_Q4) {
+        xsum = malloc(sizeof(float) * (size_t)(M * groups));
+        if (xsum == NULL) abort();
+        for (int64_t i = 0; i < M * groups; i++) {
+            float sum = 0.0f;
+            for (int k = 0; k < GROUP_K; k++) sum += x[i * GROUP_K + k];
+            xsum[i] = sum;
+        }
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *c = codes + t * tile_code_bytes;
@@ -184,7 +228,7 @@ void pagoda_gemm_q_f32(int format, const float *x, int64_t M, int64_t K, int64_t
         const uint16_t *mn = format == FORMAT_Q4 ? mins + t * groups * TILE_N : NULL;
         for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
             const int rows = M - m0 < GEMM_ROWS ? (int)(M - m0) : GEMM_ROWS;
-            const float *xr = x + m0 * K;
+            const float *xr = x + m0 * K, *xs = xsum == NULL ? NULL : xsum + m0 * groups;
             float *yr = y + m0 * N + t * TILE_N;
             if (format == FORMAT_Q4) {
                 switch (rows) { Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) }
@@ -193,6 +237,7 @@ void pagoda_gemm_q_f32(int format, const float *x, int64_t M, int64_t K, int64_t
             }
         }
     }
+    free(xsum);
 }
 
 /* w_t (K, N) float32 = W^T, the weights the codes stand for (d * q + m, as tile_q4 forms
