@@ -7,7 +7,9 @@ tests/data/fidelity/, in llama-perplexity's way or over every position.
 --llama-windows N concatenates the texts in the order llama.cpp reads them (sorted file
 names), cuts the token stream into N-token windows and scores the second half of each: the
 positions `llama-perplexity -c N --kl-divergence` scores (benchmarks/PEERS.md), so both
-engines' figures compare. Modes are dtype:quantization pairs.
+engines' figures compare. Modes are dtype:quantization pairs; quantized modes run every
+matmul through the small-batch kernels that decode steps take (large batches otherwise
+multiply by exactly dequantized weights, which is float32's own result in float32).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pagoda.executor.fidelity import (
     build_runner,
     compare_teacher_forced,
     context_windows,
+    decode_kernels_only,
     next_token_logits,
 )
 from pagoda.executor.loader.model_files import resolve_model_files
@@ -55,7 +58,8 @@ def main() -> None:
         dtype, quantization = mode.split(":")
         candidate = build_runner(DTYPES[dtype], None if quantization == "none" else quantization,
                                  max_len=max_len)
-        report = compare_teacher_forced(reference_logits, candidate, texts, score_from)
+        with decode_kernels_only(candidate):
+            report = compare_teacher_forced(reference_logits, candidate, texts, score_from)
         print(f"{mode:>16}  {report.summary()}", flush=True)
 
 

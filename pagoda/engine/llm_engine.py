@@ -18,6 +18,8 @@ from pagoda.engine.block_manager import BlockManager
 from pagoda.engine.output_processor import OutputProcessor
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.scheduler import Scheduler
+from pagoda.executor.kernels.cpu_info import describe_run
+from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
@@ -80,6 +82,10 @@ class LLMEngine:
         )
         self.eos_token_ids = eos_token_ids(files, self.tokenizer, hf_config)
         self.runner = ModelRunner(model, self.device, self.dtype, config.cache, self.eos_token_ids)
+        if self.device.type == "cpu":
+            quantization = next((m.method for m in model.model.modules()
+                                 if isinstance(m, QuantizedLinear)), None)
+            logger.info(describe_run(self.dtype, quantization, self.runner.backend.name))
         num_blocks = self.runner.determine_num_blocks(max_model_len, config.scheduler)
         capacity = num_blocks * config.cache.block_size
         if capacity < max_model_len:

@@ -1,4 +1,4 @@
-"""`pagoda generate | chat | serve | bench`.
+"""`pagoda generate | chat | serve | bench | env`.
 
 Errors a user can cause (a bad path, a bad value) print one line to stderr and exit with
 code 2, without a traceback.
@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pagoda.bench.cli import add_bench_parser
     add_bench_parser(sub, add_engine_args)
+
+    from pagoda.entrypoints.env_cli import add_env_parser
+    add_env_parser(sub)
     return parser
 
 

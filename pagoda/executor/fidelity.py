@@ -13,6 +13,7 @@ context window, so that every scored token has context behind it; 0 scores every
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -91,6 +92,28 @@ def build_runner(dtype: torch.dtype, quantization: str | None, model: str | None
     runner = ModelRunner(loaded, torch.device("cpu"), dtype, CacheConfig(), [])
     runner.initialize_kv_cache(max_len // runner.block_size + 2)
     return runner
+
+
+@contextlib.contextmanager
+def decode_kernels_only(runner: ModelRunner):
+    """Within the block, every quantized matmul of `runner` takes the small-batch kernel that
+    decode steps run (no float weight kept for large batches, no dequantized BLAS matmul), so
+    teacher forcing over a whole text measures what decoding computes."""
+    from pagoda.executor.kernels import ops
+    from pagoda.executor.layers.quantization import QuantizedLinear
+
+    layers = [m for m in runner.model.modules() if isinstance(m, QuantizedLinear)]
+    kept = [layer.dense_weight for layer in layers]
+    threshold = ops.DEQUANTIZE_FROM_ROWS
+    for layer in layers:
+        layer.dense_weight = None
+    ops.DEQUANTIZE_FROM_ROWS = 1 << 62
+    try:
+        yield
+    finally:
+        ops.DEQUANTIZE_FROM_ROWS = threshold
+        for layer, weight in zip(layers, kept):
+            layer.dense_weight = weight
 
 
 def context_windows(token_ids: list[int], n_ctx: int) -> list[list[int]]:

@@ -1,0 +1,47 @@
+"""`pagoda env`: the CPU features Pagoda sees, the kernels built for them, and what `auto`
+picks (dtype, quantization, attention backend) for a model, without loading its weights."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_env_parser(sub) -> None:
+    env = sub.add_parser("env", help="print the CPU features seen and the paths auto picks")
+    env.add_argument("--model", default=None,
+                     help="GGUF file or Hugging Face folder (default: the bundled model)")
+    env.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    env.set_defaults(func=cmd_env)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from pagoda.executor.attention.cpu_backend import select_backend
+    from pagoda.executor.kernels.cpu_info import environment_report
+    from pagoda.executor.loader.model_files import resolve_model_files
+    from pagoda.executor.loader.model_loader import (
+        open_checkpoint,
+        resolve_device,
+        resolve_dtype,
+        resolve_quantization,
+        set_cpu_threads,
+    )
+    from pagoda.executor.models.llama import head_dim_of
+
+    for line in environment_report():
+        print(line)
+    device = resolve_device(args.device)
+    threads = set_cpu_threads() if device.type == "cpu" else None
+    files = resolve_model_files(args.model)
+    checkpoint = open_checkpoint(files)
+    config = checkpoint.hf_config
+    dtype = resolve_dtype("auto", device)
+    quantization = resolve_quantization("auto", checkpoint, dtype, device)
+    backend = select_backend(16, device, dtype, config.num_attention_heads,
+                             config.num_key_value_heads, head_dim_of(config), None)
+    print(f"auto for {files.path}:")
+    print(f"  device {device}{f', {threads} threads' if threads else ''}")
+    print(f"  dtype {str(dtype).removeprefix('torch.')}")
+    print(f"  quantization {quantization or 'none'}"
+          + (f" ({checkpoint.layer_weight_type()} file)" if quantization else ""))
+    print(f"  attention {backend.name}")
+    return 0

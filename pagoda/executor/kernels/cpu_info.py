@@ -1,0 +1,86 @@
+"""What this CPU offers Pagoda's kernels, and the path `auto` takes on it: for the log line
+at start and for `pagoda env`."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from pagoda.executor.kernels.build import cpu_flags, load_cpu_kernels
+
+FEATURES_OF_INTEREST = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "amx_bf16", "asimd", "fphp", "asimdhp", "bf16", "sve",
+)
+"""/proc/cpuinfo flag names (x86 and ARM) that decide a kernel path."""
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "Hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_features() -> list[str]:
+    """The features of interest this CPU has, in FEATURES_OF_INTEREST's order."""
+    flags = set(cpu_flags().split())
+    return [name for name in FEATURES_OF_INTEREST if name in flags]
+
+
+def float32_kernel_isa() -> str | None:
+    """The instruction set the float32 kernels were built for here, or None without them."""
+    lib = load_cpu_kernels()
+    if lib is None:
+        return None
+    vector_bytes = lib.pagoda_f32_vector_bytes()
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i686"):
+        names = {64: "AVX-512F", 32: "AVX2+FMA" if "avx2" in cpu_features() else "AVX"}
+        name = names.get(vector_bytes, "SSE2")
+    elif machine in ("aarch64", "arm64"):
+        name = "NEON"
+    else:
+        name = "generic vectors"
+    return f"{name}, {vector_bytes * 8}-bit vectors"
+
+
+def describe_kernels() -> str:
+    """One line: which kernel paths run here."""
+    isa = float32_kernel_isa()
+    if isa is None:
+        return "Pagoda's CPU kernels: unavailable (no C compiler?), PyTorch's kernels only"
+    bf16 = "yes (AVX-512 BF16)" if load_cpu_kernels().pagoda_bf16_kernels_available() else (
+        "no (needs AVX-512 BF16)")
+    return f"Pagoda's CPU kernels: float32 on {isa}; bfloat16: {bf16}"
+
+
+def describe_run(dtype: torch.dtype, quantization: str | None, attention: str) -> str:
+    """The one line logged at start: what runs on this CPU."""
+    name = str(dtype).removeprefix("torch.")
+    weights = f"{quantization} weights" if quantization else f"{name} weights"
+    return (f"{cpu_name()} ({', '.join(cpu_features()) or 'no vector extensions seen'}), "
+            f"{torch.get_num_threads()} threads: {name} activations, {weights}, "
+            f"attention {attention}; {describe_kernels()}")
+
+
+def environment_report() -> list[str]:
+    """Lines for `pagoda env`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pagoda_version = version("pagoda-llm")
+    except PackageNotFoundError:
+        pagoda_version = "unknown"
+    return [
+        f"Pagoda {pagoda_version}, torch {torch.__version__}, Python {platform.python_version()}",
+        f"CPU: {cpu_name()} ({platform.machine()}), {len(os.sched_getaffinity(0))} usable cores",
+        f"features seen: {' '.join(cpu_features()) or 'none of interest'}",
+        describe_kernels(),
+    ]

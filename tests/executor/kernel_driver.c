@@ -1,0 +1,85 @@
+/* Runs one of Pagoda's float32 kernels (pagoda/executor/kernels/csrc/portable_f32.c) on the
+ * inputs in a file and writes its output to another: how test_kernels_aarch64.py tests the
+ * ARM64 build under qemu, where no torch runs.
+ *
+ *   kernel_driver gemm|dequantize|attention IN OUT
+ * IN: int64 header, then the kernel's arrays back to back (the test writes them):
+ *   gemm:       format M K N; x f32 (M, K); codes; scales f16; mins f16 (q4)   -> y f32 (M, N)
+ *   dequantize: format M K N (M unused); codes; scales; mins                   -> w_t f32 (K, N)
+ *   attention:  T H Hkv D num_blocks block_size table_width window S, scale as f64;
+ *               query f32 (T, H, D); kv_cache f32 (2, Hkv, blocks, block_size, D);
+ *               block_tables i64 (S, table_width); query_seq i64 (T); key_lens i64 (T)
+ *                                                                              -> out f32 (T, H, D)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static char *read_all(const char *path, long *size) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END);
+    *size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = malloc(*size);
+    if (fread(data, 1, *size, f) != (size_t)*size) { perror(path); exit(2); }
+    fclose(f);
+    return data;
+}
+
+static void write_all(const char *path, const void *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(data, 1, size, f) != size) { perror(path); exit(2); }
+    fclose(f);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s gemm|dequantize|attention IN OUT\n", argv[0]);
+        return 2;
+    }
+    long size;
+    char *data = read_all(argv[2], &size);
+    const int64_t *h = (const int64_t *)data;
+    if (strcmp(argv[1], "attention") == 0) {
+        const int64_t T = h[0], H = h[1], Hkv = h[2], D = h[3], blocks = h[4], bs = h[5];
+        const int64_t width = h[6], window = h[7], S = h[8];
+        double scale;
+        memcpy(&scale, h + 9, sizeof scale);
+        char *p = data + 10 * sizeof(int64_t);
+        const float *query = (const float *)p;
+        p += T * H * D * sizeof(float);
+        float *kv_cache = (float *)p;
+        p += 2 * Hkv * blocks * bs * D * sizeof(float);
+        const int64_t *tables = (const int64_t *)p;
+        p += S * width * sizeof(int64_t);
+        const int64_t *query_seq = (const int64_t *)p;
+        const int64_t *key_lens = query_seq + T;
+        float *out = malloc(T * H * D * sizeof(float));
+        pagoda_paged_attention_f32(query, kv_cache, tables, query_seq, key_lens, T, H, Hkv, D,
+                                   blocks, bs, width, window, (float)scale, NULL, NULL, 0, 0,
+                                   NULL, out);
+        write_all(argv[3], out, T * H * D * sizeof(float));
+        return 0;
+    }
+    const int64_t format = h[0], M = h[1], K = h[2], N = h[3];
+    char *p = data + 4 * sizeof(int64_t);
+    const float *x = (const float *)p;
+    if (strcmp(argv[1], "gemm") == 0) p += M * K * sizeof(float);
+    const uint8_t *codes = (const uint8_t *)p;
+    p += N * K / (format == FORMAT_Q4 ? 2 : 1);
+    const uint16_t *scales = (const uint16_t *)p;
+    const uint16_t *mins = format == FORMAT_Q4 ? scales + N * K / GROUP_K : NULL;
+    if (strcmp(argv[1], "gemm") == 0) {
+        float *y = malloc(M * N * sizeof(float));
+        pagoda_gemm_q_f32((int)format, x, M, K, N, codes, scales, mins, y);
+        write_all(argv[3], y, M * N * sizeof(float));
+    } else {
+        float *w_t = malloc(K * N * sizeof(float));
+        pagoda_dequantize_q_f32((int)format, K, N, codes, scales, mins, w_t);
+        write_all(argv[3], w_t, K * N * sizeof(float));
+    }
+    return 0;
+}

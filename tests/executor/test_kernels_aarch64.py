@@ -1,0 +1,94 @@
+"""The float32 kernels built for ARM64 (NEON: portable_f32.c's 4-lane vectors) and run under
+qemu-user against the same torch references as the native build: the ARM path is tested,
+not hoped for. Needs Debian's gcc-aarch64-linux-gnu and qemu-user, which .ci/run installs;
+where either is missing these tests are skipped for that reason only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pagoda.executor.kernels.build import SOURCE_DIR, kernel_sources
+from pagoda.executor.kernels.packing import FORMATS, pack, quantize_groups
+from tests.executor.test_attention_backend import reference_attention
+
+CROSS_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+SYSROOT = "/usr/aarch64-linux-gnu"
+pytestmark = pytest.mark.skipif(CROSS_CC is None or QEMU is None,
+                                reason="needs gcc-aarch64-linux-gnu and qemu-user")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory) -> Path:
+    """kernel_driver.c with the kernel sources, for ARM64 (-march=armv8-a: NEON)."""
+    target = tmp_path_factory.mktemp("aarch64") / "kernel_driver"
+    source = Path(__file__).with_name("kernel_driver.c")
+    subprocess.run([CROSS_CC, "-O3", "-march=armv8-a", "-fopenmp", f"-I{SOURCE_DIR}", "-o",
+                    str(target), str(source), *map(str, kernel_sources())], check=True)
+    return target
+
+
+def run(driver: Path, command: str, inputs: list[np.ndarray], tmp_path: Path) -> np.ndarray:
+    path_in, path_out = tmp_path / f"{command}.in", tmp_path / f"{command}.out"
+    path_in.write_bytes(b"".join(np.ascontiguousarray(a).tobytes() for a in inputs))
+    subprocess.run([QEMU, "-L", SYSROOT, str(driver), command, str(path_in), str(path_out)],
+                   check=True, timeout=300, env={"OMP_NUM_THREADS": "2"})
+    return np.frombuffer(path_out.read_bytes(), dtype=np.float32)
+
+
+def test_the_arm_build_uses_neon_vectors(driver) -> None:
+    """The driver is an ARM64 executable whose kernels took 16-byte NEON vectors."""
+    assert driver.read_bytes()[18:20] == b"\xb7\x00"  # ELF e_machine: EM_AARCH64
+    disassembly = subprocess.run([CROSS_CC.replace("gcc", "objdump"), "-d", str(driver)],
+                                 capture_output=True, text=True).stdout
+    assert "fmla\tv" in disassembly  # vector fused multiply-add on NEON registers
+
+
+@pytest.mark.parametrize("format", ["q4", "q8"])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7])
+def test_gemm_on_arm64_matches_the_dequantized_matmul(driver, tmp_path, format, rows) -> None:
+    torch.manual_seed(rows)
+    quantized = quantize_groups(torch.randn(96, 160) * 0.05, format)
+    codes, scales, mins = pack(quantized)
+    x = torch.randn(rows, 160)
+    header = np.array([FORMATS[format], rows, 160, 96], dtype=np.int64)
+    arrays = [header, x.numpy(), codes.numpy(), scales.view(torch.int16).numpy()]
+    if mins is not None:
+        arrays.append(mins.view(torch.int16).numpy())
+    y = run(driver, "gemm", arrays, tmp_path).reshape(rows, 96)
+    expected = x @ quantized.dequantize().T
+    torch.testing.assert_close(torch.from_numpy(y.copy()), expected, rtol=2e-5, atol=2e-5)
+    w_t = run(driver, "dequantize", arrays[:1] + arrays[2:], tmp_path).reshape(160, 96)
+    assert torch.equal(torch.from_numpy(w_t.copy()), quantized.dequantize().T)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 1, 128)])
+def test_paged_attention_on_arm64_matches_naive_attention(driver, tmp_path, heads, window) -> None:
+    """Decode tokens of four sequences over scattered blocks, with and without a window."""
+    num_heads, num_kv_heads, dim = heads
+    block_size, num_blocks = 16, 40
+    gen = torch.Generator().manual_seed(0)
+    lens = [8, 1, 131, 34]
+    kv_cache = torch.randn(2, num_kv_heads, num_blocks, block_size, dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[:4 * 9].view(4, 9)
+    query = torch.randn(len(lens), num_heads, dim, generator=gen)
+    header = np.array([len(lens), num_heads, num_kv_heads, dim, num_blocks, block_size, 9,
+                       window or 0, len(lens)], dtype=np.int64)
+    arrays = [header, np.array([dim**-0.5]), query.numpy(), kv_cache.numpy(), tables.numpy(),
+              np.arange(len(lens), dtype=np.int64), np.array(lens, dtype=np.int64)]
+    out = torch.from_numpy(run(driver, "attention", arrays, tmp_path).copy())
+    expected = []
+    for seq, length in enumerate(lens):
+        pos = torch.arange(length)
+        slots = tables[seq, pos // block_size] * block_size + pos % block_size
+        keys = kv_cache[0].reshape(num_kv_heads, -1, dim)[:, slots].transpose(0, 1)
+        values = kv_cache[1].reshape(num_kv_heads, -1, dim)[:, slots].transpose(0, 1)
+        expected.append(reference_attention(query[seq:seq + 1], keys, values, length - 1, window))
+    torch.testing.assert_close(out.view(len(lens), num_heads, dim), torch.cat(expected),
+                               atol=1e-4, rtol=1e-4)
