@@ -17,6 +17,7 @@ import platform
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
@@ -269,3 +270,17 @@ def test_the_kernel_backend_is_chosen_only_where_it_applies() -> None:
     for dtype, heads in [(torch.float16, (9, 3, 64)), (torch.float32, (4, 4, 8))]:
         backend = select_backend(16, cpu, dtype, *heads, None)
         assert type(backend) is TorchAttentionBackend
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_kernel_matches_torch(with_residual) -> None:
+    """The float32 RMSNorm kernel small batches take, the residual add fused in front."""
+    torch.manual_seed(4)
+    x, residual, weight = torch.randn(5, 576), torch.randn(5, 576), torch.randn(576)
+    out, new_residual = ops.rms_norm(x, weight, 1e-5, residual if with_residual else None)
+    summed = x + residual if with_residual else x
+    torch.testing.assert_close(out, F.rms_norm(summed, (576,), weight, 1e-5),
+                               rtol=1e-6, atol=1e-6)
+    assert (new_residual is None) != with_residual
+    if with_residual:
+        assert torch.equal(new_residual, summed)

@@ -106,6 +106,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"pagoda_paged_attention_{name}").restype = None
     lib.pagoda_dequantize_q_f32.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr]
     lib.pagoda_dequantize_q_f32.restype = None
+    lib.pagoda_rms_norm_f32.argtypes = [ptr, ptr, ptr, f32, i64, i64, ptr, ptr]
+    lib.pagoda_rms_norm_f32.restype = None
     return lib
 
 

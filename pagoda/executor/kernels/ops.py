@@ -50,11 +50,12 @@ def gemm_q(
     return y
 
 
-DEQUANTIZE_FROM_ROWS = 16
+DEQUANTIZE_FROM_ROWS = 128
 """From this many float32 rows gemm_q dequantizes the weight, a slice of outputs at a time,
-and multiplies with torch's BLAS matmul: the kernel decodes every weight once per 4 rows,
-so its cost grows with the rows, while a BLAS matmul runs near the CPU's multiply-add peak
-and the dequantization is paid once (BENCHMARKS.md section 9 has the crossover)."""
+and multiplies with torch's BLAS matmul (prefills): the kernel decodes every weight once per
+4 rows, so it falls behind a BLAS matmul by a little once the one-off dequantization (4
+bytes written a weight) is amortized. Measured on the AVX2 EPYC, 576 -> 3072: the kernel
+matches the float32 matmul up to 64 rows and is 15% slower at 128 (BENCHMARKS.md section 9)."""
 DEQUANTIZE_SLICE_BYTES = 8 << 20
 """Float32 weight bytes dequantized at once (a cache-sized slice of W^T, reused per call)."""
 
@@ -176,3 +177,22 @@ def _token_rows(t: torch.Tensor) -> torch.Tensor:
     stride, as in a view of the fused qkv output), else a contiguous copy."""
     heads_packed = t.shape[1] == 1 or t.stride(1) == t.shape[2]
     return t if t.stride(2) == 1 and heads_packed else t.contiguous()
+
+
+RMS_NORM_KERNEL_MAX_ROWS = 64
+"""Up to this many float32 rows RMSNorm takes the C kernel (one thread, no dispatch);
+torch's rms_norm is as fast from there on."""
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x, residual (M, H) float32 contiguous; weight (H,) -> (norm(x + residual) * weight,
+    x + residual or None without a residual)."""
+    out = torch.empty_like(x)
+    new_residual = None if residual is None else torch.empty_like(x)
+    load_cpu_kernels().pagoda_rms_norm_f32(
+        x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+        eps, x.shape[0], x.shape[1], out.data_ptr(),
+        None if new_residual is None else new_residual.data_ptr())
+    return out, new_residual

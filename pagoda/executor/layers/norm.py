@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagoda.executor.kernels.ops import RMS_NORM_KERNEL_MAX_ROWS, kernels_available, rms_norm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -18,9 +20,14 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (..., hidden). With `residual`, returns (norm(x + residual), x + residual).
 
-        torch's fused kernel replaces the ~ten elementwise ops of the textbook form. Half
-        precision follows the reference implementation's roundings exactly: normalise in
-        float32, cast, then scale by the weight in the input dtype."""
+        torch's fused kernel replaces the ~ten elementwise ops of the textbook form; small
+        float32 CPU batches (decode steps) take Pagoda's C kernel, which also fuses the add
+        (torch's float32 rms_norm costs ~50 us a call on a 2-core CPU). Half precision
+        follows the reference implementation's roundings exactly: normalise in float32,
+        cast, then scale by the weight in the input dtype."""
+        if self._takes_kernel(x, residual):
+            normed, residual = rms_norm(x, self.weight, self.eps, residual)
+            return normed if residual is None else (normed, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -29,3 +36,13 @@ class RMSNorm(nn.Module):
         else:
             normed = self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
         return normed if residual is None else (normed, residual)
+
+    def _takes_kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Small float32 CPU batches of whole rows (eager only: compiled graphs fuse their
+        own) where the kernels run."""
+        return (
+            x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2
+            and x.shape[0] <= RMS_NORM_KERNEL_MAX_ROWS and x.is_contiguous()
+            and (residual is None or residual.is_contiguous())
+            and not torch.compiler.is_compiling() and kernels_available(torch.float32)
+        )

@@ -59,5 +59,7 @@ void pagoda_paged_attention_f32(
     int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
     float scale, const float *new_k, const float *new_v, int64_t k_stride,
     int64_t v_stride, const int64_t *slots, float *out);
+void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
+                         int64_t M, int64_t H, float *out, float *new_residual);
 
 #endif

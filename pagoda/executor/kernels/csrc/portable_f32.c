@@ -407,3 +407,23 @@ void pagoda_paged_attention_f32(
         free(scores);
     }
 }
+
+/* RMSNorm of M rows of H floats, with the residual add fused in front (x + residual, when
+ * residual is not NULL, is both normalised and written to new_residual):
+ *   out = (x / sqrt(mean(x^2) + eps)) * weight        (sum of squares in double)
+ * For small batches, where torch's float32 rms_norm costs ~50 us a call on a 2-core CPU. */
+void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
+                         int64_t M, int64_t H, float *out, float *new_residual) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * H;
+        if (residual != NULL) {
+            float *sum = new_residual + m * H;
+            for (int64_t i = 0; i < H; i++) sum[i] = xr[i] + residual[m * H + i];
+            xr = sum;
+        }
+        double squares = 0.0;
+        for (int64_t i = 0; i < H; i++) squares += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt(squares / (double)H + (double)eps));
+        for (int64_t i = 0; i < H; i++) out[m * H + i] = xr[i] * inv * weight[i];
+    }
+}
