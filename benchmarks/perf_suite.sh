@@ -3,6 +3,7 @@
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]
 #   SERVE_ONLY=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]   # blocks 2-4 only
+#   NO_TRANSFORMERS=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR   # llama.cpp peers only
 #
 # LLAMA_BIN holds llama-server and llama-batched-bench (built as in benchmarks/PEERS.md).
 # PAGODA_FLAGS go to every Pagoda engine (e.g. --compile, --quantization int4). Each block waits for
@@ -23,8 +24,10 @@ wait_up() { until curl -sf "$1/health" >/dev/null; do sleep 1; done; }
 
 # 1. Offline throughput: transformers at batch 8, llama.cpp at 32 sequences, Pagoda on 256.
 if [ -z "${SERVE_ONLY:-}" ]; then
+if [ -z "${NO_TRANSFORMERS:-}" ]; then
 quiet; $PY benchmarks/transformers_baseline.py --num-prompts 32 --input-len 128 \
   --output-len 128 --batch-size 8 --output "$OUT/transformers-b8.json"
+fi
 quiet; "$LLAMA_BIN/llama-batched-bench" -m "$GGUF" -c 8192 -b 2048 -ub 512 -t 2 \
   -npp 128 -ntg 128 -npl 1,32 2>/dev/null | grep '^|' > "$OUT/llamacpp-batched.txt"
 quiet; $PAGODA bench throughput --num-prompts 256 --input-len 128 --output-len 128 \
@@ -60,9 +63,11 @@ kill $PAGODA_PID; wait $PAGODA_PID 2>/dev/null || true
 for run in serve16 ttft512 single; do
   $PAGODA bench compare "$OUT/llamacpp-$run.json" "$OUT/pagoda-$run.json" > "$OUT/compare-$run.md"
 done
-if [ -z "${SERVE_ONLY:-}" ]; then
+if [ -z "${SERVE_ONLY:-}" ] && [ -z "${NO_TRANSFORMERS:-}" ]; then
   $PAGODA bench compare "$OUT/transformers-b8.json" "$OUT/pagoda-throughput.json" \
     > "$OUT/compare-throughput.md"
+fi
+if [ -z "${SERVE_ONLY:-}" ]; then
   cat "$OUT/llamacpp-batched.txt"
 fi
 cat "$OUT"/compare-*.md
