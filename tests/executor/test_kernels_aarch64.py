@@ -29,7 +29,7 @@ def driver(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("aarch64") / "kernel_driver"
     source = Path(__file__).with_name("kernel_driver.c")
     subprocess.run([CROSS_CC, "-O3", "-march=armv8-a", "-fopenmp", f"-I{SOURCE_DIR}", "-o",
-                    str(target), str(source), *map(str, kernel_sources())], check=True)
+                    str(target), str(source), *map(str, kernel_sources()), "-lm"], check=True)
     return target
 
 

@@ -77,7 +77,7 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
             partial = Path(tmp.name)
         try:
             command = [compiler, *BASE_FLAGS, *optional, *extra_flags, "-o", str(partial),
-                       *map(str, sources)]
+                       *map(str, sources), "-lm"]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode == 0:
                 if optional != OPTIONAL_FLAGS[0]:
