@@ -272,3 +272,25 @@ def test_int4_engine_answers_a_chat_prompt() -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     output = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     assert "Paris" in output.outputs[0].text
+
+
+def test_layers_are_quantized_as_their_last_tensor_loads_in_any_order() -> None:
+    """A sharded checkpoint may split a layer between files: layer 0's tensors come before
+    and after layer 1's here, and layer 0 is quantized only after its last one."""
+    from pagoda.executor.loader.model_loader import quantize_layers_as_loaded
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = Linear(64, 32)
+
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = nn.ModuleList([Layer(), Layer()])
+    names = ["model.layers.0.a", "model.layers.1.a", "model.norm.weight", "model.layers.0.b",
+             "model.layers.1.b"]
+    seen = []
+    for name, _ in quantize_layers_as_loaded(((n, None) for n in names), names, model, "int8"):
+        seen.append((name, [type(layer.proj).__name__ for layer in model.model.layers]))
+    assert seen[3] == ("model.layers.0.b", ["Linear", "Linear"])  # not before its last tensor
+    assert [type(layer.proj) for layer in model.model.layers] == [QuantizedLinear] * 2

@@ -143,6 +143,10 @@ class GGUFCheckpoint:
                         if t.name.startswith("blk.") and len(t.shape) == 2)
         return types.most_common(1)[0][0] if types else "none"
 
+    def tensor_names(self) -> list[str]:
+        """The Hugging Face names iter_weights yields, in its order."""
+        return [self._hf_name(tensor.name) for tensor in self.reader.tensors]
+
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (Hugging Face name, dequantized tensor in `dtype`) one tensor at a time."""
         cfg = self.hf_config

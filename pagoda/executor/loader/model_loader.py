@@ -112,28 +112,25 @@ def release_freed_memory() -> None:
 
 
 def quantize_layers_as_loaded(
-    weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module, method: str
+    weights: Iterator[tuple[str, torch.Tensor]], names: list[str], model: nn.Module, method: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Pass the checkpoint's tensors on to load_weights; once the stream has moved past
-    decoder layer i (GGUF and Hugging Face files keep a layer's tensors together), every
-    tensor of layer i is in place, so its linears are quantized and their float weights freed
-    then: loading never holds the whole float model (RSS peak). A file whose layer comes back
-    after another one's tensors raises ValueError rather than lose them."""
-    layers = model.model.layers
-    done: set[int] = set()
-    current = None
-    for name, tensor in weights:
+    """Pass the checkpoint's tensors (`names`: all of their names, in the same order) on to
+    load_weights, and quantize each decoder layer's linears, freeing their float weights, as
+    soon as the last tensor of that layer has been loaded: loading never holds the whole
+    float model (the RSS peak). Any order of tensors works (a sharded checkpoint may split a
+    layer between files)."""
+    last_index = {}  # layer -> index of its last tensor
+    for index, name in enumerate(names):
         match = LAYER_NAME.match(name)
-        layer = int(match.group(1)) if match else None
-        if layer != current and current is not None:
-            quantize_linears(layers[current], method)
+        if match:
+            last_index[int(match.group(1))] = index
+    layer_of_last = {index: layer for layer, index in last_index.items()}
+    layers = model.model.layers
+    for index, item in enumerate(weights):
+        yield item  # load_weights asks for the next tensor once this one is in place
+        if index in layer_of_last:
+            quantize_linears(layers[layer_of_last[index]], method)
             release_freed_memory()
-            done.add(current)
-        if layer in done:
-            raise ValueError(f"checkpoint tensor {name!r} comes after other layers' tensors; "
-                             f"load it without --quantization")
-        current = layer
-        yield name, tensor
 
 
 def load_model(
@@ -157,15 +154,16 @@ def load_model(
             model = model_class(checkpoint.hf_config, max_position=max_position)
     finally:
         torch.set_default_dtype(previous_dtype)
+    num_params = sum(p.numel() for p in model.parameters())
     weights = checkpoint.iter_weights(dtype)
     if quantization is not None:
-        weights = quantize_layers_as_loaded(weights, model, quantization)
+        weights = quantize_layers_as_loaded(weights, checkpoint.tensor_names(), model,
+                                            quantization)
     model.load_weights(weights)
     model.eval()
     if quantization is not None:
         quantize_linear_layers(model, quantization)  # layers not done while loading, the head
         release_freed_memory()
-    num_params = sum(p.numel() for p in model.parameters())
     if quantization is not None:
         if choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(

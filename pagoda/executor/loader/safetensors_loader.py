@@ -48,6 +48,17 @@ class SafetensorsCheckpoint:
     def weight_bytes(self) -> int:
         return sum(os.path.getsize(f) for f in self.files)
 
+    def tensor_names(self) -> list[str]:
+        """The names iter_weights yields, in its order (read from the files' headers)."""
+        names = []
+        for file in self.files:
+            try:
+                with safe_open(file, framework="pt") as handle:
+                    names.extend(handle.keys())
+            except Exception as e:  # noqa: BLE001 -- as iter_weights
+                raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
+        return names
+
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor in `dtype`) one tensor at a time."""
         for file in self.files:
