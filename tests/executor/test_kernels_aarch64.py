@@ -45,7 +45,7 @@ def test_the_arm_build_uses_neon_vectors(driver) -> None:
     """The driver is an ARM64 executable whose kernels took 16-byte NEON vectors."""
     assert driver.read_bytes()[18:20] == b"\xb7\x00"  # ELF e_machine: EM_AARCH64
     disassembly = subprocess.run([CROSS_CC.replace("gcc", "objdump"), "-d", str(driver)],
-                                 capture_output=True, text=True).stdout
+                                 capture_output=True, text=True, check=True).stdout
     assert "fmla\tv" in disassembly  # vector fused multiply-add on NEON registers
 
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from pagoda.config import CacheConfig, ModelConfig
 from pagoda.executor.kernels.ops import kernels_available
-from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers import quantization
+from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers.quantization import (
     QuantizedLinear,
     check_quantization_supported,

@@ -1,4 +1,4 @@
-"""Group-quantize a weight and pack it in the tile layout of cpu_kernels.c's gemm_q.
+"""Group-quantize a weight and pack it in the tile layout of the kernels' gemm_q (csrc/kernels.h).
 
 Formats (w: one weight, groups of GROUP_K consecutive inputs of one output row, float16
 scales, as GGUF stores them):
@@ -17,7 +17,7 @@ import torch
 GROUP_K = 32
 TILE_N = 16
 FORMATS = {"q4": 0, "q8": 1}
-"""format name -> the FORMAT_* code of cpu_kernels.c"""
+"""format name -> the FORMAT_* code of csrc/kernels.h"""
 
 
 @dataclass
@@ -68,7 +68,7 @@ def quantize_groups(weight: torch.Tensor, format: str) -> GroupQuantized:
 
 def pack(quantized: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> (codes uint8, scales float16, mins float16 or None) in gemm_q's tile layout (see
-    cpu_kernels.c): q4 codes [tile][group][c][lane][half], low nibble from pair 2c, high from
+    csrc/kernels.h): q4 codes [tile][group][c][lane][half], low nibble from pair 2c, high from
     pair 2c + 1; q8 codes [tile][group][pair][half][lane] int8; scales, mins [tile][group][lane]."""
     n, k = quantized.codes.shape
     tiles, groups = n // TILE_N, k // GROUP_K

@@ -15,8 +15,8 @@ from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.quantization import (
     check_quantization_supported,
     choose_kernel,
-    quantize_linears,
     quantize_linear_layers,
+    quantize_linears,
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
 from pagoda.executor.loader.model_files import ModelFiles
@@ -164,7 +164,6 @@ def load_model(
     if quantization is not None:
         quantize_linear_layers(model, quantization)  # layers not done while loading, the head
         release_freed_memory()
-    if quantization is not None:
         if choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(
                 "--quantization %s with %s activations runs PyTorch's kernels (int8: no "
