@@ -1,8 +1,19 @@
-"""Pagoda: an LLM inference and serving engine."""
+"""Pagoda: an LLM inference and serving engine.
 
-from pagoda.entrypoints.llm import LLM
+`LLM` loads lazily (it imports torch): `import pagoda.engine.scheduler` and the other
+pure-Python modules stay importable without it.
+"""
+
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from pagoda.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'pagoda' has no attribute {name!r}")

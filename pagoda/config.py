@@ -2,11 +2,19 @@
 
 Values computed at run time (the number of KV blocks, the model's architecture config read
 from the checkpoint) live on the objects that compute them, not here.
+
+These classes are the single source of the engine's options: each field's docstring is its
+`--help` text, and pagoda/config_args.py turns every field into a CLI flag (`--max-num-seqs`)
+and an `LLM(max_num_seqs=...)` keyword. Adding a field with a docstring here adds both.
+Field names are unique across the sections (checked).
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+
+from pagoda.config_args import add_config_args, config_from_kwargs, config_from_namespace
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -19,26 +27,33 @@ see pagoda/executor/loader/model_loader.py), none (None is the same), or a metho
 @dataclass(frozen=True)
 class ModelConfig:
     model: str | None = None
-    """Path to a GGUF file or a Hugging Face model folder; None means the bundled model."""
-    dtype: str = "auto"
-    """Run dtype of weights and activations: auto, float32, bfloat16 or float16."""
+    """GGUF file or Hugging Face model folder (config.json + *.safetensors); None: the bundled
+    SmolLM2-135M-Instruct."""
+    dtype: str = field(default="auto", metadata={"choices": SUPPORTED_DTYPES})
+    """Run dtype of weights and activations. auto: bfloat16 on CUDA and on CPUs with native
+    bf16, else float32."""
     max_model_len: int | None = None
     """Longest prompt plus output, in tokens; None means the model's context length."""
     tokenizer: str | None = None
     """Tokenizer source when it differs from the model (a HF folder or a GGUF file)."""
     seed: int = 0
     """Seed for requests that give none (keeps runs reproducible)."""
-    quantization: str | None = "auto"
-    """auto, none/None (weights in the run dtype), int8 or int4: weight-only quantized linear
-    layers, CPU only (see pagoda/executor/layers/quantization.py). auto keeps a Q4_1 GGUF
-    model's own 4-bit weights (int4) wherever Pagoda's CPU kernels run the run dtype."""
+    quantization: str | None = field(default="auto", metadata={"choices": QUANTIZATION_CHOICES})
+    """Weight-only quantized linear layers, CPU only (activations stay in the run dtype), in
+    groups of 32: int4 (Q4_1's form; on a Q4_1 GGUF model its own 4-bit weights) or int8
+    (Q8_0's form); the logits head then runs int8. none (or None): weights in the run dtype.
+    auto: int4 for a Q4_1 GGUF model wherever Pagoda's CPU kernels build (float32, or bfloat16
+    with AVX-512 BF16), else none; `pagoda env` shows the choice."""
     compile: bool = False
-    """torch.compile the model at start, with a warm-up (ModelRunner.compile_model): faster
-    steps, a slower start (about a minute per compiled step shape on a 2-core CPU)."""
+    """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
+    decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
+    quantized weights); BENCHMARKS.md has the measurements."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
@@ -51,16 +66,19 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    """Tokens per KV-cache block."""
+    """Tokens per KV-cache block (a power of two)."""
     kv_cache_memory: int | None = None
     """Bytes for the KV cache on CPU; None: 256 MiB (or one max_model_len sequence if more),
     at most a fifth of free RAM and no more than max_num_seqs x max_model_len tokens."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the engine may use (weights + activations + KV cache)."""
-    enable_prefix_caching: bool = True
-    """Reuse KV blocks of identical prompt prefixes across requests."""
-    num_gpu_blocks_override: int | None = None
-    """Force the number of KV blocks (tests and experiments)."""
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"aliases": ("--no-prefix-caching",)})
+    """Automatic prefix caching: reuse the KV blocks of identical prompt prefixes across
+    requests."""
+    num_kv_blocks: int | None = None
+    """Force the number of KV blocks instead of sizing the cache from memory (tests and
+    experiments)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -71,8 +89,8 @@ class CacheConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise ValueError(f"num_blocks override must be >= 1, got {self.num_gpu_blocks_override}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
 
 
 @dataclass(frozen=True)
@@ -80,8 +98,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     """Token budget of one engine step (prefill chunks plus decodes)."""
     max_num_seqs: int = 128
-    """Most requests running at once."""
-    policy: str = "fcfs"
+    """Most requests running at once (in one batch)."""
+    scheduling_policy: str = field(default="fcfs", metadata={"choices": SCHEDULING_POLICIES})
     """fcfs: first come first served; priority: lower `priority` value runs first."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps to fit the token budget."""
@@ -93,9 +111,10 @@ class SchedulerConfig:
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.policy not in SCHEDULING_POLICIES:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
-                f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}"
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
             )
 
 
@@ -106,3 +125,19 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the "engine" argument group: one `--field-name` flag per field of every section."""
+        add_config_args(parser, cls, "engine",
+                        "the engine's options; each is also an LLM(...) keyword of the same name")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """The config from arguments parsed with add_cli_args (absent ones keep defaults)."""
+        return config_from_namespace(cls, args)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """The config from flat keywords (`max_num_seqs=8`); TypeError for an unknown one."""
+        return config_from_kwargs(cls, kwargs)

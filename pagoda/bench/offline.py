@@ -51,18 +51,17 @@ def run_throughput(
     tokenizer = llm.get_tokenizer()
     prompts = random_prompts(tokenizer, num_prompts, input_len, range_ratio, seed)
     _warm_up(llm, sampleable_token_ids(tokenizer), seed)
-    stats = llm.engine.stats
-    batch_sizes_before = Counter(stats.batch_sizes)
-    steps_before = stats.num_steps
+    before = llm.engine.snapshot()
     start = time.perf_counter()
     outputs = llm.generate(prompts, _greedy_fixed_length(output_len), use_tqdm=True)
     elapsed = time.perf_counter() - start
-    batch_sizes = Counter(stats.batch_sizes)
-    batch_sizes.subtract(batch_sizes_before)
+    after = llm.engine.snapshot()
+    batch_sizes = Counter(after.batch_sizes)
+    batch_sizes.subtract(before.batch_sizes)
     batch_sizes = {k: v for k, v in sorted(batch_sizes.items()) if v > 0}
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    num_steps = stats.num_steps - steps_before
+    num_steps = after.num_steps - before.num_steps
     return throughput_summary(num_prompts, num_prompt_tokens, num_output_tokens, elapsed,
                               batch_sizes, num_steps)
 

@@ -2,15 +2,17 @@
 
     event loop thread (HTTP handlers)              engine thread (the only LLMEngine user)
     ---------------------------------              ---------------------------------------
-    add_request() --_Add--> commands (SimpleQueue) --> engine.add_request -> ack future
+    add_request() --_Add--> commands (SimpleQueue) --> engine.add_engine_request -> ack
     abort()       --_Abort-->                      --> engine.abort_request (frees KV blocks)
     RequestStream.queue <-- loop.call_soon_threadsafe <-- engine.step() outputs / errors
+    self.snapshot       <-- (attribute swap)         <-- engine.snapshot() after each step
 
 - The engine thread blocks on the command queue while idle and drains it between steps
   while busy, so a step never waits for HTTP work and HTTP never waits for a step.
-- Failures are contained: an `add_request` that raises fails that request only (ValueError
-  means the client sent something bad); a `step()` that raises fails the requests that
-  were in its batch, aborts them, and the loop keeps serving. Only an error in the loop's
+- Requests are validated on the event loop (`input_processor`, the one validation step)
+  before they are queued, so a bad request never reaches the engine thread.
+- Failures are contained: a `step()` that raises fails the requests that were in its
+  batch (the engine has aborted them: BatchFailedError), and the loop keeps serving. Only an error in the loop's
   own bookkeeping kills the thread; then `is_alive` turns False (/health says 503) and every
   open stream gets `EngineDeadError`.
 - A stream whose consumer goes away (client disconnect, cancelled task) must be aborted by
@@ -33,6 +35,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from pagoda.engine.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.llm_engine import BatchFailedError
 from pagoda.engine.metrics import EngineMetrics
 from pagoda.engine.request_stream import (
     EngineDeadError,
@@ -40,6 +44,8 @@ from pagoda.engine.request_stream import (
     QueueFullError,
     RequestStream,
 )
+from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -48,11 +54,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    priority: int
-    arrival_time: float
+    request: EngineRequest
     ack: asyncio.Future
 
 
@@ -82,7 +84,7 @@ class AsyncLLMEngine:
         self.tokenizer = copy.deepcopy(engine.tokenizer)
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
-        self.kv_capacity_tokens: int = engine.kv_capacity_tokens
+        self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len)
         self.max_num_seqs: int = engine.config.scheduler.max_num_seqs
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -92,11 +94,9 @@ class AsyncLLMEngine:
         # Event-loop side: open streams and the sequences they stand for.
         self._streams: dict[str, RequestStream] = {}
         self.num_unfinished_seqs = 0
-        # Engine-thread side: requests the engine holds (id -> number of sequences).
-        self._engine_request_ids: dict[str, int] = {}
-        # Published by the engine thread after each step (plain ints: atomic to read).
-        self.num_running = 0
-        self.num_waiting = 0
+        self.snapshot: EngineSnapshot = engine.snapshot()
+        """The engine's state after its last step, published by the engine thread (one
+        attribute swap: atomic to read from the event loop)."""
 
     @classmethod
     def build_on_engine_thread(cls, build_engine: Callable[[], object], **kwargs) -> AsyncLLMEngine:
@@ -164,29 +164,22 @@ class AsyncLLMEngine:
 
     # ---- requests (event loop thread) ------------------------------------------------------
 
-    async def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        priority: int = 0,
-        arrival_time: float | None = None,
-    ) -> RequestStream:
-        """Hand a request to the engine; returns its stream once the engine accepted it.
-
-        Raises what `LLMEngine.add_request` raises (ValueError for a bad request),
-        QueueFullError, or EngineDeadError."""
+    async def add_request(self, request: EngineRequest) -> RequestStream:
+        """Hand a validated request (from `input_processor.process`) to the engine; returns
+        its stream once the engine accepted it. Raises QueueFullError, EngineDeadError, or
+        InvalidRequestError for a request id already in use."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_message())
+        request_id = request.request_id
         if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self.check_queue(params.n)
-        stream = RequestStream(request_id, params.n)
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        num_seqs = request.params.n
+        self.check_queue(num_seqs)
+        stream = RequestStream(request_id, num_seqs)
         self._streams[request_id] = stream
-        self.num_unfinished_seqs += params.n
+        self.num_unfinished_seqs += num_seqs
         ack = asyncio.get_running_loop().create_future()
-        arrival_time = time.time() if arrival_time is None else arrival_time
-        self._commands.put(_Add(request_id, prompt, params, priority, arrival_time, ack))
+        self._commands.put(_Add(request, ack))
         try:
             await ack
         except BaseException:
@@ -205,8 +198,9 @@ class AsyncLLMEngine:
         if self.max_queue is None:
             return
         would_wait = self.num_unfinished_seqs + num_seqs - self.max_num_seqs
-        if self.num_waiting > 0:
-            would_wait = max(would_wait, self.num_waiting + num_seqs)
+        num_waiting = self.snapshot.num_waiting_seqs
+        if num_waiting > 0:
+            would_wait = max(would_wait, num_waiting + num_seqs)
         if would_wait > self.max_queue:
             raise QueueFullError(
                 f"the server is at capacity: {max(would_wait - num_seqs, 0)} sequence(s) are "
@@ -229,8 +223,10 @@ class AsyncLLMEngine:
         params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """add_request + iterate; aborts the request if the consumer stops early."""
-        stream = await self.add_request(request_id, prompt, params, priority)
+        """Validate, add_request and iterate; aborts the request if the consumer stops early.
+        Raises InvalidRequestError for a bad request."""
+        request = self.input_processor.process(request_id, prompt, params, priority=priority)
+        stream = await self.add_request(request)
         try:
             async for output in stream:
                 yield output
@@ -314,21 +310,16 @@ class AsyncLLMEngine:
 
     def _add(self, command: _Add) -> None:
         try:
-            self.engine.add_request(
-                command.request_id, command.prompt, command.params,
-                arrival_time=command.arrival_time, priority=command.priority,
-            )
+            self.engine.add_engine_request(command.request)
         except Exception as e:
             if not isinstance(e, ValueError):
-                logger.exception("add_request(%s) failed", command.request_id)
+                logger.exception("add_request(%s) failed", command.request.request_id)
             self._call_in_loop(_resolve, command.ack, e)
             return
-        self._engine_request_ids[command.request_id] = command.params.n
         self._call_in_loop(_resolve, command.ack, None)
 
     def _abort(self, request_id: str) -> None:
-        if self._engine_request_ids.pop(request_id, None) is None:
-            return
+        """Abort in the engine (a no-op for ids it does not hold)."""
         try:
             self.engine.abort_request(request_id)
         except Exception:
@@ -339,13 +330,17 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as e:  # noqa: BLE001 - contained: fail the batch, keep serving
-            self._fail_batch(e)
+        except BatchFailedError as e:  # the engine aborted that batch; keep serving
+            self._fail_requests(e.request_ids, e)
+            return
+        except Exception as e:  # noqa: BLE001 - outside the forward: fail what runs
+            snapshot = self.engine.snapshot()
+            failed = list(snapshot.running_request_ids) or list(self._streams)
+            for request_id in failed:
+                self._abort(request_id)
+            self._fail_requests(failed, e)
             return
         now = time.time()
-        for output in outputs:
-            if output.finished:
-                self._engine_request_ids.pop(output.request_id, None)
         if outputs:
             self._call_in_loop(self._deliver, [(o.request_id, o) for o in outputs])
         if self.metrics is not None:
@@ -354,39 +349,28 @@ class AsyncLLMEngine:
             except Exception:
                 logger.exception("recording metrics failed")
 
-    def _fail_batch(self, error: Exception) -> None:
-        """A step raised: abort the requests of its batch and fail their streams."""
-        failed = self._batch_request_ids()
-        logger.exception(
-            "engine step failed; failing %d request(s): %s", len(failed), ", ".join(failed)
+    def _fail_requests(self, request_ids: list[str], error: Exception) -> None:
+        """A step raised: fail the streams of the requests of its batch (already aborted)."""
+        logger.error(
+            "engine step failed (%s: %s); failing %d request(s): %s", type(error).__name__,
+            error, len(request_ids), ", ".join(request_ids), exc_info=error,
         )
         message = f"the engine failed while running this request: {type(error).__name__}: {error}"
-        for request_id in failed:
-            self._abort(request_id)
-        self._call_in_loop(self._deliver, [(rid, EngineStepError(message)) for rid in failed])
-
-    def _batch_request_ids(self) -> list[str]:
-        """Requests with a sequence in the running batch (all of ours if that is unknown)."""
-        try:
-            running = {r.request_id for r in self.engine.scheduler.running}
-            in_batch = [
-                request_id for request_id in self._engine_request_ids
-                if running.intersection(self.engine.output_processor.child_ids(request_id))
-            ]
-        except Exception:  # noqa: BLE001 - best effort; falls back to all requests
-            in_batch = []
-        return in_batch or list(self._engine_request_ids)
+        if self.metrics is not None:
+            for request_id in request_ids:
+                self.metrics.forget(request_id)
+        self._call_in_loop(self._deliver, [(rid, EngineStepError(message)) for rid in request_ids])
 
     def _abort_all_in_engine(self) -> None:
-        for request_id in list(self._engine_request_ids):
+        snapshot = self.engine.snapshot()
+        for request_id in snapshot.running_request_ids + snapshot.waiting_request_ids:
             self._abort(request_id)
 
     def _publish(self) -> None:
         try:
-            self.num_running = self.engine.scheduler.num_running
-            self.num_waiting = self.engine.scheduler.num_waiting
+            self.snapshot = snapshot = self.engine.snapshot()
             if self.metrics is not None:
-                self.metrics.update(self.engine)
+                self.metrics.update(snapshot)
         except Exception:
             logger.exception("publishing engine stats failed")
 

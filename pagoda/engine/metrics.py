@@ -2,10 +2,9 @@
 
 Every metric lives in the registry given (one per server, so that tests can run several
 servers or engines in one process). Whoever drives the engine (the async engine's thread, a
-benchmark loop) calls `record_step(outputs)` after each `step()`, and `update(engine)` after
-each step or abort: gauges read the engine's state, and counters follow its running totals
-(`LLMEngine.stats`, the block manager's prefix-cache counters), so nothing is counted twice
-however often `update` runs.
+benchmark loop) calls `record_step(outputs)` after each `step()`, and `update(snapshot)`
+with the engine's EngineSnapshot after each step or abort: gauges read it, and counters
+follow its running totals, so nothing is counted twice however often `update` runs.
 
     gauges      pagoda:num_requests_running, pagoda:num_requests_waiting,
                 pagoda:kv_cache_usage_perc (0..1, as vLLM)
@@ -24,6 +23,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.outputs import RequestOutput
 
 # No `*_created` timestamp samples: vLLM's /metrics has none, and they double the output.
@@ -145,21 +145,18 @@ class EngineMetrics:
 
     # ---- engine totals --------------------------------------------------------------------------
 
-    def update(self, engine) -> None:
-        """Gauges from the engine's current state; counters by the growth of its totals."""
-        scheduler = engine.scheduler
-        block_manager = engine.block_manager
-        self.num_requests_running.set(scheduler.num_running)
-        self.num_requests_waiting.set(scheduler.num_waiting)
-        self.kv_cache_usage.set(block_manager.usage)
-        stats = engine.stats
-        self._advance(self.prompt_tokens, "prompt_tokens", stats.num_prompt_tokens)
-        self._advance(self.generation_tokens, "generation_tokens", stats.num_generation_tokens)
+    def update(self, snapshot: EngineSnapshot) -> None:
+        """Gauges from the snapshot's state; counters by the growth of its totals."""
+        self.num_requests_running.set(snapshot.num_running_seqs)
+        self.num_requests_waiting.set(snapshot.num_waiting_seqs)
+        self.kv_cache_usage.set(snapshot.kv_cache_usage)
+        self._advance(self.prompt_tokens, "prompt_tokens", snapshot.num_prompt_tokens)
+        self._advance(self.generation_tokens, "generation_tokens", snapshot.num_generation_tokens)
         self._advance(self.prefix_cache_queries, "prefix_cache_queries",
-                      block_manager.prefix_cache_queries)
-        self._advance(self.prefix_cache_hits, "prefix_cache_hits", block_manager.prefix_cache_hits)
-        self._advance(self.num_preemptions, "num_preemptions", scheduler.num_preemptions)
-        for reason, total in stats.finished_by_reason.items():
+                      snapshot.prefix_cache_queries)
+        self._advance(self.prefix_cache_hits, "prefix_cache_hits", snapshot.prefix_cache_hits)
+        self._advance(self.num_preemptions, "num_preemptions", snapshot.num_preemptions)
+        for reason, total in snapshot.finished_by_reason.items():
             previous = self._finished_by_reason.get(reason, 0)
             if total > previous:
                 self._request_success.labels(self.model_name, reason).inc(total - previous)

@@ -10,6 +10,11 @@ Order of a step: running requests first (in admission order), then waiting ones 
 budget, `max_num_seqs` and free blocks allow. When a running request cannot get a block, the
 lowest-priority (largest priority value, then latest arrival) running request is preempted:
 its blocks are freed and it returns to the front of the waiting queue, to be recomputed.
+
+The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
+stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
+tells the scheduler which ids to finish (`finish_requests`); the scheduler frees them.
+What it hands the runner is plain data (pagoda/step_data.py), never its Request objects.
 """
 
 from __future__ import annotations
@@ -17,34 +22,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.block_manager import BlockManager
 from pagoda.engine.request import Request, RequestStatus
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled_requests: list[Request] = field(default_factory=list)
-    """Requests that run this step, in batch order."""
-    num_scheduled_tokens: list[int] = field(default_factory=list)
-    """Tokens each scheduled request computes this step (aligned with scheduled_requests)."""
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
-    """Blocks allocated this step, per request id."""
-    block_ids: list[list[int]] = field(default_factory=list)
-    """Whole block table of each scheduled request (aligned with scheduled_requests)."""
-    preempted_request_ids: list[str] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)
-    """Requests that ended since the previous step; the executor drops their state."""
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled_requests
+from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
@@ -57,22 +39,21 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: list[str] = []
         self.num_preemptions = 0
+        self.num_computed_prompt_tokens = 0
+        """Prompt tokens run through the model (cache hits excluded, recomputes included)."""
 
     # ---- queue management ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        if request.num_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt is {request.num_tokens} tokens, longer than the maximum model length "
-                f"of {self.max_model_len} tokens"
-            )
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use")
+        """Queue a request (validated at the edge: pagoda/engine/input_processor.py)."""
+        assert request.num_tokens <= self.max_model_len, request
+        assert request.request_id not in self.requests, request.request_id
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
-        """End requests (abort, or a stop found by the detokenizer); frees their blocks."""
+        """End requests (a stop rule or an abort, decided by the lifecycle); frees their
+        blocks. Unknown or already finished ids are skipped."""
         finished = []
         for request_id in request_ids:
             request = self.requests.get(request_id)
@@ -107,12 +88,12 @@ class Scheduler:
 
     def _victim_key(self, request: Request) -> tuple:
         """Larger key = preempted first."""
-        if self.config.policy == "priority":
+        if self.config.scheduling_policy == "priority":
             return (request.priority, request.arrival_time)
         return (0, request.arrival_time)
 
     def _next_waiting(self) -> Request:
-        if self.config.policy == "priority":
+        if self.config.scheduling_policy == "priority":
             return min(self.waiting, key=lambda r: (r.priority, r.arrival_time))
         return self.waiting[0]
 
@@ -154,7 +135,10 @@ class Scheduler:
                     break
             if new_block_ids is None:
                 continue  # `request` itself was preempted; running[index] is the next one
-            self._add_to_output(output, request, num_new, new_block_ids)
+            output.request_ids.append(request.request_id)
+            output.num_scheduled_tokens.append(num_new)
+            if new_block_ids:
+                output.new_block_ids[request.request_id] = new_block_ids
             scheduled_ids.add(request.request_id)
             budget -= num_new
             index += 1
@@ -186,62 +170,47 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
                 request.first_scheduled_time = time.time()
-            self._add_to_output(output, request, num_new, new_block_ids)
+            output.new_requests.append(NewRequestData(
+                request_id=request.request_id,
+                token_ids=list(request.all_token_ids),
+                num_prompt_tokens=request.num_prompt_tokens,
+                sampling_params=request.sampling_params,
+                block_ids=list(self.block_manager.block_ids(request.request_id)),
+                num_computed_tokens=request.num_computed_tokens,
+            ))
+            output.request_ids.append(request.request_id)
+            output.num_scheduled_tokens.append(num_new)
             budget -= num_new
 
+        for request_id, num_new in zip(output.request_ids, output.num_scheduled_tokens):
+            request = self.requests[request_id]
+            start = min(request.num_computed_tokens, request.num_prompt_tokens)
+            end = min(request.num_computed_tokens + num_new, request.num_prompt_tokens)
+            self.num_computed_prompt_tokens += end - start
         output.finished_request_ids = self.finished_request_ids
         self.finished_request_ids = []
         return output
 
-    def _add_to_output(
-        self, output: SchedulerOutput, request: Request, num_new: int, new_block_ids: list[int]
-    ) -> None:
-        output.scheduled_requests.append(request)
-        output.num_scheduled_tokens.append(num_new)
-        output.new_block_ids[request.request_id] = new_block_ids
-        output.block_ids.append(self.block_manager.block_ids(request.request_id))
-
     # ---- after the forward -----------------------------------------------------------------
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: list[int | None]
+        self, output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[tuple[Request, int]]:
-        """Advance computed counts, append sampled tokens, finish requests that stop.
+        """Advance computed counts and append the sampled tokens; returns the (request, new
+        token) pairs for the lifecycle to check against the stop rules.
 
-        sampled_token_ids[i] is None for a request whose step ended inside its prompt (a
-        partial prefill chunk): nothing is sampled for it. Returns the (request, new token)
-        pairs; finished requests have their status set and their blocks freed.
-        """
+        A request's sampled token is None when its step ended inside its prompt (a partial
+        prefill chunk). Requests finished (aborted) while their step ran are skipped."""
         new_tokens = []
-        for request, num_tokens, token_id in zip(
-            output.scheduled_requests, output.num_scheduled_tokens, sampled_token_ids
+        for request_id, num_tokens, token_id in zip(
+            output.request_ids, output.num_scheduled_tokens, runner_output.sampled_token_ids
         ):
-            if request.is_finished or request.status != RequestStatus.RUNNING:
-                continue  # aborted while its step ran
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
             request.num_computed_tokens += num_tokens
             if token_id is None:
                 continue
             request.append_output_token(token_id)
             new_tokens.append((request, token_id))
-            status = self._check_stop(request, token_id)
-            if status is not None:
-                self.running.remove(request)
-                self._finish(request, status)
         return new_tokens
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_output_tokens < params.min_tokens:
-            return None
-        if not params.ignore_eos and token_id in request.eos_token_ids:
-            request.stop_reason = None
-            return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
-            request.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-        # max_tokens None (no cap given) leaves the max_model_len check above as the limit.
-        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None

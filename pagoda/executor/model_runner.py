@@ -1,5 +1,8 @@
 """SchedulerOutput -> input tensors -> one forward for the whole batch -> sampler.
 
+The runner takes and returns plain data (pagoda/step_data.py) and keeps its own record of
+the running requests (input_batch.py); it never sees the engine's objects.
+
 Batch layout: the scheduled tokens of every request, concatenated in schedule order.
 
     tokens:   [ req0: n0 tokens | req1: n1 tokens | ... ]       (num_tokens,)
@@ -15,19 +18,19 @@ import math
 import mmap
 import os
 import types
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
-from pagoda.engine.scheduler import SchedulerOutput
 from pagoda.executor.attention.cpu_backend import select_backend
 from pagoda.executor.forward_context import forward_context
+from pagoda.executor.input_batch import CachedRequestState, InputBatch
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.sampler import Sampler, SamplingMetadata, compute_token_logprobs
 from pagoda.outputs import TokenLogprobs
+from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +40,6 @@ CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
 """Default CPU KV cache when no size is given (at least one max_model_len sequence fits):
 the bundled model then holds ~5.7K tokens in float32 (~11K in bf16), room for 16 streams
 of 256 tokens, and runs in well under 1 GB; --kv-cache-memory sets more for large batches."""
-
-
-@dataclass
-class ModelRunnerOutput:
-    sampled_token_ids: list[int | None]
-    """Aligned with the scheduled requests; None where nothing was sampled."""
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    """Per request id that asked for logprobs and sampled this step."""
-    prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    """Per request id that asked for prompt logprobs: rows for this chunk's prompt positions."""
 
 
 def available_memory_bytes() -> int:
@@ -86,6 +79,8 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        """Seeded requests' generators, kept across preemption until the request finishes."""
+        self.input_batch = InputBatch()
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
 
@@ -101,8 +96,8 @@ class ModelRunner:
         cfg = self.cache_config
         bytes_per_block = self.kv_bytes_per_token * self.block_size
         most_useful = -(-max_model_len // self.block_size) * scheduler_config.max_num_seqs
-        if cfg.num_gpu_blocks_override is not None:
-            return cfg.num_gpu_blocks_override
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
         if cfg.kv_cache_memory is not None:
             budget = cfg.kv_cache_memory
         elif self.device.type == "cuda":
@@ -224,90 +219,107 @@ class ModelRunner:
         hidden = self._forward(input_ids, np.zeros_like(lengths), lengths, block_tables)
         return list(self.model.compute_logits(hidden).split(lengths.tolist()))
 
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        """Bring the batch record up to date: drop finished and preempted requests (a
+        preempted one returns as new), add new ones, extend block tables."""
+        for request_id in scheduler_output.finished_request_ids:
+            self.input_batch.remove(request_id)
+            self.generators.pop(request_id, None)
+        for request_id in scheduler_output.preempted_request_ids:
+            self.input_batch.remove(request_id)
+        for new in scheduler_output.new_requests:
+            self.input_batch.remove(new.request_id)  # dropped when preempted: a no-op then
+            self.input_batch.add(new)
+        for request_id, block_ids in scheduler_output.new_block_ids.items():
+            self.input_batch.append_blocks(request_id, block_ids)
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        requests = scheduler_output.scheduled_requests
-        for request_id in scheduler_output.finished_request_ids:
-            self.generators.pop(request_id, None)
-        if not requests:
-            return ModelRunnerOutput(sampled_token_ids=[])
+        self._update_states(scheduler_output)
+        request_ids = scheduler_output.request_ids
+        output = ModelRunnerOutput(request_ids=list(request_ids),
+                                   sampled_token_ids=[None] * len(request_ids))
+        if not request_ids:
+            return output
+        batch = self.input_batch
+        states = [batch.requests[request_id] for request_id in request_ids]
+        rows = np.fromiter((state.row for state in states), dtype=np.int64, count=len(states))
         num_scheduled = np.asarray(scheduler_output.num_scheduled_tokens, dtype=np.int64)
-        num_computed = np.asarray([r.num_computed_tokens for r in requests], dtype=np.int64)
-        input_ids = np.concatenate([
-            np.asarray(r.all_token_ids[c : c + n], dtype=np.int64)
-            for r, c, n in zip(requests, num_computed.tolist(), num_scheduled.tolist())
-        ])
-        max_blocks = max(len(ids) for ids in scheduler_output.block_ids)
-        block_tables = np.zeros((len(requests), max_blocks), dtype=np.int64)
-        for row, ids in enumerate(scheduler_output.block_ids):
-            block_tables[row, : len(ids)] = ids
+        num_computed = batch.num_computed[rows]  # (a copy: fancy indexing)
+        # Token i of request r sits at position num_computed[r] + i of its row.
+        query_start = np.cumsum(num_scheduled) - num_scheduled
+        positions = np.arange(int(num_scheduled.sum())) + np.repeat(num_computed - query_start,
+                                                                    num_scheduled)
+        input_ids = batch.token_ids[np.repeat(rows, num_scheduled), positions]
+        block_tables = batch.block_table[rows, : int(batch.num_blocks[rows].max())]
+        reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows]
+        batch.num_computed[rows] = num_computed + num_scheduled
 
         hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
 
-        query_end = np.cumsum(num_scheduled)
-        reaches_end = (num_computed + num_scheduled) == np.asarray([r.num_tokens for r in requests])
+        query_end = query_start + num_scheduled
+        self._prompt_logprobs(states, num_computed, num_scheduled, query_end, hidden, output)
         sample_rows = np.nonzero(reaches_end)[0]
-        output = ModelRunnerOutput(sampled_token_ids=[None] * len(requests))
-        self._prompt_logprobs(requests, num_computed, num_scheduled, query_end, hidden, output)
         if len(sample_rows) == 0:
             return output
-
-        sample_requests = [requests[i] for i in sample_rows]
+        sample_states = [states[i] for i in sample_rows]
         logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
         logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
         metadata = SamplingMetadata.build(
-            params=[r.sampling_params for r in sample_requests],
-            prompt_token_ids=[r.prompt_token_ids for r in sample_requests],
-            output_token_ids=[r.output_token_ids for r in sample_requests],
-            generators=[self._generator(r) for r in sample_requests],
+            params=[s.sampling_params for s in sample_states],
+            prompt_token_ids=[s.prompt_token_ids for s in sample_states],
+            output_token_ids=[s.output_token_ids for s in sample_states],
+            generators=[self._generator(s) for s in sample_states],
             eos_token_ids=self.eos_token_ids,
             vocab_size=logits.shape[-1],
             device=self.device,
         )
         sampled = self.sampler(logits, metadata)
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
-        for row, token_id in zip(sample_rows.tolist(), sampled_ids):
+        for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
             output.sampled_token_ids[row] = token_id
+            batch.append_token(state, token_id)
         if sampled.logprobs is not None:
             ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
             ranks = sampled.sampled_token_ranks.tolist()
-            for i, request in enumerate(sample_requests):
-                num = request.sampling_params.logprobs
+            for i, state in enumerate(sample_states):
+                num = state.sampling_params.logprobs
                 if num is not None:
-                    output.logprobs[request.request_id] = TokenLogprobs(
+                    output.logprobs[state.request_id] = TokenLogprobs(
                         [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
                     )
         return output
 
-    def _generator(self, request) -> torch.Generator | None:
-        seed = request.sampling_params.seed
+    def _generator(self, state: CachedRequestState) -> torch.Generator | None:
+        seed = state.sampling_params.seed
         if seed is None:
             return None
-        generator = self.generators.get(request.request_id)
+        generator = self.generators.get(state.request_id)
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed)
-            self.generators[request.request_id] = generator
+            self.generators[state.request_id] = generator
         return generator
 
-    def _prompt_logprobs(self, requests, num_computed, num_scheduled, query_end, hidden, output):
+    def _prompt_logprobs(self, states, num_computed, num_scheduled, query_end, hidden, output):
         """Logprobs of prompt tokens 1.. under the positions before them, chunk by chunk."""
-        for i, request in enumerate(requests):
-            num_top = request.sampling_params.prompt_logprobs
+        for i, state in enumerate(states):
+            num_top = state.sampling_params.prompt_logprobs
             start = int(num_computed[i])
-            if num_top is None or start >= request.num_prompt_tokens:
+            num_prompt_tokens = len(state.prompt_token_ids)
+            if num_top is None or start >= num_prompt_tokens:
                 continue
             # Positions start .. end-1 of this chunk predict prompt tokens start+1 .. end.
-            end = min(start + int(num_scheduled[i]), request.num_prompt_tokens - 1)
+            end = min(start + int(num_scheduled[i]), num_prompt_tokens - 1)
             if end <= start:
                 continue
             first_row = int(query_end[i] - num_scheduled[i])
             rows = hidden[first_row : first_row + (end - start)]
-            targets = torch.tensor(request.prompt_token_ids[start + 1 : end + 1], device=self.device)
+            targets = torch.tensor(state.prompt_token_ids[start + 1 : end + 1], device=self.device)
             ids, values, ranks = compute_token_logprobs(
                 self.model.compute_logits(rows), targets, num_top
             )
-            output.prompt_logprobs[request.request_id] = TokenLogprobs(
+            output.prompt_logprobs[state.request_id] = TokenLogprobs(
                 ids.tolist(), values.tolist(), ranks.tolist()
             )
 

@@ -1,7 +1,10 @@
 """Shared pieces of the scheduler tests: tiny configs, requests, and the simulated engine loop.
 
-Each simulated step is schedule -> "forward" -> update_from_output, where a request that
-reaches its last token this step gets a sampled token and a partial prefill chunk gets None.
+Each simulated step is schedule -> "forward" -> update_from_output -> stop rules, where a
+request that reaches its last token this step gets a sampled token and a partial prefill
+chunk gets None. The "forward" is a `RecordingRunner`: it keeps the block tables from the
+plain-data SchedulerOutput alone, as the real model runner must, so every test also checks
+that what the scheduler sends is enough.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from collections.abc import Callable
 from pagoda.config import SchedulerConfig
 from pagoda.engine.block_manager import BlockManager
 from pagoda.engine.request import Request
-from pagoda.engine.scheduler import Scheduler, SchedulerOutput
+from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.stop_rules import check_stop
 from pagoda.sampling_params import SamplingParams
+from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 BS = 4
 EOS = 2
@@ -35,7 +40,7 @@ def make_scheduler(
     config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
-        policy=policy,
+        scheduling_policy=policy,
         enable_chunked_prefill=enable_chunked_prefill,
     )
     return Scheduler(config, BlockManager(num_blocks, BS, enable_prefix_caching), max_model_len)
@@ -71,19 +76,73 @@ def add(sched: Scheduler, *requests: Request) -> None:
         sched.add_request(request)
 
 
+class RecordingRunner:
+    """The runner's view: block tables built from SchedulerOutputs only."""
+
+    def __init__(self) -> None:
+        self.block_tables: dict[str, list[int]] = {}
+        self.last: tuple[SchedulerOutput, list[list[int]]] | None = None
+
+    def apply(self, out: SchedulerOutput) -> list[list[int]]:
+        """Update from `out` (once); the block table of each scheduled request, in order."""
+        if self.last is not None and self.last[0] is out:
+            return self.last[1]
+        for request_id in out.finished_request_ids + out.preempted_request_ids:
+            self.block_tables.pop(request_id, None)
+        for new in out.new_requests:
+            self.block_tables[new.request_id] = list(new.block_ids)
+        for request_id, block_ids in out.new_block_ids.items():
+            self.block_tables[request_id].extend(block_ids)
+        tables = [list(self.block_tables[request_id]) for request_id in out.request_ids]
+        self.last = (out, tables)
+        return tables
+
+
+_runners: dict[int, RecordingRunner] = {}
+
+
+def block_tables(sched: Scheduler, out: SchedulerOutput) -> list[list[int]]:
+    """Apply `out` to the scheduler's recording runner; the scheduled block tables."""
+    return _runners.setdefault(id(sched), RecordingRunner()).apply(out)
+
+
+def new_blocks(sched: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:
+    """Blocks sent this step: the whole table of a request new to the runner, the added
+    blocks of one it holds."""
+    sent = {new.request_id: list(new.block_ids) for new in out.new_requests}
+    return {**sent, **out.new_block_ids}
+
+
+def finish_stopped(sched: Scheduler, new_tokens: list[tuple[Request, int]]) -> None:
+    """What the engine's lifecycle does with new tokens: apply the token stop rules."""
+    for request, token_id in new_tokens:
+        stop = check_stop(request, token_id, sched.max_model_len)
+        if stop is not None:
+            request.stop_reason = stop[1]
+            sched.finish_requests([request.request_id], stop[0])
+
+
+def runner_output(out: SchedulerOutput, sampled: list[int | None]) -> ModelRunnerOutput:
+    return ModelRunnerOutput(list(out.request_ids), sampled)
+
+
 def step(
     sched: Scheduler, sample: Callable[[Request], int] = lambda r: TOKEN
 ) -> tuple[SchedulerOutput, list[tuple[Request, int]]]:
     out = sched.schedule()
+    block_tables(sched, out)
+    requests = [sched.requests[request_id] for request_id in out.request_ids]
     sampled = [
         sample(r) if r.num_computed_tokens + n == r.num_tokens else None
-        for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)
+        for r, n in zip(requests, out.num_scheduled_tokens)
     ]
-    return out, sched.update_from_output(out, sampled)
+    new_tokens = sched.update_from_output(out, runner_output(out, sampled))
+    finish_stopped(sched, new_tokens)
+    return out, new_tokens
 
 
 def batch(out: SchedulerOutput) -> list[tuple[str, int]]:
-    return [(r.request_id, n) for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)]
+    return list(zip(out.request_ids, out.num_scheduled_tokens))
 
 
 def run_to_completion(sched: Scheduler, sample=lambda r: TOKEN, max_steps: int = 200) -> list:

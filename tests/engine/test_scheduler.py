@@ -15,9 +15,12 @@ from tests.engine.scheduler_helpers import (
     add,
     assert_all_free,
     batch,
+    block_tables,
     make_request,
     make_scheduler,
+    new_blocks,
     run_to_completion,
+    runner_output,
     step,
 )
 
@@ -37,8 +40,8 @@ def test_chunked_prefill_splits_a_prompt_under_the_budget():
     for scheduled, new_block_ids, block_table, computed, outputs in expected:
         out, new_tokens = step(sched)
         assert batch(out) == scheduled
-        assert out.new_block_ids == {"r": new_block_ids}
-        assert out.block_ids == [block_table]
+        assert new_blocks(sched, out) == ({"r": new_block_ids} if new_block_ids else {})
+        assert block_tables(sched, out) == [block_table]
         assert r.num_computed_tokens == computed
         assert r.output_token_ids == outputs
         assert new_tokens == ([(r, TOKEN)] if outputs else [])
@@ -60,11 +63,11 @@ def test_partial_chunk_samples_nothing_even_if_given_a_token():
     r = make_request("r", 6)
     add(sched, r)
     out = sched.schedule()
-    assert sched.update_from_output(out, [None]) == []
+    assert sched.update_from_output(out, runner_output(out, [None])) == []
     assert (r.num_computed_tokens, r.num_tokens, r.output_token_ids) == (4, 6, [])
     out = sched.schedule()
     assert out.num_scheduled_tokens == [2]
-    assert sched.update_from_output(out, [5]) == [(r, 5)]
+    assert sched.update_from_output(out, runner_output(out, [5])) == [(r, 5)]
     assert (r.num_computed_tokens, r.num_tokens, r.output_token_ids) == (6, 7, [5])
 
 
@@ -193,7 +196,7 @@ def test_preemption_victim_and_its_state(policy, running_order, victim, after):
     add(sched, a, b, c)
     out, _ = step(sched)
     assert [rid for rid, _ in batch(out)] == running_order
-    assert out.block_ids == [[0, 1], [2, 3], [4, 5]]
+    assert block_tables(sched, out) == [[0, 1], [2, 3], [4, 5]]
     out, _ = step(sched)  # 8 tokens each: the last token still fits in block 1
     assert out.preempted_request_ids == []
     assert sched.block_manager.num_free_blocks == 0
@@ -202,7 +205,7 @@ def test_preemption_victim_and_its_state(policy, running_order, victim, after):
     assert out.preempted_request_ids == [victim]
     assert batch(out) == after
     # The victim's blocks were [4, 5], freed tail first, then handed out in that order.
-    assert out.new_block_ids == {after[0][0]: [5], after[1][0]: [4]}
+    assert new_blocks(sched, out) == {after[0][0]: [5], after[1][0]: [4]}
     v = {"a": a, "b": b, "c": c}[victim]
     assert v.status == RequestStatus.PREEMPTED
     assert v.num_computed_tokens == 0
@@ -290,13 +293,14 @@ def test_preempted_request_reuses_its_cached_blocks_when_they_survive():
     step(sched)
     out, _ = step(sched)
     assert out.preempted_request_ids == ["b"]
-    assert out.new_block_ids == {"a": [3]}  # b's tail block: its hash is gone now
+    assert new_blocks(sched, out) == {"a": [3]}  # b's tail block: its hash is gone now
     assert a.status == RequestStatus.FINISHED_LENGTH
     out, _ = step(sched)
     # b's head block 2 is still cached: 4 of its 9 tokens are hits, 5 are recomputed.
     assert batch(out) == [("b", 5)]
-    assert out.block_ids == [[2, 3, 1]]
-    assert out.new_block_ids == {"b": [3, 1]}
+    assert block_tables(sched, out) == [[2, 3, 1]]
+    assert out.new_requests[0].num_computed_tokens == 4  # resumed: sent whole, as new
+    assert new_blocks(sched, out) == {"b": [2, 3, 1]}
     assert b.num_computed_tokens == 9
     # Queries count each admission's tokens (7 + 7, then b's 9 again); hits b's 4.
     bm = sched.block_manager
@@ -343,13 +347,9 @@ def test_abort_a_preempted_request():
 # ---- admission checks ----------------------------------------------------------------------
 
 
-def test_prompt_longer_than_max_model_len_is_rejected_with_both_lengths():
+def test_a_prompt_of_exactly_max_model_len_samples_one_token():
+    # (Longer prompts never get here: the engine's input processor refuses them.)
     sched = make_scheduler(max_model_len=13)
-    with pytest.raises(ValueError, match=r"17 tokens.*13 tokens"):
-        sched.add_request(make_request("r", 17))
-    with pytest.raises(ValueError, match=r"14 tokens.*13 tokens"):
-        sched.add_request(make_request("r", 14))
-    assert sched.requests == {} and not sched.waiting
     # A prompt of exactly max_model_len fits: one token is sampled, then length stops it.
     r = make_request("r", 13)
     sched.add_request(r)
@@ -357,17 +357,3 @@ def test_prompt_longer_than_max_model_len_is_rejected_with_both_lengths():
     assert r.output_token_ids == [TOKEN]
     assert r.status == RequestStatus.FINISHED_LENGTH
     assert_all_free(sched)
-
-
-def test_duplicate_request_id_is_rejected_until_the_first_finishes():
-    sched = make_scheduler()
-    first = make_request("a", 3, max_tokens=1)
-    sched.add_request(first)
-    with pytest.raises(ValueError, match="'a'"):
-        sched.add_request(make_request("a", 3))
-    assert list(sched.waiting) == [first]
-    assert sched.requests == {"a": first}
-    step(sched)
-    assert first.is_finished
-    sched.add_request(make_request("a", 3))  # the id is free again once finished
-    assert sched.num_waiting == 1

@@ -13,6 +13,7 @@ from tests.engine.scheduler_helpers import (
     batch,
     make_request,
     make_scheduler,
+    runner_output,
     step,
 )
 
@@ -44,7 +45,7 @@ def test_a_request_aborted_while_its_step_runs_gets_no_token():
     add(sched, a, b)
     out = sched.schedule()
     sched.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
-    assert sched.update_from_output(out, [TOKEN, TOKEN]) == [(b, TOKEN)]
+    assert sched.update_from_output(out, runner_output(out, [TOKEN, TOKEN])) == [(b, TOKEN)]
     assert a.output_token_ids == []
     assert a.status == RequestStatus.FINISHED_ABORTED
     assert b.output_token_ids == [TOKEN]

@@ -11,8 +11,11 @@ from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.scheduler import Scheduler
 from tests.engine.scheduler_helpers import (
     assert_all_free,
+    block_tables,
+    finish_stopped,
     make_request,
     make_scheduler,
+    runner_output,
 )
 
 # ---- everything together: no leaks, same tokens whatever the memory pressure ---------------
@@ -56,10 +59,12 @@ def _run_checked(sched: Scheduler, requests: list[Request], abort: Iterable[str]
             return
         out = sched.schedule()
         assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
-        assert len(out.scheduled_requests) <= cfg.max_num_seqs
+        scheduled = [sched.requests[request_id] for request_id in out.request_ids]
+        assert len(scheduled) <= cfg.max_num_seqs
         assert sched.num_running <= cfg.max_num_seqs
-        assert not set(out.preempted_request_ids) & {r.request_id for r in out.scheduled_requests}
-        for r, n, table in zip(out.scheduled_requests, out.num_scheduled_tokens, out.block_ids):
+        assert not set(out.preempted_request_ids) & set(out.request_ids)
+        tables = block_tables(sched, out)
+        for r, n, table in zip(scheduled, out.num_scheduled_tokens, tables):
             assert n >= 1
             assert r.num_computed_tokens + n <= r.num_tokens
             assert table == bm.block_ids(r.request_id)
@@ -73,9 +78,9 @@ def _run_checked(sched: Scheduler, requests: list[Request], abort: Iterable[str]
         assert sorted(bm.free_blocks) == [i for i, h in enumerate(holders) if h == 0]
         sampled = [
             _fake_model(r) if r.num_computed_tokens + n == r.num_tokens else None
-            for r, n in zip(out.scheduled_requests, out.num_scheduled_tokens)
+            for r, n in zip(scheduled, out.num_scheduled_tokens)
         ]
-        sched.update_from_output(out, sampled)
+        finish_stopped(sched, sched.update_from_output(out, runner_output(out, sampled)))
     raise AssertionError("workload did not finish in 500 steps")
 
 

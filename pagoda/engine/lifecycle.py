@@ -1,8 +1,17 @@
-"""Turns sampled token ids into RequestOutputs: detokenized text, stop strings, logprobs.
+"""The one owner of a request's life, from a validated EngineRequest to its last output.
 
-A request with n > 1 runs as n child requests (ids `"{index}_{parent id}"`) that share their
-prompt blocks through the prefix cache; this module folds them back into one RequestOutput
-whose `outputs` holds one CompletionOutput per child, in index order.
+    add_request   EngineRequest -> its sequences (Requests) for the scheduler; for n > 1,
+                  n children with ids `"{index}_{parent id}"` (seeded `seed + index`) that
+                  share their prompt blocks through the prefix cache
+    process_step  each new token: logprobs recorded, every stop rule applied in one place
+                  (EOS, stop ids, max_tokens, context length: stop_rules.py; stop strings:
+                  the detokenizer) -> the sequences that finished, with their status
+    abort         -> the sequences to finish
+    make_outputs  one RequestOutput per parent with news, children folded back in index
+                  order; a parent whose children all finished is forgotten
+
+Only this module maps parents to children; the scheduler frees the ids it is told, and
+nothing outside the engine sees a child id.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from pagoda.engine.detokenizer import IncrementalDetokenizer
-from pagoda.engine.request import Request
+from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.stop_rules import check_stop
 from pagoda.outputs import (
     CompletionOutput,
     Logprob,
@@ -23,6 +34,7 @@ from pagoda.outputs import (
     TokenLogprobs,
 )
 from pagoda.sampling_params import SamplingParams
+from pagoda.step_data import ModelRunnerOutput
 
 
 @dataclass
@@ -44,50 +56,110 @@ class ParentState:
 @dataclass
 class ChildState:
     parent: ParentState
+    request: Request
     completion: CompletionOutput
     detokenizer: IncrementalDetokenizer
 
 
-class OutputProcessor:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+class RequestLifecycle:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: list[int], max_model_len: int
+    ) -> None:
         self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
         self.parents: dict[str, ParentState] = {}
         self.children: dict[str, ChildState] = {}
         self.updated: dict[str, ParentState] = {}
         """Parents with news since the last make_outputs (so a step touches only those)."""
 
-    def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-        params: SamplingParams, child_ids: list[str], arrival_time: float,
-    ) -> None:
+    # ---- start and end -----------------------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> list[Request]:
+        """Register a request; returns its sequences, for the scheduler to queue."""
+        assert request.request_id not in self.parents, request.request_id
+        params = request.params
         parent = ParentState(
-            request_id, prompt, prompt_token_ids, params, RequestMetrics(arrival_time),
+            request.request_id, request.prompt, request.prompt_token_ids, params,
+            RequestMetrics(request.arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
+        if params.n == 1:
+            child_ids = [request.request_id]
+        else:
+            child_ids = [f"{i}_{request.request_id}" for i in range(params.n)]
+        sequences = []
         for index, child_id in enumerate(child_ids):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                # Each choice gets its own seed, or all n would be the same text.
+                child_params = params.clone()
+                child_params.seed = params.seed + index
+            sequence = Request(
+                child_id, request.prompt_token_ids, child_params, self.eos_token_ids,
+                arrival_time=request.arrival_time, priority=request.priority,
+                max_tokens=request.max_tokens,
+            )
+            sequences.append(sequence)
             completion = CompletionOutput(
                 index=index,
                 logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None,
             )
             detokenizer = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop,
+                self.tokenizer, request.prompt_token_ids, params.skip_special_tokens, params.stop,
                 params.include_stop_str_in_output,
             )
-            child = ChildState(parent, completion, detokenizer)
+            child = ChildState(parent, sequence, completion, detokenizer)
             parent.children.append(child)
             parent.child_ids.append(child_id)
             self.children[child_id] = child
-        self.parents[request_id] = parent
-
-    def child_ids(self, request_id: str) -> list[str]:
-        parent = self.parents.get(request_id)
-        if parent is None:
-            return []
-        return list(parent.child_ids)
+        self.parents[request.request_id] = parent
+        return sequences
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.parents
+
+    def abort(self, request_id: str) -> list[str]:
+        """Forget a request (no further output); returns its unfinished sequences' ids, for
+        the scheduler to free. Unknown ids return []."""
+        parent = self.parents.get(request_id)
+        if parent is None:
+            return []
+        self._forget(parent)
+        return [c.request.request_id for c in parent.children if not c.completion.finished]
+
+    def parent_id(self, sequence_id: str) -> str | None:
+        child = self.children.get(sequence_id)
+        return None if child is None else child.parent.request_id
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def process_step(
+        self, new_tokens: list[tuple[Request, int]], runner_output: ModelRunnerOutput,
+        now: float,
+    ) -> list[tuple[str, RequestStatus]]:
+        """Record the step's tokens and logprobs and apply every stop rule; returns the
+        sequences that finished (id, status) for the scheduler to free."""
+        for sequence_id, logprobs in runner_output.prompt_logprobs.items():
+            self._add_prompt_logprobs(sequence_id, logprobs)
+        finished = []
+        for sequence, token_id in new_tokens:
+            child = self.children.get(sequence.request_id)
+            if child is None:
+                continue  # aborted meanwhile
+            stop_string = self._add_token(
+                child, token_id, runner_output.logprobs.get(sequence.request_id), now
+            )
+            stop = check_stop(sequence, token_id, self.max_model_len)
+            if stop_string is not None:  # a stop string wins: its text is cut there
+                stop = (RequestStatus.FINISHED_STOPPED, stop_string)
+            if stop is not None:
+                status, stop_reason = stop
+                child.completion.finish_reason = status.finish_reason
+                child.completion.stop_reason = stop_reason
+                finished.append((sequence.request_id, status))
+        return finished
 
     def _logprob_dicts(self, logprobs: TokenLogprobs) -> list[TokenLogprobDict]:
         result = []
@@ -102,18 +174,18 @@ class OutputProcessor:
             result.append(position)
         return result
 
-    def add_prompt_logprobs(self, request_id: str, logprobs: TokenLogprobs) -> None:
-        child = self.children.get(request_id)
+    def _add_prompt_logprobs(self, sequence_id: str, logprobs: TokenLogprobs) -> None:
+        child = self.children.get(sequence_id)
         if child is None or child.completion.index != 0:
             return  # all children see the same prompt: keep one copy
         child.parent.prompt_logprobs.extend(self._logprob_dicts(logprobs))
         self._mark_updated(child)
 
-    def add_token(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None, now: float
+    def _add_token(
+        self, child: ChildState, token_id: int, logprobs: TokenLogprobs | None, now: float
     ) -> str | None:
         """Record a sampled token; returns the stop string if the text now contains one."""
-        child = self.children[request.request_id]
+        request = child.request
         completion = child.completion
         metrics = child.parent.metrics
         if metrics.first_token_time is None:
@@ -132,14 +204,6 @@ class OutputProcessor:
         if child.detokenizer.stop_string is not None:
             return None
         return child.detokenizer.update([token_id])
-
-    def finish(self, request: Request, finish_reason: str, stop_reason) -> None:
-        child = self.children.get(request.request_id)
-        if child is None:
-            return
-        child.completion.finish_reason = finish_reason
-        child.completion.stop_reason = stop_reason
-        self._mark_updated(child)
 
     def _mark_updated(self, child: ChildState) -> None:
         self.updated[child.parent.request_id] = child.parent
@@ -175,11 +239,6 @@ class OutputProcessor:
                 )
             )
         return outputs
-
-    def abort(self, request_id: str) -> None:
-        parent = self.parents.get(request_id)
-        if parent is not None:
-            self._forget(parent)
 
     def _forget(self, parent: ParentState) -> None:
         self.parents.pop(parent.request_id, None)

@@ -1,0 +1,70 @@
+"""What the engine publishes after each step: a frozen EngineSnapshot.
+
+Readers outside the engine (/metrics, the async engine's queue checks and failure handling,
+the bench, later the web view) read this and nothing else of the engine's state: they
+never touch its scheduler, block manager or request lifecycle. Counters are running totals
+since start (a reader takes differences); gauges are the state after the step. Request ids
+are the callers' ids (a request with n > 1 appears once); sequence counts count each of
+its n sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+def _frozen(mapping: Mapping) -> Mapping:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    # ---- gauges: the state after the step -------------------------------------------------
+    running_request_ids: tuple[str, ...] = ()
+    """Requests with a sequence in the running batch."""
+    waiting_request_ids: tuple[str, ...] = ()
+    """Requests with a sequence waiting (new, or preempted) and none running."""
+    num_running_seqs: int = 0
+    num_waiting_seqs: int = 0
+    num_kv_blocks: int = 0
+    num_free_kv_blocks: int = 0
+    """Blocks no request holds (cached prefix blocks among them, reusable)."""
+    kv_block_size: int = 0
+    kv_cache_usage: float = 0.0
+    """Fraction of KV blocks held by requests (0..1, as vLLM's kv_cache_usage_perc)."""
+    last_step_num_seqs: int = 0
+    last_step_num_tokens: int = 0
+    # ---- counters: running totals since start ---------------------------------------------
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    """Prompt tokens of every sequence added."""
+    num_computed_prompt_tokens: int = 0
+    """Prompt tokens run through the model (cache hits excluded, recomputes included)."""
+    num_generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache."""
+    prefix_cache_hits: int = 0
+    """Prompt tokens served from the prefix cache."""
+    num_preemptions: int = 0
+    batch_sizes: Mapping[int, int] = field(default_factory=lambda: _frozen({}))
+    """Sequences per step -> number of steps."""
+    finished_by_reason: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+    """Finished sequences by reason: stop, length, abort."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_sizes", _frozen(self.batch_sizes))
+        object.__setattr__(self, "finished_by_reason", _frozen(self.finished_by_reason))
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.kv_block_size
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.running_request_ids) + len(self.waiting_request_ids)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running_request_ids or self.waiting_request_ids)

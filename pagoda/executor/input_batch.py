@@ -1,0 +1,112 @@
+"""The model runner's own record of the requests it runs, kept across steps and updated in
+place from the plain-data SchedulerOutput (vLLM's InputBatch idea): a request's token ids
+and block table are sent once, when it joins the batch; after that only new block ids come,
+and the runner appends the tokens it samples itself.
+
+One row per request, in arrays that grow (doubling) when a request or the batch outgrows
+them; a row is reused once its request leaves:
+
+    token_ids    (rows, width)       prompt then output tokens; num_tokens[row] are valid
+    block_table  (rows, max_blocks)  the request's KV blocks; num_blocks[row] are valid
+    num_computed (rows,)             tokens whose KV is in the cache
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagoda.sampling_params import SamplingParams
+from pagoda.step_data import NewRequestData
+
+
+@dataclass
+class CachedRequestState:
+    request_id: str
+    row: int
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+class InputBatch:
+    def __init__(self, num_rows: int = 8, width: int = 256, max_blocks: int = 16) -> None:
+        self.token_ids = np.zeros((num_rows, width), dtype=np.int64)
+        self.block_table = np.zeros((num_rows, max_blocks), dtype=np.int64)
+        self.num_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.num_blocks = np.zeros(num_rows, dtype=np.int64)
+        self.num_computed = np.zeros(num_rows, dtype=np.int64)
+        self.free_rows = list(range(num_rows - 1, -1, -1))
+        self.requests: dict[str, CachedRequestState] = {}
+
+    # ---- membership --------------------------------------------------------------------------
+
+    def add(self, new: NewRequestData) -> CachedRequestState:
+        assert new.request_id not in self.requests, new.request_id
+        if not self.free_rows:
+            self._grow_rows()
+        row = self.free_rows.pop()
+        num_tokens = len(new.token_ids)
+        self._fit(num_tokens, len(new.block_ids))
+        self.token_ids[row, :num_tokens] = new.token_ids
+        self.num_tokens[row] = num_tokens
+        self.block_table[row] = 0  # no stale ids of the row's previous request
+        self.block_table[row, : len(new.block_ids)] = new.block_ids
+        self.num_blocks[row] = len(new.block_ids)
+        self.num_computed[row] = new.num_computed_tokens
+        state = CachedRequestState(
+            new.request_id, row, new.sampling_params,
+            prompt_token_ids=list(new.token_ids[: new.num_prompt_tokens]),
+            output_token_ids=list(new.token_ids[new.num_prompt_tokens:]),
+        )
+        self.requests[new.request_id] = state
+        return state
+
+    def remove(self, request_id: str) -> None:
+        """Drop a request (finished or preempted); unknown ids are ignored."""
+        state = self.requests.pop(request_id, None)
+        if state is not None:
+            self.free_rows.append(state.row)
+
+    # ---- in-place updates --------------------------------------------------------------------
+
+    def append_blocks(self, request_id: str, block_ids: list[int]) -> None:
+        row = self.requests[request_id].row
+        start = int(self.num_blocks[row])
+        self._fit(0, start + len(block_ids))
+        self.block_table[row, start : start + len(block_ids)] = block_ids
+        self.num_blocks[row] = start + len(block_ids)
+
+    def append_token(self, state: CachedRequestState, token_id: int) -> None:
+        row = state.row
+        position = int(self.num_tokens[row])
+        self._fit(position + 1, 0)
+        self.token_ids[row, position] = token_id
+        self.num_tokens[row] = position + 1
+        state.output_token_ids.append(token_id)
+
+    # ---- growth ------------------------------------------------------------------------------
+
+    def _grow_rows(self) -> None:
+        old = len(self.num_tokens)
+        self.token_ids = _grown(self.token_ids, 2 * old, self.token_ids.shape[1])
+        self.block_table = _grown(self.block_table, 2 * old, self.block_table.shape[1])
+        self.num_tokens = np.concatenate([self.num_tokens, np.zeros(old, np.int64)])
+        self.num_blocks = np.concatenate([self.num_blocks, np.zeros(old, np.int64)])
+        self.num_computed = np.concatenate([self.num_computed, np.zeros(old, np.int64)])
+        self.free_rows = list(range(2 * old - 1, old - 1, -1)) + self.free_rows
+
+    def _fit(self, num_tokens: int, num_blocks: int) -> None:
+        rows, width = self.token_ids.shape
+        if num_tokens > width:
+            self.token_ids = _grown(self.token_ids, rows, max(2 * width, num_tokens))
+        max_blocks = self.block_table.shape[1]
+        if num_blocks > max_blocks:
+            self.block_table = _grown(self.block_table, rows, max(2 * max_blocks, num_blocks))
+
+
+def _grown(array: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    grown = np.zeros((rows, columns), dtype=array.dtype)
+    grown[: array.shape[0], : array.shape[1]] = array
+    return grown

@@ -1,0 +1,73 @@
+"""What crosses the boundary between scheduling and execution, once per step: a
+`SchedulerOutput` goes down, a `ModelRunnerOutput` comes back. Both are plain data (ints,
+lists, SamplingParams): they pickle, so the step can run in another process (a
+tensor-parallel worker), and neither side holds the other's live objects.
+
+What the runner is told, and what it remembers itself (its batch state, see
+pagoda/executor/input_batch.py):
+
+    new to the batch (first schedule, or resumed after preemption)
+        NewRequestData: id, all token ids so far, prompt length, params, block ids,
+        tokens already computed (prefix-cache hits)                      -- sent once
+    every step
+        request_ids + num_scheduled_tokens (batch order), new block ids per request,
+        finished ids (drop their state), preempted ids (drop; they come back as new)
+    never
+        the sampled tokens: the runner sampled them, it appends them itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagoda.outputs import TokenLogprobs
+from pagoda.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    request_id: str
+    token_ids: list[int]
+    """Prompt, then the output so far (non-empty for a request resumed after preemption)."""
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    """The whole block table as of this step."""
+    num_computed_tokens: int
+    """Tokens whose KV is already in the cache (prefix-cache hits) before this step."""
+
+
+@dataclass
+class SchedulerOutput:
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    """Requests the runner has not seen (or dropped at preemption); scheduled this step."""
+    request_ids: list[str] = field(default_factory=list)
+    """Every request that runs this step, in batch order (new ones included)."""
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    """Tokens each request computes this step, aligned with request_ids."""
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Blocks allocated this step to requests the runner already holds."""
+    preempted_request_ids: list[str] = field(default_factory=list)
+    """Requests preempted this step: the runner drops them; they return as new requests."""
+    finished_request_ids: list[str] = field(default_factory=list)
+    """Requests that ended since the previous step: the runner drops their state."""
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.request_ids
+
+
+@dataclass
+class ModelRunnerOutput:
+    request_ids: list[str]
+    """The step's requests, in batch order (as in the SchedulerOutput)."""
+    sampled_token_ids: list[int | None]
+    """Aligned with request_ids; None where nothing was sampled (a partial prefill chunk)."""
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """Per request id that asked for logprobs and sampled this step."""
+    prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """Per request id that asked for prompt logprobs: rows for this chunk's prompt positions."""
