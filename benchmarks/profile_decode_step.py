@@ -38,10 +38,11 @@ def main() -> None:
     prompts = [[100 + (i * 7 + j) % 1000 for j in range(128)] for i in range(args.batch)]
     for i, prompt in enumerate(prompts):
         engine.add_request(f"profile-{i}", prompt, params)
-    while engine.scheduler.waiting or any(
-        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-    ):
+    while True:  # prefill, until a step is pure decode: one token for each request
         engine.step()
+        snapshot = engine.snapshot()
+        if snapshot.last_step_num_tokens == snapshot.last_step_num_seqs == args.batch:
+            break
     for _ in range(2):
         engine.step()  # first decode steps: warm caches
     profiler = (contextlib.nullcontext() if args.no_profiler

@@ -7,15 +7,21 @@ layer turns a batch of them into tensors (``pagoda.executor.sampler.SamplingMeta
 
 Pipeline of ``__post_init__``:
     1. normalise: ``top_k=-1`` -> 0, ``stop`` -> list[str], ``stop_token_ids`` -> list[int]
-    2. validate every field; a bad value raises ``ValueError`` naming the field and its range
+    2. validate every field; a bad value raises ``InvalidRequestError`` (a ValueError) whose
+       ``param`` is the field's name and whose message says the allowed range
+
+Checks against the model (vocabulary, context length) come later, in
+``pagoda.engine.input_processor``: these params know nothing of the model.
 """
 
 from __future__ import annotations
 
 import copy
-import enum
 import math
 from dataclasses import dataclass
+from typing import NoReturn
+
+from pagoda.errors import InvalidRequestError
 
 # Temperatures below this are treated as greedy (argmax); dividing by them is unstable.
 SAMPLING_EPS = 1e-5
@@ -23,14 +29,6 @@ SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
 # OpenAI's range for ``logit_bias`` values.
 MAX_LOGIT_BIAS = 100.0
-
-
-class SamplingType(enum.IntEnum):
-    """How the sampler picks a request's next token."""
-
-    GREEDY = 0
-    RANDOM = 1
-    RANDOM_SEED = 2
 
 
 def _is_int(value: object) -> bool:
@@ -41,8 +39,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _fail(message: str) -> None:
-    raise ValueError(message)
+def _fail(param: str, detail: str) -> NoReturn:
+    """Refuse the value of field `param`: the message reads "<param> <detail>"."""
+    raise InvalidRequestError.about(param, detail)
 
 
 @dataclass
@@ -98,88 +97,67 @@ class SamplingParams:
         elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
         else:
-            _fail(f"stop must be a string or a list of strings, got {self.stop!r}")
+            _fail("stop", f"must be a string or a list of strings, got {self.stop!r}")
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         elif isinstance(self.stop_token_ids, (list, tuple)):
             self.stop_token_ids = list(self.stop_token_ids)
         else:
-            _fail(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
+            _fail("stop_token_ids", f"must be a list of ints, got {self.stop_token_ids!r}")
         self._validate()
 
     def _validate(self) -> None:
         if not _is_int(self.n) or self.n < 1:
-            _fail(f"n must be an int >= 1, got {self.n!r}")
+            _fail("n", f"must be an int >= 1, got {self.n!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:
-                _fail(f"{name} must be in [-2, 2], got {value!r}")
+                _fail(name, f"must be in [-2, 2], got {value!r}")
         rep = self.repetition_penalty
         if not _is_number(rep) or not (0.0 < rep < math.inf):
-            _fail(f"repetition_penalty must be > 0 (and finite), got {rep!r}")
+            _fail("repetition_penalty", f"must be > 0 (and finite), got {rep!r}")
         temp = self.temperature
         if not _is_number(temp) or not temp >= 0.0:
-            _fail(f"temperature must be >= 0, got {temp!r}")
+            _fail("temperature", f"must be >= 0, got {temp!r}")
         if math.isinf(temp):
-            _fail(f"temperature must be finite, got {temp!r}")
+            _fail("temperature", f"must be finite, got {temp!r}")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            _fail(f"top_p must be in (0, 1], got {self.top_p!r}")
+            _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
-            _fail(f"top_k must be -1 or 0 (disabled) or an int >= 1, got {self.top_k!r}")
+            _fail("top_k", f"must be -1 or 0 (disabled) or an int >= 1, got {self.top_k!r}")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            _fail(f"min_p must be in [0, 1], got {self.min_p!r}")
+            _fail("min_p", f"must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and not _is_int(self.seed):
-            _fail(f"seed must be an int or None, got {self.seed!r}")
+            _fail("seed", f"must be an int or None, got {self.seed!r}")
         for stop in self.stop:
             if not isinstance(stop, str) or not stop:
-                _fail(f"stop must contain only non-empty strings, got {stop!r}")
+                _fail("stop", f"must contain only non-empty strings, got {stop!r}")
         for token_id in self.stop_token_ids:
             if not _is_int(token_id) or token_id < 0:
-                _fail(f"stop_token_ids must contain only ints >= 0, got {token_id!r}")
+                _fail("stop_token_ids", f"must contain only ints >= 0, got {token_id!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            _fail(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
+            _fail("max_tokens", f"must be an int >= 1 or None, got {self.max_tokens!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            _fail(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+            _fail("min_tokens", f"must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail(
-                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+                "min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                _fail(f"{name} must be an int in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+                _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                _fail(f"{name} must be a bool, got {getattr(self, name)!r}")
+                _fail(name, f"must be a bool, got {getattr(self, name)!r}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                _fail(f"logit_bias must be a dict of token id -> float, got {self.logit_bias!r}")
+                _fail("logit_bias", f"must be a dict of token id -> float, got {self.logit_bias!r}")
             for token_id, bias in self.logit_bias.items():
                 if not _is_int(token_id) or token_id < 0:
-                    _fail(f"logit_bias keys must be token ids (ints >= 0), got {token_id!r}")
+                    _fail("logit_bias", f"keys must be token ids (ints >= 0), got {token_id!r}")
                 if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                    _fail(f"logit_bias values must be in [-100, 100], got {bias!r}")
-
-    def verify_token_ids(self, vocab_size: int) -> None:
-        """Raise ``ValueError`` if ``logit_bias`` or ``stop_token_ids`` leave the vocabulary.
-
-        The engine calls this once per request, when it knows the model's vocab size.
-        """
-        for token_id in list(self.logit_bias or ()) + list(self.stop_token_ids or ()):
-            if token_id >= vocab_size:
-                _fail(f"token id {token_id} is out of the vocabulary (size {vocab_size})")
-
-    @property
-    def sampling_type(self) -> SamplingType:
-        if self.temperature < SAMPLING_EPS:
-            return SamplingType.GREEDY
-        if self.seed is not None:
-            return SamplingType.RANDOM_SEED
-        return SamplingType.RANDOM
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.sampling_type == SamplingType.GREEDY
+                    _fail("logit_bias", f"values must be in [-100, 100], got {bias!r}")
 
     def clone(self) -> SamplingParams:
         """A deep copy (the engine gives each of the ``n`` children its own)."""

@@ -1,4 +1,5 @@
-"""Benchmarks: `pagoda bench serve | throughput | latency | compare` (see cli.py)."""
+"""Benchmarks: `pagoda bench serve | throughput | latency | compare`; their command line is in
+pagoda/cli/bench.py and pagoda/cli/bench_serve.py."""
 
 
 class BenchError(ValueError):

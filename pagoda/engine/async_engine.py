@@ -107,8 +107,8 @@ class AsyncLLMEngine:
         Why: OpenMP (torch's CPU threads) keeps one pool of worker threads per thread that
         ran a parallel region. Loading the model on the main thread and stepping on another
         leaves two pools, more OpenMP threads than cores, and libgomp then stops spinning
-        between parallel regions: every op pays a futex wake-up. Measured on the 2-core CPU,
-        a single stream decoded at 31 ms/token with one pool and 47-53 ms/token with two."""
+        between parallel regions: every op pays a futex wake-up, and single-stream decode
+        slows by half (BENCHMARKS.md section 10)."""
         built: concurrent.futures.Future[AsyncLLMEngine] = concurrent.futures.Future()
         go = threading.Event()
 

@@ -149,12 +149,15 @@ class LLMEngine:
         """Run one step; the RequestOutputs of the requests that progressed. Raises
         BatchFailedError if the forward failed (that batch's requests are then aborted)."""
         scheduler_output = self._scheduler.schedule()
-        if scheduler_output.is_empty:
+        if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
         try:
+            # (An empty batch still goes down: the runner drops the finished requests.)
             runner_output = self.runner.execute_model(scheduler_output)
         except Exception as e:
             raise self._abort_batch(scheduler_output, e) from e
+        if scheduler_output.is_empty:
+            return []
         new_tokens = self._scheduler.update_from_output(scheduler_output, runner_output)
         finished = self._lifecycle.process_step(new_tokens, runner_output, time.time())
         for sequence_id, status in finished:
@@ -189,6 +192,7 @@ class LLMEngine:
         return EngineSnapshot(
             running_request_ids=tuple(running),
             waiting_request_ids=tuple(waiting),
+            num_tracked_requests=len(lifecycle.parents),
             num_running_seqs=scheduler.num_running,
             num_waiting_seqs=scheduler.num_waiting,
             num_kv_blocks=blocks.num_blocks,

@@ -26,6 +26,8 @@ class EngineSnapshot:
     """Requests with a sequence in the running batch."""
     waiting_request_ids: tuple[str, ...] = ()
     """Requests with a sequence waiting (new, or preempted) and none running."""
+    num_tracked_requests: int = 0
+    """Requests the engine still holds any state of (0 once all finished and were output)."""
     num_running_seqs: int = 0
     num_waiting_seqs: int = 0
     num_kv_blocks: int = 0

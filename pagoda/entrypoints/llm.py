@@ -7,51 +7,24 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from pagoda.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pagoda.engine.llm_engine import LLMEngine
+from pagoda.config import EngineConfig
+from pagoda.engine.builder import build_engine
+from pagoda.entrypoints.chat_template import Message, apply_chat_template, encode_chat_prompt
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
-
-Message = dict[str, str]
 
 
 class LLM:
     """An engine for offline batches. All requests of one call run together, continuously
     batched; results come back in the order of the prompts."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        dtype: str = "auto",
-        quantization: str | None = "auto",
-        compile: bool = False,
-        max_model_len: int | None = None,
-        tokenizer: str | None = None,
-        seed: int = 0,
-        device: str = "auto",
-        block_size: int = 16,
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        enable_prefix_caching: bool = True,
-        num_kv_blocks: int | None = None,
-        max_num_seqs: int = 128,
-        max_num_batched_tokens: int = 2048,
-        scheduling_policy: str = "fcfs",
-    ) -> None:
-        config = EngineConfig(
-            model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len,
-                              tokenizer=tokenizer, seed=seed, quantization=quantization,
-                              compile=compile),
-            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory,
-                              gpu_memory_utilization=gpu_memory_utilization,
-                              enable_prefix_caching=enable_prefix_caching,
-                              num_gpu_blocks_override=num_kv_blocks),
-            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                      max_num_seqs=max_num_seqs, policy=scheduling_policy),
-            device=device,
-        )
-        self.engine = LLMEngine(config)
+    def __init__(self, model: str | None = None, **engine_kwargs) -> None:
+        """`model`: a GGUF file or Hugging Face folder (None: the bundled model). The keywords
+        are the fields of pagoda.config's dataclasses, by name (`dtype="float32"`,
+        `max_num_seqs=8`, ...), the same options as the CLI's engine flags; an unknown one
+        raises TypeError listing the valid ones."""
+        config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
+        self.engine = build_engine(config)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
@@ -120,30 +93,6 @@ class LLM:
                         pending.discard(output.request_id)
                         bar.update(1)
         return [finished[i] for i in request_ids]
-
-
-def apply_chat_template(
-    tokenizer, messages: list[Message], chat_template: str | None = None,
-    add_generation_prompt: bool = True,
-) -> str:
-    """Render a conversation to the prompt text; ValueError for a malformed conversation."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError(f"each message needs 'role' and 'content', got {m!r}")
-    if chat_template is None and tokenizer.chat_template is None:
-        raise ValueError("this model has no chat template; pass one with --chat-template")
-    return tokenizer.apply_chat_template(
-        messages, chat_template=chat_template, tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-    )
-
-
-def encode_chat_prompt(tokenizer, text: str) -> list[int]:
-    """Token ids of a rendered chat prompt. The template already placed every special token
-    (BOS included, where the model has one), so the tokenizer must not add its own."""
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:

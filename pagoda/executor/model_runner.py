@@ -170,7 +170,8 @@ class ModelRunner:
         # offered to this model; then guards on the modules' attributes can go (nothing the
         # graph reads from them changes after loading: weights, rotary tables and layer ids
         # are fixed, the KV cache and step metadata sit behind the opaque attention op).
-        # Checking those ~6000 guards cost ~1.1-1.5 ms a step, a tenth of a one-sequence step.
+        # Checking those ~6000 guards cost a tenth of a one-sequence step (BENCHMARKS.md
+        # section 10).
         stack.forward = torch.compile(
             _private_forward(stack), dynamic=True,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},

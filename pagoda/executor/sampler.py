@@ -143,13 +143,10 @@ class SamplingMetadata:
                     stop_ids += eos_token_ids
                 banned_rows += [row] * len(stop_ids)
                 banned_tokens += stop_ids
-        for token_id in bias_tokens + banned_tokens:
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"token id {token_id} in logit_bias / stop_token_ids is out of the "
-                    f"vocabulary (size {vocab_size}); check requests with "
-                    "SamplingParams.verify_token_ids"
-                )
+        for token_id in bias_tokens + banned_tokens:  # (the InputProcessor checked them)
+            assert 0 <= token_id < vocab_size, (
+                f"token id {token_id} in logit_bias / stop_token_ids is out of the vocabulary"
+            )
         if bias_rows:
             meta.bias_row_ids = ints(bias_rows)
             meta.bias_token_ids = ints(bias_tokens)
@@ -255,7 +252,8 @@ class Sampler(torch.nn.Module):
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """(num_rows, vocab_size) -> (num_rows,) int64, the first maximum of each row.
-    ``max(dim).indices`` rather than ``argmax``: same result, 2.5x faster on CPU in bf16."""
+    ``max(dim).indices`` rather than ``argmax``: same result, faster on CPU in bf16
+    (BENCHMARKS.md section 10)."""
     return logits.max(dim=-1).indices
 
 
@@ -293,8 +291,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     Returns (num_rows,) int64.
 
     One random number per row, not one per token: drawing ``vocab_size`` numbers per row (the
-    exponential race, ``argmax(probs / Exp(1))``) cost ~300 ms a step at 256 rows x 49152 tokens
-    on a CPU. The search has two levels so that it stays accurate and cheap: block sums
+    exponential race, ``argmax(probs / Exp(1))``) cost more than a whole decode step at 256
+    rows (BENCHMARKS.md section 10). The search has two levels so that it stays accurate and cheap: block sums
     (``CDF_BLOCK`` tokens each, float32) cumulated in float64 find the block, then a float64
     cumulative sum inside that one block finds the token. A zero-weight token is never picked.
     """

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pagoda.bench import offline, report
-from pagoda.entrypoints.cli import main
+from pagoda.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

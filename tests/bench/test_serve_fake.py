@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pagoda.entrypoints.cli import main
+from pagoda.cli.main import main
 from tests.bench.fake_server import MODEL, FakeServer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -125,7 +125,7 @@ def test_cli_errors_print_one_line_and_exit_2(args, message, capsys):
 
 def test_cli_error_exit_code_of_the_process():
     proc = subprocess.run(
-        [sys.executable, "-m", "pagoda.entrypoints.cli", "bench", "serve", "--slo", "nope"],
+        [sys.executable, "-m", "pagoda", "bench", "serve", "--slo", "nope"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 2

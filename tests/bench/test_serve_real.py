@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from pagoda.entrypoints.cli import main
+from pagoda.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -32,7 +32,7 @@ def pagoda_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pagoda.entrypoints.cli", "serve", "--port", str(port),
+            [sys.executable, "-m", "pagoda", "serve", "--port", str(port),
              "--dtype", "float32", "--kv-cache-memory", str(256 * 1024 * 1024),
              "--max-model-len", "1024", "--no-access-log"],
             stdout=log, stderr=subprocess.STDOUT,

@@ -25,11 +25,11 @@ def varied_prompts() -> list[str]:
 def assert_idle(engine: LLMEngine) -> None:
     """No request state anywhere and every KV block free."""
     assert not engine.has_unfinished_requests()
-    assert engine.scheduler.requests == {}
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    assert engine.block_manager.request_blocks == {}
-    assert engine.output_processor.parents == {} and engine.output_processor.children == {}
-    assert engine.runner.generators == {}
+    snapshot = engine.snapshot()
+    assert not snapshot.has_unfinished_requests and snapshot.num_tracked_requests == 0
+    assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks
+    assert snapshot.kv_cache_usage == 0.0
+    assert engine.runner.generators == {} and engine.runner.input_batch.requests == {}
 
 
 def greedy(max_tokens: int = 16) -> SamplingParams:
@@ -39,7 +39,7 @@ def greedy(max_tokens: int = 16) -> SamplingParams:
 def test_batch_invariance(bundled_llm: LLM) -> None:
     prompts = varied_prompts()
     together = bundled_llm.generate(prompts, greedy(), use_tqdm=False)
-    assert max(bundled_llm.engine.stats.batch_sizes) > 1
+    assert max(bundled_llm.engine.snapshot().batch_sizes) > 1
     for prompt, batched in zip(prompts, together):
         alone = bundled_llm.generate(prompt, greedy(), use_tqdm=False)[0]
         assert batched.outputs[0].token_ids == alone.outputs[0].token_ids, prompt
@@ -54,12 +54,12 @@ def test_one_forward_per_step(bundled_llm: LLM) -> None:
     calls = []
     handle = model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     try:
-        steps_before = bundled_llm.engine.stats.num_steps
+        steps_before = bundled_llm.engine.snapshot().num_steps
         outputs = bundled_llm.generate([f"Count to {i}." for i in range(64)], greedy(8), use_tqdm=False)
     finally:
         handle.remove()
     assert len(outputs) == 64 and all(len(o.outputs[0].token_ids) == 8 for o in outputs)
-    assert len(calls) == bundled_llm.engine.stats.num_steps - steps_before
+    assert len(calls) == bundled_llm.engine.snapshot().num_steps - steps_before
     assert len(calls) < 64  # batched, not one call per request
     assert max(calls) > 64  # a step carried many requests' tokens
 
@@ -68,18 +68,18 @@ def test_prefix_caching_reuses_shared_system_prompt(bundled_llm: LLM) -> None:
     engine = bundled_llm.engine
     system = "You are a careful assistant who answers in exactly one sentence. " * 12
     prompts = [system + f"Question {i}: name a fruit." for i in range(6)]
-    engine.block_manager.reset_prefix_cache()
-    before = engine.stats.num_computed_prompt_tokens
+    engine.reset_prefix_cache()
+    before = engine.snapshot().num_computed_prompt_tokens
     first = bundled_llm.generate(prompts, greedy(12), use_tqdm=False)
-    computed_first = engine.stats.num_computed_prompt_tokens - before
-    before = engine.stats.num_computed_prompt_tokens
+    computed_first = engine.snapshot().num_computed_prompt_tokens - before
+    before = engine.snapshot().num_computed_prompt_tokens
     second = bundled_llm.generate(prompts, greedy(12), use_tqdm=False)
-    computed_second = engine.stats.num_computed_prompt_tokens - before
+    computed_second = engine.snapshot().num_computed_prompt_tokens - before
     total_prompt = sum(len(o.prompt_token_ids) for o in first)
     # Within the first run the shared system prompt is computed once, not six times.
     assert computed_first < total_prompt / 2
     # The second time only each prompt's last (partial) block is recomputed.
-    assert computed_second <= len(prompts) * engine.block_manager.block_size
+    assert computed_second <= len(prompts) * engine.snapshot().kv_block_size
     assert all(o.num_cached_tokens > 0 for o in second)
     for a, b in zip(first, second):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
@@ -88,9 +88,9 @@ def test_prefix_caching_reuses_shared_system_prompt(bundled_llm: LLM) -> None:
 def test_prefix_caching_off_computes_everything(bundled_gguf) -> None:
     llm = LLM(dtype="float32", num_kv_blocks=64, max_model_len=512, enable_prefix_caching=False)
     prompt = "Shared words are shared. " * 20
-    before = llm.engine.stats.num_computed_prompt_tokens
+    before = llm.engine.snapshot().num_computed_prompt_tokens
     outs = llm.generate([prompt, prompt], greedy(4), use_tqdm=False)
-    assert llm.engine.stats.num_computed_prompt_tokens - before == 2 * len(outs[0].prompt_token_ids)
+    assert llm.engine.snapshot().num_computed_prompt_tokens - before == 2 * len(outs[0].prompt_token_ids)
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
 
 
@@ -100,7 +100,7 @@ def test_preemption_keeps_outputs_identical(bundled_llm: LLM) -> None:
     # 12 blocks of 16 tokens: far too few for 10 requests of up to ~150 tokens at once.
     small = LLM(dtype="float32", num_kv_blocks=12, max_model_len=192)
     constrained = small.generate(prompts, greedy(40), use_tqdm=False)
-    assert small.engine.scheduler.num_preemptions > 0
+    assert small.engine.snapshot().num_preemptions > 0
     for ref, got in zip(reference, constrained):
         assert got.outputs[0].token_ids == ref.outputs[0].token_ids
     small.engine.step()
@@ -113,7 +113,7 @@ def test_abort_mid_generation_frees_everything(bundled_llm: LLM) -> None:
         engine.add_request(f"abort-{i}", f"Write a long story number {i}.", greedy(200))
     for _ in range(6):
         engine.step()
-    assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
+    assert engine.snapshot().num_free_kv_blocks < engine.snapshot().num_kv_blocks
     engine.abort_request([f"abort-{i}" for i in range(5)])
     engine.step()  # delivers finished ids to the runner, which drops their generators
     assert_idle(engine)
@@ -244,16 +244,16 @@ def test_penalties_change_output(bundled_llm: LLM) -> None:
 
 def test_n_completions_share_prompt_blocks(bundled_llm: LLM) -> None:
     engine = bundled_llm.engine
-    engine.block_manager.reset_prefix_cache()
+    engine.reset_prefix_cache()
     prompt = "Write one word about autumn. " * 8
     params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7, ignore_eos=True)
-    before = engine.stats.num_computed_prompt_tokens
+    before = engine.snapshot().num_computed_prompt_tokens
     out = bundled_llm.generate(prompt, params, use_tqdm=False)[0]
-    computed = engine.stats.num_computed_prompt_tokens - before
+    computed = engine.snapshot().num_computed_prompt_tokens - before
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # each choice has its own seed
     num_prompt = len(out.prompt_token_ids)
     # The prompt's full blocks are computed once and shared by the three choices.
-    assert computed <= num_prompt + 2 * engine.block_manager.block_size
+    assert computed <= num_prompt + 2 * engine.snapshot().kv_block_size
     again = bundled_llm.generate(prompt, params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]

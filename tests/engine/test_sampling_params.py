@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pagoda.errors import InvalidRequestError
 from pagoda.sampling_params import SamplingParams
 
 
@@ -49,10 +50,31 @@ def test_sampling_params_defaults_and_normalisation() -> None:
     ],
 )
 def test_sampling_params_validation(kwargs: dict, field_name: str) -> None:
-    with pytest.raises(ValueError, match=field_name):
+    with pytest.raises(InvalidRequestError) as caught:
         SamplingParams(**kwargs)
+    error = caught.value
+    assert isinstance(error, ValueError)  # callers that catch ValueError still do
+    assert (error.param, error.code) == (field_name, "invalid_value")
+    assert error.message == str(error) and error.message.startswith(f"{field_name} ")
 
 
 def test_temperature_error_message() -> None:
     with pytest.raises(ValueError, match="temperature must be >= 0, got -1"):
         SamplingParams(temperature=-1)
+
+
+def test_error_renamed_for_an_endpoint_speaks_its_field_name() -> None:
+    """Chat calls SamplingParams' logprobs `top_logprobs`: the error is rendered again under
+    that name, its detail and code kept."""
+    with pytest.raises(InvalidRequestError) as caught:
+        SamplingParams(logprobs=30)
+    renamed = caught.value.renamed("top_logprobs")
+    assert renamed.param == "top_logprobs" and renamed.code == "invalid_value"
+    assert renamed.message == "top_logprobs must be an int in [0, 20] or None, got 30"
+    assert str(renamed) == renamed.message
+    assert caught.value.param == "logprobs"  # the original is unchanged
+    # An error whose message does not start with the field keeps its message.
+    plain = InvalidRequestError("the prompt is too long", "prompt", "context_length_exceeded")
+    moved = plain.renamed("messages")
+    assert (moved.message, moved.param, moved.code) == (
+        "the prompt is too long", "messages", "context_length_exceeded")

@@ -33,7 +33,7 @@ class RemoteServer:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
             "w+", prefix="pagoda-serve-", suffix=".log", delete=False
         )
-        command = [sys.executable, "-m", "pagoda.entrypoints.cli", "serve",
+        command = [sys.executable, "-m", "pagoda", "serve",
                    "--port", str(self.port), *ENGINE_ARGS, *args]
         self.proc = subprocess.Popen(
             command, stdout=self.log, stderr=subprocess.STDOUT,

@@ -1,13 +1,21 @@
-"""The CLI as a person uses it: answers from the bundled model, one-line errors with exit 2."""
+"""The CLI as a person uses it: answers from the bundled model, one-line errors with exit 2;
+and the shape of pagoda/cli/: one module per subcommand, no import cycle, a fast --help."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-PAGODA = [sys.executable, "-m", "pagoda.entrypoints.cli"]
+import pagoda.cli
+
+PAGODA = [sys.executable, "-m", "pagoda"]
+CLI_DIR = pathlib.Path(pagoda.cli.__file__).parent
+CLI_MODULES = sorted(f"pagoda.cli.{p.stem}" for p in CLI_DIR.glob("*.py") if p.stem != "__init__")
+SUBCOMMANDS = ("generate", "chat", "serve", "bench", "env")
 
 
 def run_cli(*args: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -95,7 +103,7 @@ class RecordingLLM:
 
 
 def test_chat_session_sends_history_and_reset_clears_it() -> None:
-    from pagoda.entrypoints.cli import ChatSession
+    from pagoda.cli.chat import ChatSession
 
     llm = RecordingLLM()
     session = ChatSession(llm, params=None, system="Be brief.")
@@ -131,3 +139,106 @@ def test_env_prints_the_cpu_features_and_what_auto_picks() -> None:
 
 def test_env_on_a_missing_model_is_a_one_line_error(tmp_path) -> None:
     assert_one_line_error(run_cli("env", "--model", str(tmp_path / "nope.gguf")), "nope.gguf")
+
+
+# ---- the shape of pagoda/cli/ ------------------------------------------------------------------
+
+
+def import_in_fresh_python(*modules: str) -> subprocess.CompletedProcess:
+    code = "".join(f"import {m}\n" for m in modules)
+    code += "import sys; print(' '.join(m for m in ('torch', 'pagoda.engine') if m in sys.modules))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_every_cli_module_imports_first_alone_and_in_either_order() -> None:
+    assert {f"pagoda.cli.{name}" for name in SUBCOMMANDS} <= set(CLI_MODULES)
+    orders = [[m] for m in CLI_MODULES] + [CLI_MODULES, CLI_MODULES[::-1]]
+    for order in orders:
+        result = import_in_fresh_python(*order)
+        assert result.returncode == 0, f"{order}:\n{result.stderr}"
+        # heavy imports stay inside the command functions, so `pagoda --help` is fast
+        assert result.stdout.strip() == "", f"{order} imported {result.stdout.strip()}"
+
+
+def test_no_subcommand_module_imports_main() -> None:
+    for path in CLI_DIR.glob("*.py"):
+        if path.stem == "main":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                imported = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            else:
+                continue
+            assert "pagoda.cli.main" not in imported, f"{path.name} imports pagoda.cli.main"
+
+
+def test_python_m_pagoda_help_lists_the_subcommands() -> None:
+    result = run_cli("--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    for name in SUBCOMMANDS:
+        assert name in result.stdout
+
+
+def test_serve_help_lists_server_and_generated_engine_flags() -> None:
+    result = run_cli("serve", "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--port", "--max-queue", "--max-num-seqs", "--no-prefix-caching",
+                 "--enable-chunked-prefill", "--num-kv-blocks", "--scheduling-policy"):
+        assert flag in result.stdout
+
+
+def test_the_pagoda_script_points_at_cli_main() -> None:
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).parents[2] / "pyproject.toml"
+    scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+    assert scripts["pagoda"] == "pagoda.cli.main:main"
+
+
+def test_main_exit_codes(monkeypatch, capsys) -> None:
+    from pagoda.cli import generate
+    from pagoda.cli.main import main
+
+    def refuse(args):
+        raise ValueError("that will not do")
+
+    def interrupt(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "run_generate", refuse)
+    assert main(["generate", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "pagoda: error: that will not do"
+    monkeypatch.setattr(generate, "run_generate", interrupt)
+    assert main(["generate", "hi"]) == 130
+
+
+def test_generate_passes_every_engine_flag_to_llm(monkeypatch) -> None:
+    """The engine flags reach LLM(**kwargs) by name, and LLM accepts each as a keyword."""
+    import pagoda.entrypoints.llm as llm_module
+    from pagoda.cli.main import main
+    from pagoda.config import EngineConfig
+
+    built = []
+
+    class FakeLLM(RecordingLLM):
+        def __init__(self, model=None, **kwargs) -> None:
+            super().__init__()
+            built.append(EngineConfig.from_kwargs(model=model, **kwargs))
+
+    monkeypatch.setattr(llm_module, "LLM", FakeLLM)
+    assert main(["generate", "--max-num-seqs", "3", "--no-prefix-caching", "--device", "cpu",
+                 "hi"]) == 0
+    (config,) = built
+    assert config.scheduler.max_num_seqs == 3
+    assert config.cache.enable_prefix_caching is False
+    assert config.device == "cpu"
+
+
+def test_llm_rejects_an_unknown_keyword_before_loading() -> None:
+    from pagoda import LLM
+
+    with pytest.raises(TypeError, match="'max_num_sequences'.*max_num_seqs"):
+        LLM(max_num_sequences=4)

@@ -11,7 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.llm_engine import BatchFailedError
 from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
+from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -20,13 +24,13 @@ POISON = 666
 
 
 class FakeEngine:
-    """Each request emits its prompt's first token `max_tokens` times, one per step."""
+    """The LLMEngine black box, faked: each request emits its prompt's first token
+    `max_tokens` times, one per step; the snapshot says who runs."""
 
     def __init__(self, max_num_seqs: int = 8) -> None:
         self.tokenizer = object()
         self.max_model_len = 100
         self.vocab_size = 1000
-        self.kv_capacity_tokens = 1600
         self.config = SimpleNamespace(scheduler=SimpleNamespace(max_num_seqs=max_num_seqs))
         self.requests: dict[str, dict] = {}
         self.aborted: list[str] = []
@@ -34,37 +38,35 @@ class FakeEngine:
         self.die = False
         self.step_gate = threading.Event()
         self.step_gate.set()
-        self.scheduler = SimpleNamespace(num_running=0, num_waiting=0, running=[])
-        self.output_processor = SimpleNamespace(child_ids=lambda rid: [rid] if rid in self.requests else [])
 
-    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0):
+    def add_engine_request(self, request: EngineRequest) -> None:
         self.thread_ids.add(threading.get_ident())
-        if not prompt:
-            raise ValueError("prompt is empty; give at least one token")
-        self.requests[request_id] = {"prompt": prompt, "params": params, "tokens": []}
-        self._sync()
+        self.requests[request.request_id] = {
+            "prompt": request.prompt_token_ids, "params": request.params, "tokens": []
+        }
 
     def abort_request(self, request_ids):
         self.thread_ids.add(threading.get_ident())
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
             if self.requests.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
-        self._sync()
 
     def has_unfinished_requests(self):
         if self.die:
             raise RuntimeError("bookkeeping bug")
         return bool(self.requests)
 
-    def _sync(self):
-        self.scheduler.num_running = len(self.requests)
-        self.scheduler.running = [SimpleNamespace(request_id=r) for r in self.requests]
+    def snapshot(self) -> EngineSnapshot:
+        running = tuple(self.requests)
+        return EngineSnapshot(running_request_ids=running, num_running_seqs=len(running))
 
     def step(self):
         self.thread_ids.add(threading.get_ident())
         self.step_gate.wait()
         if any(r["prompt"][0] == POISON for r in self.requests.values()):
-            raise RuntimeError("kernel exploded")
+            batch = list(self.requests)
+            self.abort_request(batch)
+            raise BatchFailedError(batch, RuntimeError("kernel exploded"))
         outputs = []
         for request_id, r in list(self.requests.items()):
             r["tokens"].append(r["prompt"][0])
@@ -77,8 +79,12 @@ class FakeEngine:
             outputs.append(RequestOutput(request_id, None, r["prompt"], [completion], done))
             if done:
                 del self.requests[request_id]
-        self._sync()
         return outputs
+
+
+async def add(engine: AsyncLLMEngine, request_id: str, prompt: list[int], params: SamplingParams):
+    """Validate on the event loop, then hand over: what the server does."""
+    return await engine.add_request(engine.input_processor.process(request_id, prompt, params))
 
 
 async def collect(engine: AsyncLLMEngine, request_id: str, prompt: list[int], max_tokens: int):
@@ -142,9 +148,12 @@ def test_bad_request_is_refused_and_the_loop_keeps_serving():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        with pytest.raises(ValueError, match="prompt is empty"):
-            await engine.add_request("bad", [], SamplingParams())
-        assert engine.num_unfinished_seqs == 0
+        with pytest.raises(InvalidRequestError, match="prompt is empty") as refused:
+            await add(engine, "bad", [], SamplingParams())
+        assert refused.value.param == "prompt"
+        with pytest.raises(InvalidRequestError, match="out of range"):
+            await add(engine, "bad", [1000], SamplingParams())
+        assert engine.num_unfinished_seqs == 0 and not fake.requests
         outputs = await collect(engine, "good", [5], 2)
         await engine.shutdown()
         return outputs
@@ -159,7 +168,7 @@ def test_failing_step_fails_only_its_batch():
         engine = AsyncLLMEngine(fake)
         engine.start()
         fake.step_gate.clear()  # hold the first step until we listen
-        poisoned = await engine.add_request("poisoned", [POISON], SamplingParams(max_tokens=5))
+        poisoned = await add(engine, "poisoned", [POISON], SamplingParams(max_tokens=5))
         fake.step_gate.set()
         with pytest.raises(EngineStepError, match="kernel exploded"):
             async for _ in poisoned:
@@ -199,7 +208,7 @@ def test_abort_ends_an_iteration_in_progress():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        stream = await engine.add_request("r", [3], SamplingParams(max_tokens=10_000))
+        stream = await add(engine, "r", [3], SamplingParams(max_tokens=10_000))
         received = []
 
         async def consume():
@@ -223,14 +232,14 @@ def test_dead_loop_fails_streams_and_reports_not_alive():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        stream = await engine.add_request("r", [1], SamplingParams(max_tokens=10_000))
+        stream = await add(engine, "r", [1], SamplingParams(max_tokens=10_000))
         fake.die = True
         with pytest.raises(EngineDeadError, match="bookkeeping bug"):
             async for _ in stream:
                 pass
         assert not engine.is_alive
         with pytest.raises(EngineDeadError):
-            await engine.add_request("late", [1], SamplingParams())
+            await add(engine, "late", [1], SamplingParams())
 
     run(main())
 
@@ -242,10 +251,10 @@ def test_queue_limit_counts_sequences_beyond_the_batch():
         engine = AsyncLLMEngine(fake, max_queue=1)
         engine.start()
         long = SamplingParams(max_tokens=10_000)
-        await engine.add_request("a", [1], long)  # runs
-        await engine.add_request("b", [1], long)  # waits: 1 sequence queued, the limit
+        await add(engine, "a", [1], long)  # runs
+        await add(engine, "b", [1], long)  # waits: 1 sequence queued, the limit
         with pytest.raises(QueueFullError, match="at most 1"):
-            await engine.add_request("c", [1], long)
+            await add(engine, "c", [1], long)
         with pytest.raises(QueueFullError):
             engine.check_queue(1)
         engine.abort("a")
@@ -262,7 +271,7 @@ def test_cancel_all_fails_open_streams():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        streams = [await engine.add_request(f"r{i}", [1], SamplingParams(max_tokens=10_000))
+        streams = [await add(engine, f"r{i}", [1], SamplingParams(max_tokens=10_000))
                    for i in range(3)]
         engine.cancel_all("shutting down")
         for stream in streams:

@@ -126,8 +126,18 @@ def http(server):
         yield client
 
 
-def test_battery_is_large():
-    assert len(CASES) >= 30
+def send(http: httpx.Client, method: str, path: str, body, headers: dict) -> httpx.Response:
+    if isinstance(body, bytes):
+        return http.request(method, path, content=body,
+                            headers={**headers, "Content-Type": "application/json"})
+    return http.request(method, path, json=body, headers=headers)
+
+
+def run_battery(http: httpx.Client) -> None:
+    """Send every case of the battery; each gets its documented status."""
+    for case_id, method, path, body, headers, status, _, _ in CASES:
+        response = send(http, method, path, body, headers)
+        assert response.status_code == status, (case_id, response.text)
 
 
 @pytest.mark.parametrize(
@@ -135,11 +145,7 @@ def test_battery_is_large():
     ids=[c[0] for c in CASES],
 )
 def test_bad_request(http, method, path, body, headers, status, param, code):
-    if isinstance(body, bytes):
-        response = http.request(method, path, content=body,
-                                headers={**headers, "Content-Type": "application/json"})
-    else:
-        response = http.request(method, path, json=body, headers=headers)
+    response = send(http, method, path, body, headers)
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
@@ -149,6 +155,22 @@ def test_bad_request(http, method, path, body, headers, status, param, code):
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
+
+
+def engine_totals(server: RemoteServer) -> tuple[float, float]:
+    """(prompt tokens the engine admitted, sequences it finished for any reason)."""
+    finished = sum(server.metric("request_success_total", f'finished_reason="{reason}"')
+                   for reason in ("stop", "length", "abort"))
+    return server.metric("prompt_tokens_total"), finished
+
+
+def test_refused_requests_never_reach_the_engine(server, http):
+    """Validation happens once, at the edge: a refused request costs the engine nothing (no
+    admitted prompt tokens, no sequence started and aborted)."""
+    before = engine_totals(server)
+    run_battery(http)
+    assert engine_totals(server) == before
+    assert server.metric("num_requests_running") == 0
 
 
 def test_context_length_message_has_the_numbers(http):
@@ -182,6 +204,7 @@ def test_api_key(server, http):
 
 
 def test_server_keeps_serving_after_the_battery(server, http):
+    run_battery(http)
     assert server.proc.poll() is None
     assert http.get("/health").status_code == 200
     response = http.post(CHAT, json=chat(max_tokens=4, temperature=0), headers=AUTH)

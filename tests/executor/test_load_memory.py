@@ -49,7 +49,7 @@ def test_peak_rss_during_load_is_under_twice_the_weights() -> None:
 
 ONE_SHOT = r"""
 import sys
-from pagoda.entrypoints.cli import main
+from pagoda.cli.main import main
 code = main(["generate", "--max-tokens", "16", "The capital of France is"])
 with open("/proc/self/status") as f:
     peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))

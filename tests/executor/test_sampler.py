@@ -1,17 +1,21 @@
-"""The batched sampler (CPU, deterministic); SamplingParams itself: tests/engine/test_sampling_params.py."""
+"""The batched sampler (CPU, deterministic).
+
+SamplingParams itself: tests/engine/test_sampling_params.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from pagoda.engine.input_processor import InputProcessor
+from pagoda.errors import InvalidRequestError
 from pagoda.executor.sampler import (
     Sampler,
     _first_passing,
     compute_token_logprobs,
     random_sample,
 )
-from pagoda.sampling_params import SamplingParams, SamplingType
+from pagoda.sampling_params import SamplingParams
 from tests.executor.sampler_helpers import (
     VOCAB,
     build,
@@ -33,18 +37,21 @@ def test_greedy_is_argmax() -> None:
 
 
 def test_temperature_zero_is_greedy_in_mixed_batch() -> None:
-    assert SamplingParams(temperature=0.0).is_greedy
-    assert SamplingParams(temperature=0.0).sampling_type == SamplingType.GREEDY
-    assert SamplingParams(temperature=0.5, seed=1).sampling_type == SamplingType.RANDOM_SEED
-    assert SamplingParams().sampling_type == SamplingType.RANDOM
-    # Flat-ish logits so that random rows would often miss the argmax.
+    # Flat-ish logits so that random rows would often miss the argmax. Even rows are greedy:
+    # temperature 0, or a temperature too small to divide by (below SAMPLING_EPS), seeded or
+    # not; odd rows sample.
     logits = make_logits(8) * 0.1
-    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0) for i in range(8)]
+    greedy = [SamplingParams(temperature=0.0), SamplingParams(temperature=1e-6),
+              SamplingParams(temperature=0.0, seed=7), SamplingParams(temperature=1e-7, seed=3)]
+    params = [greedy[i // 2] if i % 2 == 0 else SamplingParams(temperature=1.0) for i in range(8)]
+    argmax = logits.argmax(-1).tolist()
+    sampled_odd_rows = set()
     for step in range(5):
         torch.manual_seed(step)
         ids = sampled_ids(logits, params)
-        argmax = logits.argmax(-1).tolist()
         assert [ids[i] for i in range(0, 8, 2)] == [argmax[i] for i in range(0, 8, 2)]
+        sampled_odd_rows.add(tuple(ids[i] for i in range(1, 8, 2)))
+    assert len(sampled_odd_rows) > 1  # the temperature-1 rows really sample
 
 
 # --------------------------------------------------------------------------- seeds
@@ -174,12 +181,21 @@ def test_sampled_frequencies_follow_softmax() -> None:
     assert float(((counts - expected) ** 2 / expected).sum()) < 25.0
 
 
-def test_out_of_vocab_token_ids_rejected() -> None:
-    p = SamplingParams(logit_bias={VOCAB: 1.0})
-    with pytest.raises(ValueError, match="out of the vocabulary"):
-        p.verify_token_ids(VOCAB)
-    with pytest.raises(ValueError, match="out of the vocabulary"):
-        build([p])
+@pytest.mark.parametrize("field", ["logit_bias", "stop_token_ids"])
+def test_out_of_vocab_token_ids_rejected(field: str) -> None:
+    """Refused at the edge (the input processor, naming the field), and never silently
+    indexed out of range should one reach the sampler."""
+    p = SamplingParams(**{field: {VOCAB: 1.0} if field == "logit_bias" else [VOCAB]},
+                       min_tokens=1)
+    processor = InputProcessor(tokenizer=None, vocab_size=VOCAB, max_model_len=64)
+    with pytest.raises(InvalidRequestError, match="out of the vocabulary") as caught:
+        processor.process("r", [1, 2], p)
+    assert caught.value.param == field
+    with pytest.raises(AssertionError, match="out of the vocabulary"):
+        build([p])  # stop ids are banned while under min_tokens: both are looked up
+    inside = SamplingParams(**{field: {VOCAB - 1: 1.0} if field == "logit_bias"
+                               else [VOCAB - 1]})
+    assert processor.process("r", [1, 2], inside).params is inside
 
 
 def test_random_sample_spans_cdf_blocks_and_skips_zero_weights() -> None:

@@ -1,8 +1,10 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
 
-Handlers raise `OpenAIError` (or a subclass); `install_error_handlers` turns it, pydantic
-validation errors, unknown routes and anything unexpected into that body. Only our own bugs
-become a 500; anything a client can send maps to a 4xx.
+Handlers raise `OpenAIError` (or a subclass) or let the validation step's
+`InvalidRequestError` through; `install_error_handlers` turns those, pydantic validation
+errors, unknown routes and anything unexpected into that body. An InvalidRequestError is a 400
+built from its `param` and `code`, its message passed on as it is (never parsed). Only our own
+bugs become a 500; anything a client can send maps to a 4xx.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagoda.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from pagoda.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,11 @@ class OpenAIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     return OpenAIError(message, HTTPStatus.BAD_REQUEST, "invalid_request_error", param, code)
+
+
+def invalid_request(error: InvalidRequestError) -> OpenAIError:
+    """The 400 of a request the validation step refused."""
+    return bad_request(error.message, param=error.param, code=error.code)
 
 
 def model_not_found(model: str) -> OpenAIError:
@@ -83,7 +91,8 @@ def from_validation_error(error: ValidationError) -> OpenAIError:
     errors = error.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
-        return bad_request(f"The request body is not valid JSON: {first['msg']}", code="invalid_json")
+        return bad_request(f"The request body is not valid JSON: {first['msg']}",
+                           code="invalid_json")
     if first["type"] == "model_type" and not first["loc"]:
         return bad_request("The request body must be a JSON object.", code="invalid_json")
     loc = tuple(first["loc"])
@@ -117,6 +126,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid_request(request: Request, exc: InvalidRequestError) -> JSONResponse:
+        return invalid_request(exc).response()
+
     @app.exception_handler(ValidationError)
     async def _validation_error(request: Request, exc: ValidationError) -> JSONResponse:
         return from_validation_error(exc).response()
@@ -125,7 +138,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == HTTPStatus.NOT_FOUND:
             message = f"Invalid URL ({request.method} {request.url.path})"
-            err = OpenAIError(message, exc.status_code, "invalid_request_error", None, "unknown_url")
+            err = OpenAIError(message, exc.status_code, "invalid_request_error", None,
+                              "unknown_url")
         elif exc.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
             message = f"Method {request.method} is not allowed on {request.url.path}"
             err = OpenAIError(message, exc.status_code, "invalid_request_error", None,

@@ -125,12 +125,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def create_completion(raw_request: Request) -> Response:
         request = await parse_body(raw_request, CompletionRequest)
-        return await completions.create_completion(request, raw_request)
+        return await completions.serve(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw_request: Request) -> Response:
         request = await parse_body(raw_request, ChatCompletionRequest)
-        return await chat.create_chat_completion(request, raw_request)
+        return await chat.serve(request, raw_request)
 
     @app.get("/v1/models")
     async def list_models() -> JSONResponse:
@@ -153,7 +153,9 @@ def build_app(state: ServerState) -> FastAPI:
             text = request.prompt
             add_special_tokens = request.add_special_tokens is not False
         tokens = chat.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        token_strs = chat.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        token_strs = None
+        if request.return_token_strs:
+            token_strs = chat.tokenizer.convert_ids_to_tokens(tokens)
         return JSONResponse(TokenizeResponse(
             count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens,
             token_strs=token_strs,

@@ -1,191 +1,122 @@
 """POST /v1/completions: prompts as text or token ids, echo, legacy logprobs, streaming.
 
-Each prompt of a request is its own engine request (`{id}-{i}`); choice `i * n + j` is
-choice j of prompt i, as OpenAI numbers them.
+What completions supply to the serving pipeline (serving_pipeline.py): one engine request per
+prompt (choice `i * n + j` is choice j of prompt i, as OpenAI numbers them), the echoed
+prompt in front of a choice's first text, and OpenAI's legacy logprobs shape.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
-
-from pagoda.engine.request_stream import EngineDeadError, EngineStepError, RequestStream
-from pagoda.entrypoints.openai.errors import bad_request
+from pagoda.engine.input_processor import EngineRequest
 from pagoda.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
-    UsageInfo,
 )
-from pagoda.entrypoints.openai.serving_engine import (
-    SSE_DONE,
-    ClientDisconnected,
-    EventStreamResponse,
-    OpenAIServing,
+from pagoda.entrypoints.openai.serving_pipeline import (
+    ChoiceState,
+    PromptInput,
+    SamplingFields,
+    ServingJob,
+    ServingPipeline,
     clamp_logprob,
-    engine_error,
-    final_outputs,
-    merge_streams,
-    run_until_disconnect,
-    sse,
-    sse_error,
 )
-from pagoda.outputs import TokenLogprobDict
-from pagoda.sampling_params import SamplingParams
+from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
 
-class Prompt:
-    def __init__(self, text: str | None, token_ids: list[int]) -> None:
-        self.text = text
-        self.token_ids = token_ids
+@dataclass
+class CompletionChoiceState(ChoiceState):
+    echoed: bool = False
+    """The prompt went out (with the first chunk that had output) or needs not go."""
+    text_offset: int = 0
+    """Legacy logprobs: where the next token starts in the choice's text."""
 
 
-class OpenAIServingCompletion(OpenAIServing):
-    async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
-        self.check_model(request.model)
-        for param, message in request.unsupported_fields():
-            raise bad_request(message, param=param, code="unsupported_parameter")
-        prompts = self._prompts(request.prompt)
-        echo_logprobs = request.logprobs if request.echo else None
-        params = self.sampling_params(request, request.max_tokens, request.logprobs,
-                                      prompt_logprobs=echo_logprobs)
-        for prompt in prompts:
-            self.check_context_length(len(prompt.token_ids), request.max_tokens, "prompt", "prompt")
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.add_requests(
-            [(f"{request_id}-{i}", p.token_ids, params) for i, p in enumerate(prompts)],
-            request.priority or 0,
-        )
-        if request.stream:
-            return EventStreamResponse(
-                self._stream(request, request_id, prompts, params, streams),
-                on_close=lambda: self.abort(streams),
-            )
-        try:
-            outputs = await run_until_disconnect(raw_request, final_outputs(streams))
-        except ClientDisconnected:
-            return Response(status_code=499)
-        except (EngineDeadError, EngineStepError) as e:
-            raise engine_error(e) from None
-        finally:
-            self.abort(streams)
-        choices = []
-        num_completion_tokens = 0
-        for i, (prompt, output) in enumerate(zip(prompts, outputs)):
-            for completion in output.outputs:
-                token_ids, logprob_dicts = completion.token_ids, completion.logprobs or []
-                text = completion.text
-                if request.echo:
-                    text = self._echo_text(prompt) + text
-                    token_ids = prompt.token_ids + token_ids
-                    logprob_dicts = self._prompt_logprobs(output, prompt) + logprob_dicts
-                logprobs = None
-                if params.logprobs is not None:
-                    logprobs, _ = self.logprobs(token_ids, logprob_dicts, 0)
-                choices.append(CompletionResponseChoice(
-                    index=i * params.n + completion.index, text=text, logprobs=logprobs,
-                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
-                ))
-                num_completion_tokens += len(completion.token_ids)
-        num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        response = CompletionResponse(
-            id=request_id, model=self.model_name, choices=choices,
-            usage=UsageInfo(prompt_tokens=num_prompt_tokens,
-                            completion_tokens=num_completion_tokens,
-                            total_tokens=num_prompt_tokens + num_completion_tokens),
-        )
-        return JSONResponse(response.model_dump())
+class OpenAIServingCompletion(ServingPipeline):
+    request_id_prefix = "cmpl"
+    response_type = CompletionResponse
+    chunk_type = CompletionResponse
+    choice_state_type = CompletionChoiceState
 
-    async def _stream(
-        self, request: CompletionRequest, request_id: str, prompts: list[Prompt],
-        params: SamplingParams, streams: list[RequestStream],
-    ) -> AsyncIterator[str]:
-        created = int(time.time())
-        n = params.n
-        num_choices = len(prompts) * n
-        echo_pending = [bool(request.echo)] * num_choices
-        text_offsets = [0] * num_choices
-        finished = [False] * num_choices
-        num_tokens = [0] * num_choices
-        exclude = None if request.include_usage else {"usage"}
-        try:
-            async for i, output in merge_streams(streams):
-                prompt = prompts[i]
-                for completion in output.outputs:
-                    index = i * n + completion.index
-                    if finished[index]:
-                        continue
-                    num_tokens[index] = len(completion.token_ids)
-                    text = completion.delta_text
-                    token_ids = completion.delta_token_ids
-                    logprob_dicts = completion.delta_logprobs or []
-                    if echo_pending[index]:
-                        if not completion.token_ids and not completion.finished:
-                            continue  # prompt logprobs are complete with the first token
-                        echo_pending[index] = False
-                        text = self._echo_text(prompt) + text
-                        token_ids = prompt.token_ids + token_ids
-                        logprob_dicts = self._prompt_logprobs(output, prompt) + logprob_dicts
-                    if not text and not token_ids and not completion.finished:
-                        continue
-                    logprobs = None
-                    if params.logprobs is not None:
-                        logprobs, text_offsets[index] = self.logprobs(
-                            token_ids, logprob_dicts, text_offsets[index]
-                        )
-                    finished[index] = completion.finished
-                    chunk = CompletionResponse(
-                        id=request_id, created=created, model=self.model_name,
-                        choices=[CompletionResponseChoice(
-                            index=index, text=text, logprobs=logprobs,
-                            finish_reason=completion.finish_reason,
-                            stop_reason=completion.stop_reason,
-                        )],
-                    )
-                    yield sse(chunk.model_dump_json(exclude=exclude))
-            if request.include_usage:
-                num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
-                usage = UsageInfo(prompt_tokens=num_prompt_tokens,
-                                  completion_tokens=sum(num_tokens),
-                                  total_tokens=num_prompt_tokens + sum(num_tokens))
-                chunk = CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                           choices=[], usage=usage)
-                yield sse(chunk.model_dump_json())
-        except (EngineDeadError, EngineStepError) as e:
-            yield sse_error(engine_error(e))
-        finally:
-            self.abort(streams)
-        yield SSE_DONE
+    # ---- what completions supply to the pipeline ---------------------------------------------
 
-    # ---- helpers -------------------------------------------------------------------------------
+    def sampling_fields(self, request: CompletionRequest) -> SamplingFields:
+        # Echo with logprobs returns the prompt's logprobs too.
+        prompt_logprobs = request.logprobs if request.echo else None
+        return SamplingFields(request.max_tokens, request.logprobs, prompt_logprobs)
 
-    def _prompts(self, prompt: str | list) -> list[Prompt]:
+    def build_prompts(self, request: CompletionRequest) -> list[PromptInput]:
+        prompt = request.prompt
         if isinstance(prompt, str):
-            prompts = [Prompt(prompt, self.tokenizer.encode(prompt))]
-        elif isinstance(prompt[0], str):
-            prompts = [Prompt(p, self.tokenizer.encode(p)) for p in prompt]
-        elif isinstance(prompt[0], int):
-            prompts = [Prompt(None, list(prompt))]
-        else:
-            prompts = [Prompt(None, list(p)) for p in prompt]
-        for i, p in enumerate(prompts):
-            self.check_prompt_token_ids(p.token_ids, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
-        return prompts
+            return [PromptInput(prompt, None, "prompt")]
+        if isinstance(prompt[0], int):
+            return [PromptInput(None, list(prompt), "prompt")]
+        names = ["prompt"] if len(prompt) == 1 else [f"prompt[{i}]" for i in range(len(prompt))]
+        if isinstance(prompt[0], str):
+            return [PromptInput(text, None, name) for text, name in zip(prompt, names)]
+        return [PromptInput(None, list(ids), name) for ids, name in zip(prompt, names)]
 
-    def _echo_text(self, prompt: Prompt) -> str:
-        if prompt.text is None:
-            prompt.text = self.tokenizer.decode(prompt.token_ids)
-        return prompt.text
+    def response_choice(
+        self, job: ServingJob, prompt_index: int, output: RequestOutput,
+        completion: CompletionOutput, index: int,
+    ) -> CompletionResponseChoice:
+        text, token_ids = completion.text, completion.token_ids
+        logprob_dicts = completion.logprobs or []
+        if job.request.echo:
+            prompt = job.prompts[prompt_index]
+            text = self.prompt_text(prompt) + text
+            token_ids = prompt.prompt_token_ids + token_ids
+            logprob_dicts = self.prompt_logprobs(output, prompt) + logprob_dicts
+        logprobs = None
+        if job.params.logprobs is not None:
+            logprobs, _ = self.logprobs(token_ids, logprob_dicts, 0)
+        return CompletionResponseChoice(
+            index=index, text=text, logprobs=logprobs,
+            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+        )
+
+    def stream_choice(
+        self, job: ServingJob, state: CompletionChoiceState, prompt_index: int,
+        output: RequestOutput, completion: CompletionOutput,
+    ) -> CompletionResponseChoice | None:
+        text, token_ids = completion.delta_text, completion.delta_token_ids
+        logprob_dicts = completion.delta_logprobs or []
+        if job.request.echo and not state.echoed:
+            if not completion.token_ids and not completion.finished:
+                return None  # prompt logprobs are complete with the first token
+            state.echoed = True
+            prompt = job.prompts[prompt_index]
+            text = self.prompt_text(prompt) + text
+            token_ids = prompt.prompt_token_ids + token_ids
+            logprob_dicts = self.prompt_logprobs(output, prompt) + logprob_dicts
+        if not text and not token_ids and not completion.finished:
+            return None
+        logprobs = None
+        if job.params.logprobs is not None:
+            logprobs, state.text_offset = self.logprobs(token_ids, logprob_dicts, state.text_offset)
+        return CompletionResponseChoice(
+            index=state.index, text=text, logprobs=logprobs,
+            finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+        )
+
+    # ---- echo and logprobs -------------------------------------------------------------------
+
+    def prompt_text(self, prompt: EngineRequest) -> str:
+        """The prompt as the request gave it, or its token ids decoded."""
+        if prompt.prompt is not None:
+            return prompt.prompt
+        return self.tokenizer.decode(prompt.prompt_token_ids)
 
     @staticmethod
-    def _prompt_logprobs(output, prompt: Prompt) -> list[TokenLogprobDict | None]:
+    def prompt_logprobs(
+        output: RequestOutput, prompt: EngineRequest
+    ) -> list[TokenLogprobDict | None]:
+        """One entry per prompt token (None where there is none, as for the first token)."""
         logprobs = list(output.prompt_logprobs or [])
-        return logprobs + [None] * (len(prompt.token_ids) - len(logprobs))
+        return logprobs + [None] * (len(prompt.prompt_token_ids) - len(logprobs))
 
     def logprobs(
         self, token_ids: list[int], logprob_dicts: list[TokenLogprobDict | None], text_offset: int

@@ -60,9 +60,8 @@ def cpu_has_fast_bfloat16() -> bool:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 (measured on the AMX machine
-    in BENCHMARKS.md: 2.2x batched decode throughput, 1.7x single-stream decode, half the
-    prefill time of float32); float32 on other CPUs (AVX2, AVX-512F without BF16, ARM),
+    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 (faster than float32 there in
+    decode and prefill: BENCHMARKS.md section 10); float32 on other CPUs (AVX2, AVX-512F without BF16, ARM),
     where Pagoda's float32 kernels run the quantized weights."""
     if name == "auto":
         if device.type == "cuda" or cpu_has_fast_bfloat16():

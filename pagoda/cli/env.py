@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import argparse
 
-
-def add_env_parser(sub) -> None:
-    env = sub.add_parser("env", help="print the CPU features seen and the paths auto picks")
-    env.add_argument("--model", default=None,
-                     help="GGUF file or Hugging Face folder (default: the bundled model)")
-    env.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    env.set_defaults(func=cmd_env)
+from pagoda.config import EngineConfig, ModelConfig
+from pagoda.config_args import attribute_docstrings
 
 
-def cmd_env(args: argparse.Namespace) -> int:
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "env", help="print the CPU features seen and the paths auto picks")
+    # The two engine options env reads, with the engine's help texts.
+    parser.add_argument("--model", default=None,
+                        help=attribute_docstrings(ModelConfig)["model"])
+    parser.add_argument("--device", default="auto",
+                        help=attribute_docstrings(EngineConfig)["device"])
+    parser.set_defaults(func=run_env)
+
+
+def run_env(args: argparse.Namespace) -> int:
     from pagoda.executor.attention.cpu_backend import select_backend
     from pagoda.executor.kernels.cpu_info import environment_report
     from pagoda.executor.loader.model_files import resolve_model_files

@@ -1,0 +1,191 @@
+"""`pagoda bench serve`: load an OpenAI-compatible server with a workload and measure it.
+
+Every check a user can fail (pagoda/cli/bench_args.py) comes before the tokenizer, the
+workload or the traffic start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+
+from pagoda.bench.datasets import BUILTIN_DATASETS, DEFAULT_OUTPUT_LEN
+from pagoda.cli.bench_args import check_workload_args, parse_extra_body, traffic_sweep
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+
+
+def register(bench_subparsers) -> None:
+    """Add `serve` under `pagoda bench`."""
+    serve = bench_subparsers.add_parser(
+        "serve", help="load an OpenAI-compatible server and measure it",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_serve_args(serve)
+    serve.set_defaults(func=run_bench_serve)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default=DEFAULT_BASE_URL,
+                   help="the server, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)")
+    p.add_argument("--model", default=None, help="model name to send (default: the server's first)")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions, or /v1/chat/completions (whose chat template adds "
+                        "tokens to every prompt)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--label", default=None, help="name of this run in `bench compare`")
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset", default="random",
+                   help=f"{', '.join(BUILTIN_DATASETS)}, or a JSON/JSONL file of prompts "
+                        "(prompt, messages or ShareGPT conversations)")
+    w.add_argument("--num-requests", type=int, default=64, help="requests (turns) in all")
+    w.add_argument("--input-len", type=int, default=128,
+                   help="prompt tokens (random); question / user-turn tokens (shared-prefix, "
+                        "multi-turn)")
+    w.add_argument("--output-len", type=int, default=None,
+                   help=f"max_tokens of every request (default {DEFAULT_OUTPUT_LEN}; for a file: "
+                        "its own lengths)")
+    w.add_argument("--range-ratio", type=float, default=0.0,
+                   help="random: lengths uniform in [len*(1-r), len*(1+r)]")
+    w.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: system prompts")
+    w.add_argument("--prefix-len", type=int, default=512,
+                   help="shared-prefix: tokens of each system prompt")
+    w.add_argument("--num-turns", type=int, default=None,
+                   help="multi-turn: turns per conversation (default 4); file: most user turns "
+                        "taken from each ShareGPT conversation (default 1)")
+    w.add_argument("--tokenizer", default=None,
+                   help="GGUF file or HF folder whose tokenizer builds the prompts "
+                        "(default: the bundled model's)")
+    w.add_argument("--temperature", type=float, default=0.0)
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos/min_tokens (vLLM extras that fix output lengths)")
+    w.add_argument("--extra-body", default=None,
+                   help="JSON object merged into every request body")
+    t = p.add_argument_group("traffic")
+    t.add_argument("--request-rate", default="inf",
+                   help="requests (conversations) per second, Poisson arrivals; 'inf' sends all "
+                        "at once; a comma list (1,2,4,8) runs a sweep")
+    t.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier, >1 steadier")
+    t.add_argument("--max-concurrency", default=None,
+                   help="most requests in flight; a comma list (1,4,16) runs a sweep")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the workload and the arrivals; run i of a sweep uses seed + i")
+    t.add_argument("--num-warmups", type=int, default=1, help="untimed requests before measuring")
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    r = p.add_argument_group("report")
+    r.add_argument("--slo", default=None,
+                   help="goodput bounds, e.g. ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2el)")
+    r.add_argument("--output", default=None,
+                   help="write config, per-request records and summary (JSON) here")
+    r.add_argument("--plot", default=None, help="write latency CDFs (and sweep curves) as PNG")
+    r.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar")
+
+
+def load_bench_tokenizer(path: str | None):
+    from pagoda.executor.loader.model_files import resolve_model_files
+    from pagoda.executor.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model_files(path))
+
+
+def build_workload(args: argparse.Namespace, tokenizer, seed: int):
+    from pagoda.bench import datasets
+
+    output_len = args.output_len or DEFAULT_OUTPUT_LEN
+    if args.dataset == "random":
+        return datasets.random_dataset(tokenizer, args.num_requests, args.input_len, output_len,
+                                       args.range_ratio, seed)
+    if args.dataset == "shared-prefix":
+        return datasets.shared_prefix_dataset(tokenizer, args.num_requests, args.num_prefixes,
+                                              args.prefix_len, args.input_len, output_len, seed)
+    if args.dataset == "multi-turn":
+        return datasets.multi_turn_dataset(tokenizer, args.num_requests, args.num_turns or 4,
+                                           args.input_len, output_len, seed)
+    return datasets.load_file_dataset(args.dataset, args.num_requests, args.output_len,
+                                      args.num_turns or 1, seed, tokenizer)
+
+
+def serve_config(args: argparse.Namespace, base_url: str, model: str | None) -> dict:
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("func", "api_key", "command", "bench_command", "log_level")}
+    config.update(base_url=base_url, model=model)
+    return config
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    from pagoda.bench.client import RequestOptions
+    from pagoda.bench.metrics import parse_slo
+    from pagoda.bench.serve import normalize_base_url, probe_server
+
+    # Every check a user can fail comes before anything slow.
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    sweep = traffic_sweep(args)
+    check_workload_args(args)
+    extra_body = parse_extra_body(args.extra_body)
+    if args.dataset not in BUILTIN_DATASETS and not os.path.isfile(args.dataset):
+        raise ValueError(f"--dataset {args.dataset}: no such file (or use one of "
+                         f"{', '.join(BUILTIN_DATASETS)})")
+    base_url = normalize_base_url(args.base_url)
+    served_model = probe_server(base_url, args.api_key)
+    model = args.model or served_model
+
+    try:
+        tokenizer = load_bench_tokenizer(args.tokenizer)
+    except ValueError:
+        if args.dataset in BUILTIN_DATASETS or args.tokenizer:
+            raise
+        tokenizer = None  # a prompt file needs no tokenizer (only ShareGPT reply lengths do)
+    # Each run of a sweep gets its own prompts (seed + run index): repeating the first run's
+    # prompts would let later runs hit the server's prefix cache and report a false TTFT.
+    workloads = [build_workload(args, tokenizer, args.seed + i) for i in range(len(sweep))]
+    options = RequestOptions(endpoint=args.endpoint, model=model, temperature=args.temperature,
+                             ignore_eos=args.ignore_eos, extra_body=extra_body,
+                             timeout=args.timeout)
+    result = asyncio.run(_serve_runs(args, base_url, workloads, options, sweep, slo))
+    result["config"].update(serve_config(args, base_url, model))
+    if args.output:
+        from pagoda.bench.report import write_json
+
+        write_json(args.output, result)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.plot:
+        from pagoda.bench.plots import plot_serve
+
+        plot_serve(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
+    from pagoda.bench import report
+    from pagoda.bench.metrics import summarize
+    from pagoda.bench.serve import run_traffic, warm_up
+
+    if args.num_warmups > 0:
+        await warm_up(base_url, options, args.num_warmups, args.api_key)
+    result = report.envelope("serve", args.label or "server", {})
+    if args.label:
+        result["label"] = args.label
+    result["runs"] = []
+    for i, (traffic, conversations) in enumerate(zip(sweep, workloads)):
+        run = {"request_rate": "inf" if math.isinf(traffic.request_rate) else traffic.request_rate,
+               "burstiness": traffic.burstiness, "max_concurrency": traffic.max_concurrency,
+               "workload_seed": args.seed + i}
+        records, duration = await run_traffic(
+            base_url, conversations, options, traffic, api_key=args.api_key,
+            description=report.run_label(run), show_progress=args.progress,
+        )
+        run["summary"] = summarize(records, duration, slo)
+        run["requests"] = [r.to_json() for r in records]
+        result["runs"].append(run)
+        print(report.format_serve_summary(run["summary"], f"{report.run_label(run)}"))
+        if run["summary"]["failed"]:
+            print(report.format_error_examples(run["requests"]))
+    if len(result["runs"]) > 1:
+        print(report.format_sweep(result["runs"]))
+    return result

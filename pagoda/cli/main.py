@@ -1,0 +1,49 @@
+"""`pagoda generate | chat | serve | bench | env`: the parser and the exit codes.
+
+Exit codes: 0 done; 2 a usage error: a bad flag (argparse) or a ValueError/OSError a user can
+cause (a bad path, a bad value; ModelLoadError, InvalidRequestError and BenchError are
+ValueErrors), printed as one line `pagoda: error: ...` on stderr, without a traceback;
+130 interrupted (Ctrl-C).
+
+Each subcommand lives in its own module with a `register(subparsers)` function; add a
+subcommand by adding a module and one line to SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pagoda.cli import bench, chat, env, generate, serve
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+SUBCOMMANDS = (generate, chat, serve, bench, env)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM inference engine")
+    parser.add_argument("--log-level", default="WARNING", choices=LOG_LEVELS,
+                        help="level of the engine's log on stderr (default: %(default)s)")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:
+        print(f"pagoda: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The one path of /v1/completions and /v1/chat/completions; each endpoint supplies what differs.
+
+    request ─ check model, unsupported fields ─ SamplingParams ─ prompts (endpoint) ─┐
+    ┌─ InputProcessor (the one validation step) per prompt: EngineRequests ──────────┘
+    └─ queue check ─ add to the engine ─┬─ stream: opening chunks, one chunk per delta
+                                        │   (endpoint's shape), usage chunk, [DONE]
+                                        └─ wait: 499 if the client leaves, response
+                                            (endpoint's choices) with usage
+    whatever happens, unfinished engine requests are aborted.
+
+A refused request raises InvalidRequestError (the server's handler makes it a 400 from its
+`param` and `code`) or OpenAIError. Engine failures after acceptance become a 5xx, or an SSE
+error event once streaming began.
+
+An endpoint subclasses `ServingPipeline` and supplies:
+    sampling_fields(request)     values SamplingParams does not take by the request's names
+    build_prompts(request)       text and/or token ids of each prompt, and how errors name it
+    response_choice(...)         one choice of the full response
+    stream_choice(...)           one choice of a chunk, or None to send nothing yet
+    opening_choices(job)         chunks sent before any output (chat's role deltas)
+plus its response and chunk models. Prompt i's completion j is choice i * n + j.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.request_stream import (
+    EngineDeadError,
+    EngineStepError,
+    QueueFullError,
+    RequestStream,
+)
+from pagoda.entrypoints.openai.errors import (
+    OpenAIError,
+    model_not_found,
+    server_error,
+    server_overloaded,
+)
+from pagoda.entrypoints.openai.protocol import SamplingRequestFields, UsageInfo
+from pagoda.entrypoints.openai.streaming import (
+    SSE_DONE,
+    ClientDisconnected,
+    EventStreamResponse,
+    final_outputs,
+    merge_streams,
+    run_until_disconnect,
+    sse,
+    sse_error,
+)
+from pagoda.errors import InvalidRequestError
+from pagoda.outputs import CompletionOutput, RequestOutput
+from pagoda.sampling_params import SamplingParams
+
+MAX_N = 128
+"""Most choices per request (OpenAI's limit for chat)."""
+MIN_LOGPROB = -9999.0
+"""JSON has no -inf: logprobs are clamped here (as vLLM does)."""
+
+
+@dataclass
+class SamplingFields:
+    """What an endpoint's request gives SamplingParams beyond the shared fields."""
+
+    max_tokens: int | None
+    logprobs: int | None
+    prompt_logprobs: int | None = None
+    field_names: dict[str, str] = field(default_factory=dict)
+    """SamplingParams name -> this endpoint's name, where they differ (for errors)."""
+
+    def name_of(self, param: str) -> str:
+        return self.field_names.get(param, param)
+
+
+@dataclass
+class PromptInput:
+    """One prompt as the endpoint built it, before validation."""
+
+    text: str | None
+    token_ids: list[int] | None
+    """None: the validation step tokenizes `text`."""
+    param: str
+    """The request field errors about this prompt name ("prompt", "prompt[1]", "messages")."""
+
+
+@dataclass
+class ServingJob:
+    """One accepted request on its way through the pipeline."""
+
+    request: Any
+    """The endpoint's protocol request (a SamplingRequestFields)."""
+    request_id: str
+    params: SamplingParams
+    prompts: list[EngineRequest]
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p.prompt_token_ids) for p in self.prompts)
+
+
+@dataclass
+class ChoiceState:
+    """What a stream remembers of one choice between chunks; endpoints may extend it."""
+
+    index: int
+    finished: bool = False
+    num_tokens: int = 0
+    """Output tokens so far (for the usage chunk)."""
+
+
+class ServingPipeline(ABC):
+    request_id_prefix: ClassVar[str]
+    response_type: ClassVar[type[BaseModel]]
+    """Takes id, model, choices and usage."""
+    chunk_type: ClassVar[type[BaseModel]]
+    """Takes id, created, model, choices and usage."""
+    choice_state_type: ClassVar[type[ChoiceState]] = ChoiceState
+
+    def __init__(self, engine, model_name: str) -> None:
+        """`engine`: the AsyncLLMEngine (input_processor, check_queue, add_request, abort)."""
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = engine.tokenizer
+
+    # ---- what each endpoint supplies ---------------------------------------------------------
+
+    @abstractmethod
+    def sampling_fields(self, request) -> SamplingFields: ...
+
+    @abstractmethod
+    def build_prompts(self, request) -> list[PromptInput]: ...
+
+    @abstractmethod
+    def response_choice(
+        self, job: ServingJob, prompt_index: int, output: RequestOutput,
+        completion: CompletionOutput, index: int,
+    ) -> BaseModel: ...
+
+    @abstractmethod
+    def stream_choice(
+        self, job: ServingJob, state: ChoiceState, prompt_index: int, output: RequestOutput,
+        completion: CompletionOutput,
+    ) -> BaseModel | None:
+        """The chunk choice for this delta, or None when there is nothing to send yet."""
+
+    def opening_choices(self, job: ServingJob) -> list[BaseModel]:
+        return []
+
+    # ---- the pipeline ------------------------------------------------------------------------
+
+    async def serve(self, request, raw_request: Request) -> Response:
+        """The HTTP response to an endpoint's parsed request."""
+        job = self.validate(request)
+        streams = await self.add_requests(job.prompts, job.params.n)
+        if request.stream:
+            return EventStreamResponse(
+                self.stream_events(job, streams), on_close=lambda: self.abort(streams)
+            )
+        try:
+            outputs = await run_until_disconnect(raw_request, final_outputs(streams))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except (EngineDeadError, EngineStepError) as e:
+            raise engine_error(e) from None
+        finally:
+            self.abort(streams)
+        return JSONResponse(self.response(job, outputs).model_dump())
+
+    def validate(self, request) -> ServingJob:
+        """Every check a request passes before the engine sees it; raises InvalidRequestError
+        (or OpenAIError) for the first that fails."""
+        self.check_model(request.model)
+        for param, message in request.unsupported_fields():
+            raise InvalidRequestError(message, param, "unsupported_parameter")
+        fields = self.sampling_fields(request)
+        params = self.sampling_params(request, fields)
+        inputs = self.build_prompts(request)
+        request_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
+        prompts = [
+            self.engine.input_processor.process(
+                request_id if len(inputs) == 1 else f"{request_id}-{i}",
+                prompt.text if prompt.token_ids is None else (prompt.text or prompt.token_ids),
+                params,
+                prompt_token_ids=prompt.token_ids,
+                priority=request.priority or 0,
+                reject_over_length=True,
+                prompt_param=prompt.param,
+                max_tokens_param=fields.name_of("max_tokens"),
+            )
+            for i, prompt in enumerate(inputs)
+        ]
+        return ServingJob(request, request_id, params, prompts)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise model_not_found(model)
+
+    def sampling_params(
+        self, request: SamplingRequestFields, fields: SamplingFields
+    ) -> SamplingParams:
+        """SamplingParams from the request; errors name the field as this endpoint does."""
+        n = 1 if request.n is None else request.n
+        if n > MAX_N:
+            raise InvalidRequestError.about(fields.name_of("n"),
+                                            f"must be in [1, {MAX_N}], got {n}")
+        logit_bias = None
+        if request.logit_bias is not None:
+            logit_bias = {}
+            for key, bias in request.logit_bias.items():
+                try:
+                    logit_bias[int(key)] = bias
+                except ValueError:
+                    raise InvalidRequestError.about(
+                        "logit_bias", f"keys must be token ids (integers as strings), got {key!r}"
+                    ) from None
+        try:
+            return SamplingParams(
+                n=n,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                top_k=0 if request.top_k is None else request.top_k,
+                min_p=0.0 if request.min_p is None else request.min_p,
+                presence_penalty=request.presence_penalty or 0.0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if request.repetition_penalty is None else request.repetition_penalty
+                ),
+                seed=request.seed,
+                stop=request.stop,
+                stop_token_ids=request.stop_token_ids,
+                ignore_eos=bool(request.ignore_eos),
+                max_tokens=fields.max_tokens,
+                min_tokens=request.min_tokens or 0,
+                logprobs=fields.logprobs,
+                prompt_logprobs=fields.prompt_logprobs,
+                include_stop_str_in_output=bool(request.include_stop_str_in_output),
+                skip_special_tokens=(
+                    True if request.skip_special_tokens is None else request.skip_special_tokens
+                ),
+                logit_bias=logit_bias,
+            )
+        except InvalidRequestError as e:
+            if e.param is None:
+                raise
+            raise e.renamed(fields.name_of(e.param)) from None
+
+    async def add_requests(self, prompts: list[EngineRequest], n: int) -> list[RequestStream]:
+        """Hand the validated requests to the engine; if one is refused, abort the others."""
+        self.check_queue(n * len(prompts))
+        streams: list[RequestStream] = []
+        try:
+            for prompt in prompts:
+                streams.append(await self.engine.add_request(prompt))
+        except BaseException as e:
+            self.abort(streams)
+            if isinstance(e, QueueFullError):
+                raise server_overloaded(str(e)) from None
+            if isinstance(e, EngineDeadError):
+                raise server_error(str(e), HTTPStatus.SERVICE_UNAVAILABLE) from None
+            raise
+        return streams
+
+    def check_queue(self, num_seqs: int) -> None:
+        try:
+            self.engine.check_queue(num_seqs)
+        except QueueFullError as e:
+            raise server_overloaded(str(e)) from None
+
+    def abort(self, streams: list[RequestStream]) -> None:
+        for stream in streams:
+            if not stream.finished:
+                self.engine.abort(stream.request_id)
+
+    # ---- responses ---------------------------------------------------------------------------
+
+    def response(self, job: ServingJob, outputs: list[RequestOutput]) -> BaseModel:
+        n = job.params.n
+        choices = [
+            self.response_choice(job, i, output, completion, i * n + completion.index)
+            for i, output in enumerate(outputs)
+            for completion in output.outputs
+        ]
+        num_completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return self.response_type(
+            id=job.request_id, model=self.model_name, choices=choices,
+            usage=self.usage(job, num_completion_tokens),
+        )
+
+    async def stream_events(
+        self, job: ServingJob, streams: list[RequestStream]
+    ) -> AsyncIterator[str]:
+        """The SSE body: a chunk per choice delta, the usage chunk if asked, then [DONE]."""
+        n = job.params.n
+        states = [self.choice_state_type(index) for index in range(len(streams) * n)]
+        exclude = None if job.request.include_usage else {"usage"}
+        try:
+            for choice in self.opening_choices(job):
+                yield self.chunk(job, [choice], exclude)
+            async for i, output in merge_streams(streams):
+                for completion in output.outputs:
+                    state = states[i * n + completion.index]
+                    if state.finished:
+                        continue
+                    state.num_tokens = len(completion.token_ids)
+                    choice = self.stream_choice(job, state, i, output, completion)
+                    if choice is None:
+                        continue
+                    state.finished = completion.finished
+                    yield self.chunk(job, [choice], exclude)
+            if job.request.include_usage:
+                usage = self.usage(job, sum(s.num_tokens for s in states))
+                yield self.chunk(job, [], usage=usage)
+        except (EngineDeadError, EngineStepError) as e:
+            yield sse_error(engine_error(e))
+        finally:
+            self.abort(streams)
+        yield SSE_DONE
+
+    def chunk(
+        self, job: ServingJob, choices: list[BaseModel], exclude: set[str] | None = None,
+        usage: UsageInfo | None = None,
+    ) -> str:
+        payload = self.chunk_type(id=job.request_id, created=job.created, model=self.model_name,
+                                  choices=choices, usage=usage)
+        return sse(payload.model_dump_json(exclude=exclude))
+
+    @staticmethod
+    def usage(job: ServingJob, num_completion_tokens: int) -> UsageInfo:
+        return UsageInfo(prompt_tokens=job.num_prompt_tokens,
+                         completion_tokens=num_completion_tokens,
+                         total_tokens=job.num_prompt_tokens + num_completion_tokens)
+
+
+def clamp_logprob(value: float) -> float:
+    return MIN_LOGPROB if math.isnan(value) or value < MIN_LOGPROB else value
+
+
+def engine_error(error: BaseException) -> OpenAIError:
+    """An engine failure met after the request was accepted (not the client's fault)."""
+    if isinstance(error, EngineDeadError):
+        return server_error(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+    if isinstance(error, EngineStepError):
+        return server_error(str(error))
+    return server_error(f"Internal server error: {type(error).__name__}: {error}")
