@@ -331,7 +331,7 @@ class AsyncLLMEngine:
         try:
             outputs = self.engine.step()
         except BatchFailedError as e:  # the engine aborted that batch; keep serving
-            self._fail_requests(e.request_ids, e)
+            self._fail_requests(e.request_ids, e.__cause__ or e)
             return
         except Exception as e:  # noqa: BLE001 - outside the forward: fail what runs
             snapshot = self.engine.snapshot()
@@ -349,7 +349,7 @@ class AsyncLLMEngine:
             except Exception:
                 logger.exception("recording metrics failed")
 
-    def _fail_requests(self, request_ids: list[str], error: Exception) -> None:
+    def _fail_requests(self, request_ids: list[str], error: BaseException) -> None:
         """A step raised: fail the streams of the requests of its batch (already aborted)."""
         logger.error(
             "engine step failed (%s: %s); failing %d request(s): %s", type(error).__name__,

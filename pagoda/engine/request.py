@@ -61,7 +61,6 @@ class Request:
         """Prompt tokens served from the prefix cache when first scheduled (-1: not yet)."""
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
-        self.stop_reason: int | str | None = None
         self.block_hashes: list[int] = []
         """Chained content hashes of this request's full blocks, filled by the block manager."""
         self.first_scheduled_time: float | None = None

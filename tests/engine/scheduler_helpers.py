@@ -113,12 +113,16 @@ def new_blocks(sched: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:
     return {**sent, **out.new_block_ids}
 
 
+stop_reasons: dict[str, int | None] = {}
+"""Request id -> the stop reason of its last finish (a stop token id, or None)."""
+
+
 def finish_stopped(sched: Scheduler, new_tokens: list[tuple[Request, int]]) -> None:
     """What the engine's lifecycle does with new tokens: apply the token stop rules."""
     for request, token_id in new_tokens:
         stop = check_stop(request, token_id, sched.max_model_len)
         if stop is not None:
-            request.stop_reason = stop[1]
+            stop_reasons[request.request_id] = stop[1]
             sched.finish_requests([request.request_id], stop[0])
 
 

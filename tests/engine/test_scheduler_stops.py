@@ -15,6 +15,7 @@ from tests.engine.scheduler_helpers import (
     make_scheduler,
     runner_output,
     step,
+    stop_reasons,
 )
 
 # ---- finishing: aborts and stop conditions -------------------------------------------------
@@ -83,7 +84,7 @@ def test_eos_stops_with_no_stop_reason():
     assert r.output_token_ids == [5, 3]
     assert r.status == RequestStatus.FINISHED_STOPPED
     assert r.status.finish_reason == "stop"
-    assert r.stop_reason is None
+    assert stop_reasons[r.request_id] is None
 
 
 def test_ignore_eos_runs_to_max_tokens():
@@ -96,13 +97,13 @@ def test_stop_token_ids_stop_with_the_token_as_stop_reason():
     r = _generate(make_request("r", 3, stop_token_ids=[9, 11]), [5, 11, 5])
     assert r.output_token_ids == [5, 11]
     assert r.status == RequestStatus.FINISHED_STOPPED
-    assert r.stop_reason == 11
+    assert stop_reasons[r.request_id] == 11
 
 
 def test_stop_token_ids_apply_even_with_ignore_eos():
     r = _generate(make_request("r", 3, stop_token_ids=[9], ignore_eos=True), [EOS, 9, 5])
     assert r.output_token_ids == [EOS, 9]
-    assert r.stop_reason == 9
+    assert stop_reasons[r.request_id] == 9
 
 
 def test_max_tokens_finishes_with_length():
@@ -122,10 +123,10 @@ def test_min_tokens_delays_eos_and_stop_token_ids():
     r = _generate(make_request("r", 3, min_tokens=3, stop_token_ids=[9]), [EOS, 9, EOS, 5])
     assert r.output_token_ids == [EOS, 9, EOS]
     assert r.status == RequestStatus.FINISHED_STOPPED
-    assert r.stop_reason is None
+    assert stop_reasons[r.request_id] is None
     r = _generate(make_request("r", 3, min_tokens=2, stop_token_ids=[9]), [EOS, 9, 5])
     assert r.output_token_ids == [EOS, 9]
-    assert r.stop_reason == 9
+    assert stop_reasons[r.request_id] == 9
 
 
 @pytest.mark.parametrize("max_tokens", [None, 16])

@@ -18,7 +18,9 @@ CLI_MODULES = sorted(f"pagoda.cli.{p.stem}" for p in CLI_DIR.glob("*.py") if p.s
 SUBCOMMANDS = ("generate", "chat", "serve", "bench", "env")
 
 
-def run_cli(*args: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, stdin: str | None = None, timeout: float = 180,
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*PAGODA, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
         check=False,
@@ -42,7 +44,9 @@ def test_missing_model_file(tmp_path) -> None:
 def test_not_a_model_file(tmp_path) -> None:
     bogus = tmp_path / "notes.gguf"
     bogus.write_text("just some text, not a model\n" * 10)
-    assert_one_line_error(run_cli("generate", "--model", str(bogus), "hi"), str(bogus), "not a GGUF")
+    assert_one_line_error(
+        run_cli("generate", "--model", str(bogus), "hi"), str(bogus), "not a GGUF"
+    )
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "readme.txt").write_text("nothing here")
@@ -59,7 +63,8 @@ def test_truncated_gguf(tmp_path, bundled_gguf) -> None:
 def test_unsupported_architecture(tmp_path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path)
     assert_one_line_error(
         run_cli("generate", "--model", str(tmp_path), "hi"), "GPT2LMHeadModel", "LlamaForCausalLM"
     )
