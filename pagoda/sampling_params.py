@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from pagoda.errors import InvalidRequestError
+from pagoda.structured_outputs import StructuredOutputsParams
 
 # Temperatures below this are treated as greedy (argmax); dividing by them is unstable.
 SAMPLING_EPS = 1e-5
@@ -86,6 +87,9 @@ class SamplingParams:
     """Leave special tokens out of the detokenized text."""
     logit_bias: dict[int, float] | None = None
     """Token id -> value added to its logit before sampling; values in [-100, 100]."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """A JSON schema, regex, choice or grammar the output must match (constrained decoding:
+    only tokens the grammar allows are sampled)."""
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -158,6 +162,11 @@ class SamplingParams:
                     _fail("logit_bias", f"keys must be token ids (ints >= 0), got {token_id!r}")
                 if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                     _fail("logit_bias", f"values must be in [-100, 100], got {bias!r}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            _fail("structured_outputs", "must be a StructuredOutputsParams, got "
+                  f"{type(self.structured_outputs).__name__}")
 
     def clone(self) -> SamplingParams:
         """A deep copy (the engine gives each of the ``n`` children its own)."""

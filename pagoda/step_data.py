@@ -12,6 +12,8 @@ pagoda/executor/input_batch.py):
     every step
         request_ids + num_scheduled_tokens (batch order), new block ids per request,
         finished ids (drop their state), preempted ids (drop; they come back as new)
+        and, for requests under a structured-output grammar that sample this step, their
+        rows of the token bitmask (the engine advances the grammars, the runner applies)
     never
         the sampled tokens: the runner sampled them, it appends them itself.
 """
@@ -19,6 +21,8 @@ pagoda/executor/input_batch.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from pagoda.outputs import TokenLogprobs
 from pagoda.sampling_params import SamplingParams
@@ -51,6 +55,11 @@ class SchedulerOutput:
     """Requests preempted this step: the runner drops them; they return as new requests."""
     finished_request_ids: list[str] = field(default_factory=list)
     """Requests that ended since the previous step: the runner drops their state."""
+    grammar_request_ids: list[str] = field(default_factory=list)
+    """Requests that sample this step under a structured-output grammar."""
+    grammar_bitmask: np.ndarray | None = None
+    """(len(grammar_request_ids), ceil(vocab / 32)) int32, aligned with grammar_request_ids:
+    bit t of row i set = token t allowed for that request's next token."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -84,7 +84,10 @@ class AsyncLLMEngine:
         self.tokenizer = copy.deepcopy(engine.tokenizer)
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
-        self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, self.max_model_len)
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.vocab_size, self.max_model_len,
+            getattr(engine, "grammar_compiler", None),  # thread-safe, shared
+        )
         self.max_num_seqs: int = engine.config.scheduler.max_num_seqs
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None

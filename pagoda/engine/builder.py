@@ -18,6 +18,7 @@ import time
 import torch
 
 from pagoda.config import EngineConfig
+from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.executor.kernels.cpu_info import describe_run
 from pagoda.executor.layers.quantization import QuantizedLinear
@@ -79,9 +80,13 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         "KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d",
         num_blocks, config.cache.block_size, num_blocks * config.cache.block_size, max_model_len,
     )
+    vocab_size = int(hf_config.vocab_size)
+    grammar_compiler = GrammarCompiler(tokenizer, vocab_size, eos_ids)
+    grammar_compiler.warm_up()
     return LLMEngine(
         config, runner, tokenizer, eos_ids, max_model_len=max_model_len, num_blocks=num_blocks,
-        vocab_size=int(hf_config.vocab_size), model_files=files, hf_config=hf_config,
+        vocab_size=vocab_size, model_files=files, hf_config=hf_config,
+        grammar_compiler=grammar_compiler,
     )
 
 

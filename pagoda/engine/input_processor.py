@@ -31,13 +31,20 @@ class EngineRequest:
     """Output tokens allowed: params.max_tokens capped by the room the context leaves."""
     arrival_time: float
     priority: int = 0
+    grammar: str | None = None
+    """The compiled (validated) grammar of params.structured_outputs, if any."""
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, tokenizer, vocab_size: int, max_model_len: int, grammar_compiler=None
+    ) -> None:
+        """`grammar_compiler`: a pagoda.engine.grammar.GrammarCompiler, or None when the
+        engine takes no structured-output requests."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.grammar_compiler = grammar_compiler
 
     def process(
         self,
@@ -81,7 +88,14 @@ class InputProcessor:
                         f"{name}: token id {token_id} is out of the vocabulary (size "
                         f"{self.vocab_size})", name,
                     )
+        grammar = None
+        if params.structured_outputs is not None:
+            if self.grammar_compiler is None:
+                raise InvalidRequestError("structured outputs are not available on this engine",
+                                          "structured_outputs")
+            grammar = self.grammar_compiler.compile(params.structured_outputs)
         return EngineRequest(
+            grammar=grammar,
             request_id=request_id,
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_token_ids=prompt_token_ids,

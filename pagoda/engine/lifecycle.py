@@ -16,12 +16,15 @@ nothing outside the engine sees a child id.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from pagoda.engine.detokenizer import IncrementalDetokenizer
+from pagoda.engine.grammar import GrammarCompiler, GrammarMatcher, allocate_bitmask
 from pagoda.engine.input_processor import EngineRequest
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.stop_rules import check_stop
@@ -35,6 +38,8 @@ from pagoda.outputs import (
 )
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,12 +64,16 @@ class ChildState:
     request: Request
     completion: CompletionOutput
     detokenizer: IncrementalDetokenizer
+    matcher: GrammarMatcher | None = None
+    """The sequence's place in its structured-output grammar (None: unconstrained)."""
 
 
 class RequestLifecycle:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: list[int], max_model_len: int
+        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: list[int], max_model_len: int,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
+        self.grammar_compiler = grammar_compiler
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -110,7 +119,10 @@ class RequestLifecycle:
                 self.tokenizer, request.prompt_token_ids, params.skip_special_tokens, params.stop,
                 params.include_stop_str_in_output,
             )
-            child = ChildState(parent, sequence, completion, detokenizer)
+            matcher = None
+            if request.grammar is not None:
+                matcher = self.grammar_compiler.matcher(request.grammar)
+            child = ChildState(parent, sequence, completion, detokenizer, matcher)
             parent.children.append(child)
             parent.child_ids.append(child_id)
             self.children[child_id] = child
@@ -152,6 +164,8 @@ class RequestLifecycle:
                 child, token_id, runner_output.logprobs.get(sequence.request_id), now
             )
             stop = check_stop(sequence, token_id, self.max_model_len)
+            if stop is None and child.matcher is not None:
+                stop = _grammar_stop(child.matcher, token_id)
             if stop_string is not None:  # a stop string wins: its text is cut there
                 stop = (RequestStatus.FINISHED_STOPPED, stop_string)
             if stop is not None:
@@ -160,6 +174,20 @@ class RequestLifecycle:
                 child.completion.stop_reason = stop_reason
                 finished.append((sequence.request_id, status))
         return finished
+
+    def fill_grammar_bitmask(
+        self, sequence_ids: list[str], vocab_size: int
+    ) -> tuple[list[str], np.ndarray | None]:
+        """The bitmask rows of those of `sequence_ids` that follow a grammar (sequences about
+        to sample), in order: (their ids, (len(ids), words) int32), or ([], None)."""
+        constrained = [(i, self.children[i].matcher) for i in sequence_ids
+                       if i in self.children and self.children[i].matcher is not None]
+        if not constrained:
+            return [], None
+        bitmask = allocate_bitmask(len(constrained), vocab_size)
+        for row, (_, matcher) in enumerate(constrained):
+            matcher.fill_bitmask(bitmask, row)
+        return [i for i, _ in constrained], bitmask
 
     def _logprob_dicts(self, logprobs: TokenLogprobs) -> list[TokenLogprobDict]:
         result = []
@@ -261,3 +289,14 @@ def _snapshot(completion: CompletionOutput) -> CompletionOutput:
         delta_token_ids=list(completion.delta_token_ids),
         delta_logprobs=completion.delta_logprobs,
     )
+
+
+def _grammar_stop(matcher: GrammarMatcher, token_id: int) -> tuple[RequestStatus, None] | None:
+    """Advance the grammar; a complete grammar (or, should the mask ever have let one
+    through, a refused token) ends the sequence."""
+    if not matcher.accept(token_id):
+        logger.warning("a sampled token was refused by its grammar: %s", matcher.error)
+        return RequestStatus.FINISHED_ABORTED, None
+    if matcher.is_finished:
+        return RequestStatus.FINISHED_STOPPED, None
+    return None

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from pagoda.config import EngineConfig
 from pagoda.engine.block_manager import BlockManager
+from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.request import RequestStatus
@@ -62,7 +63,10 @@ class LLMEngine:
         vocab_size: int,
         model_files=None,
         hf_config=None,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
+        """Built by builder.build_engine. `grammar_compiler` serves structured outputs
+        (None: such requests are refused)."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -73,15 +77,19 @@ class LLMEngine:
         self.hf_config = hf_config
         self.device = getattr(runner, "device", None)
         self.dtype = getattr(runner, "dtype", None)
-        self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len)
+        self.grammar_compiler = grammar_compiler
+        self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len,
+                                              grammar_compiler)
         self._block_manager = BlockManager(
             num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
         self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len)
-        self._lifecycle = RequestLifecycle(tokenizer, eos_token_ids, max_model_len)
+        self._lifecycle = RequestLifecycle(tokenizer, eos_token_ids, max_model_len,
+                                           grammar_compiler)
         self._num_steps = 0
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
+        self._num_structured_requests = 0
         self._batch_sizes: Counter = Counter()
         self._finished_by_reason: Counter = Counter()
         self._last_step = (0, 0)  # (sequences, tokens)
@@ -115,6 +123,8 @@ class LLMEngine:
         event loop, then hands the result over)."""
         if self._lifecycle.has_request(request.request_id):
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
+        if request.grammar is not None:
+            self._num_structured_requests += 1
         for sequence in self._lifecycle.add_request(request):
             self._scheduler.add_request(sequence)
             self._num_prompt_tokens += sequence.num_prompt_tokens
@@ -151,6 +161,8 @@ class LLMEngine:
         scheduler_output = self._scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
+        if not scheduler_output.is_empty:
+            self._add_grammar_bitmask(scheduler_output)
         try:
             # (An empty batch still goes down: the runner drops the finished requests.)
             runner_output = self.runner.execute_model(scheduler_output)
@@ -171,6 +183,19 @@ class LLMEngine:
         outputs = self._lifecycle.make_outputs()
         self._snapshot = self._take_snapshot()
         return outputs
+
+    def _add_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Bitmask rows for the sequences under a grammar that sample this step (those whose
+        scheduled tokens reach their end)."""
+        sampling = [
+            request_id for request_id, num in zip(
+                scheduler_output.request_ids, scheduler_output.num_scheduled_tokens)
+            if (request := self._scheduler.requests[request_id]).num_computed_tokens + num
+            == request.num_tokens
+        ]
+        ids, bitmask = self._lifecycle.fill_grammar_bitmask(sampling, self.vocab_size)
+        scheduler_output.grammar_request_ids = ids
+        scheduler_output.grammar_bitmask = bitmask
 
     def _abort_batch(
         self, scheduler_output: SchedulerOutput, error: Exception
@@ -208,6 +233,9 @@ class LLMEngine:
             prefix_cache_queries=blocks.prefix_cache_queries,
             prefix_cache_hits=blocks.prefix_cache_hits,
             num_preemptions=scheduler.num_preemptions,
+            num_structured_requests=self._num_structured_requests,
+            grammar_compile_seconds=(
+                self.grammar_compiler.compile_seconds if self.grammar_compiler else 0.0),
             batch_sizes=self._batch_sizes,
             finished_by_reason=self._finished_by_reason,
         )

@@ -50,6 +50,10 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0
     """Prompt tokens served from the prefix cache."""
     num_preemptions: int = 0
+    num_structured_requests: int = 0
+    """Requests added with a structured-output constraint."""
+    grammar_compile_seconds: float = 0.0
+    """Time spent compiling structured-output grammars (cache misses only)."""
     batch_sizes: Mapping[int, int] = field(default_factory=lambda: _frozen({}))
     """Sequences per step -> number of steps."""
     finished_by_reason: Mapping[str, int] = field(default_factory=lambda: _frozen({}))

@@ -28,7 +28,12 @@ from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import CachedRequestState, InputBatch
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
-from pagoda.executor.sampler import Sampler, SamplingMetadata, compute_token_logprobs
+from pagoda.executor.sampler import (
+    Sampler,
+    SamplingMetadata,
+    compute_token_logprobs,
+    unpack_bitmask,
+)
 from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
@@ -275,6 +280,12 @@ class ModelRunner:
             vocab_size=logits.shape[-1],
             device=self.device,
         )
+        if scheduler_output.grammar_bitmask is not None:
+            row_of = {state.request_id: row for row, state in enumerate(sample_states)}
+            rows = [row_of[request_id] for request_id in scheduler_output.grammar_request_ids]
+            metadata.grammar_row_ids = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            bitmask = torch.from_numpy(scheduler_output.grammar_bitmask).to(self.device)
+            metadata.grammar_allowed = unpack_bitmask(bitmask, logits.shape[-1])
         sampled = self.sampler(logits, metadata)
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
         for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):

@@ -10,8 +10,9 @@ input itself, or a copy in a buffer the sampler reuses).
 Pipeline, in order (the logits processors of steps 4 and 7 live in logits_processors.py):
     1. raw logprobs: ``log_softmax`` of the model's logits, before any processing (as vLLM v1
        does), computed only if some row asked for logprobs
-    2. logit_bias: each row's bias values are added to its logits
-       (a structured-output token bitmask would be applied here too)
+    2. structured outputs: rows under a grammar get -inf for every token their bitmask
+       refuses (one masked_fill over those rows); then logit_bias: each row's bias values are
+       added to its logits
     3. min_tokens: rows with fewer than ``min_tokens`` output tokens get their stop token ids
        (EOS unless ``ignore_eos``, plus ``stop_token_ids``) set to -inf
     4. penalties: repetition (tokens seen in prompt + output: positive logits divided,
@@ -60,6 +61,9 @@ class SamplingMetadata:
     bias_row_ids: torch.Tensor | None = None
     bias_token_ids: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
+    # structured outputs: rows under a grammar and the tokens each allows
+    grammar_row_ids: torch.Tensor | None = None  # (num_grammar_rows,) int64
+    grammar_allowed: torch.Tensor | None = None  # (num_grammar_rows, vocab_size) bool
     # (row, token) pairs banned by min_tokens, each (num_banned,)
     banned_row_ids: torch.Tensor | None = None
     banned_token_ids: torch.Tensor | None = None
@@ -79,7 +83,8 @@ class SamplingMetadata:
     def only_argmax(self) -> bool:
         """Every row greedy and nothing to apply to the logits or report: argmax is all."""
         return (self.all_greedy and self.max_num_logprobs is None and self.no_penalties
-                and self.bias_row_ids is None and self.banned_row_ids is None)
+                and self.bias_row_ids is None and self.banned_row_ids is None
+                and self.grammar_row_ids is None)
 
     @classmethod
     def build(
@@ -202,7 +207,10 @@ class Sampler(torch.nn.Module):
         if metadata.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # 1. a new tensor
 
-        if metadata.bias_row_ids is not None:  # 2.
+        if metadata.grammar_row_ids is not None:  # 2.
+            rows = metadata.grammar_row_ids
+            logits[rows] = logits[rows].masked_fill(~metadata.grammar_allowed, float("-inf"))
+        if metadata.bias_row_ids is not None:
             logits.index_put_(
                 (metadata.bias_row_ids, metadata.bias_token_ids),
                 metadata.bias_values,
@@ -248,6 +256,13 @@ class Sampler(torch.nn.Module):
                 rows, vocab_size, dtype=torch.float32, device=logits.device
             )
         return buffer[:rows].copy_(logits)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(rows, words) int32, bit t of a row = token t allowed -> (rows, vocab_size) bool."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = (bitmask.unsqueeze(-1) >> bits) & 1  # (rows, words, 32); bit 31 too (& 1)
+    return allowed.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

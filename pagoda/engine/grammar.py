@@ -1,0 +1,145 @@
+"""Constrained decoding with llguidance: structured-output constraints compiled to grammars,
+one matcher per sequence, and the token bitmask of a step.
+
+Why llguidance (measured: benchmarks/grammar_engines.py, BENCHMARKS.md section 11): it has
+no dependencies (xgrammar pulls torch, triton and a TVM runtime), so this scheduling-layer
+module stays torch-free and the bitmask is a numpy array the step boundary carries; a
+20-property schema compiles and gets its first mask in ~2 ms (xgrammar ~16 ms), and a mask
+costs ~0.1 ms a row.
+
+    StructuredOutputsParams --compile (edge, cached by key)--> grammar text (validated)
+    grammar text --matcher (per sequence, at add_request)--> GrammarMatcher
+    each step: matchers of the sequences that sample --fill--> bitmask rows (int32 words,
+               bit t of a row set = token t allowed); each sampled token --accept--> matcher
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+
+import llguidance
+import llguidance.hf
+import llguidance.numpy
+import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
+
+from pagoda.errors import InvalidRequestError
+from pagoda.structured_outputs import PARAM, StructuredOutputsParams
+
+CACHE_SIZE = 256
+"""Compiled grammars kept (least recently used dropped first)."""
+JSON_OBJECT_SCHEMA = {"type": "object"}
+
+
+class GrammarCompiler:
+    """Validates and compiles constraints against one tokenizer; thread-safe (the async
+    engine compiles on the event loop while the engine thread builds matchers)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self._hf_tokenizer = tokenizer
+        self._eos_token_ids = list(eos_token_ids)
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._cache: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_compiled = 0
+        self.compile_seconds = 0.0
+        """Total time spent compiling (cache misses), for /metrics."""
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """Built on first use (~0.6 s for a 49K vocabulary); `warm_up` builds it ahead."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self._hf_tokenizer, n_vocab=self.vocab_size,
+                    eos_token=self._eos_token_ids or None,
+                )
+            return self._ll_tokenizer
+
+    def warm_up(self) -> threading.Thread:
+        """Build the token trie in a background thread (the first structured request then
+        does not wait for it)."""
+        thread = threading.Thread(target=lambda: self.ll_tokenizer, daemon=True,
+                                  name="pagoda-grammar-warm-up")
+        thread.start()
+        return thread
+
+    def compile(self, params: StructuredOutputsParams) -> str:
+        """The llguidance grammar of `params`; InvalidRequestError (param
+        "structured_outputs") naming the problem if the schema, regex or grammar is bad."""
+        key = params.key()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        start = time.perf_counter()
+        grammar = _to_grammar(params)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if error:
+            raise InvalidRequestError(f"{PARAM}: invalid {params.kind}: {error}", PARAM)
+        with self._lock:
+            self.num_compiled += 1
+            self.compile_seconds += time.perf_counter() - start
+            self._cache[key] = grammar
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, grammar: str) -> GrammarMatcher:
+        return GrammarMatcher(llguidance.LLMatcher(self.ll_tokenizer, grammar))
+
+
+def _to_grammar(params: StructuredOutputsParams) -> str:
+    kind = params.kind
+    try:
+        if kind in ("json", "json_object"):
+            schema = JSON_OBJECT_SCHEMA if kind == "json_object" else params.json
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+            if schema is True:
+                schema = {}
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(schema), defaults={"whitespace_flexible": False}
+            )
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(params.regex)
+        if kind == "choice":
+            return llguidance.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in params.choice)
+            )
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(params.grammar))
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError and the converters' errors
+        raise InvalidRequestError(f"{PARAM}: invalid {kind}: {e}", PARAM) from None
+
+
+class GrammarMatcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by a sampled token; False if the grammar refused it (then the matcher is
+        in error and the sequence must stop)."""
+        return self._matcher.consume_token(token_id)
+
+    @property
+    def error(self) -> str | None:
+        return self._matcher.get_error() or None
+
+    @property
+    def is_finished(self) -> bool:
+        """The grammar is complete and allows nothing more (EOS was accepted)."""
+        return self._matcher.is_stopped()
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:
+    """(num_rows, ceil(vocab_size / 32)) int32, all tokens refused until filled."""
+    return llguidance.numpy.allocate_token_bitmask(num_rows, vocab_size)

@@ -1,0 +1,77 @@
+"""What a request's output must match: a JSON schema, any JSON object, a regex, one of a few
+strings, or a grammar (vLLM's `StructuredOutputsParams`, field for field).
+
+Plain data, validated on construction for its shape only (exactly one constraint, the right
+types); whether the schema, regex or grammar itself is valid is decided by the grammar
+engine at the edge (pagoda/engine/grammar.py, through the InputProcessor), before the
+request is queued.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pagoda.errors import InvalidRequestError
+
+PARAM = "structured_outputs"
+"""The request field errors name (endpoints rename it: response_format, guided_json, ...)."""
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    json: str | dict | bool | None = None
+    """A JSON schema (a dict or its JSON text) the output must validate against."""
+    regex: str | None = None
+    """A regular expression the whole output must match."""
+    choice: list[str] | tuple[str, ...] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """A grammar the output must derive: Lark syntax, or GBNF / EBNF (llama.cpp's
+    `root ::= ...`, as vLLM's guided_grammar takes it)."""
+    json_object: bool = False
+    """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar")
+                 if getattr(self, name) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise InvalidRequestError(
+                f"{PARAM} needs exactly one of json, regex, choice, grammar, json_object; "
+                f"got {', '.join(given) or 'none'}", PARAM,
+            )
+        if self.json is not None and not isinstance(self.json, (str, dict, bool)):
+            raise InvalidRequestError(f"{PARAM}.json must be a JSON schema (an object or its "
+                                      f"text), got {type(self.json).__name__}", PARAM)
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidRequestError(f"{PARAM}.{name} must be a non-empty string", PARAM)
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) and c for c in self.choice)):
+                raise InvalidRequestError(
+                    f"{PARAM}.choice must be a non-empty list of non-empty strings", PARAM)
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    @property
+    def kind(self) -> str:
+        """json, regex, choice, grammar or json_object."""
+        if self.json_object:
+            return "json_object"
+        return next(name for name in ("json", "regex", "choice", "grammar")
+                    if getattr(self, name) is not None)
+
+    def key(self) -> tuple[str, str]:
+        """(kind, canonical text): equal constraints share one compiled grammar."""
+        kind = self.kind
+        if kind == "json_object":
+            return kind, ""
+        value = getattr(self, kind)
+        if kind == "json" and not isinstance(value, str):
+            return kind, json.dumps(value, sort_keys=True, separators=(",", ":"))
+        if kind == "choice":
+            return kind, json.dumps(list(value))
+        return kind, value
