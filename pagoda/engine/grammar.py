@@ -24,7 +24,7 @@ import llguidance
 import llguidance.hf
 import llguidance.numpy
 import numpy as np
-from llguidance.gbnf_to_lark import any_to_lark
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from pagoda.errors import InvalidRequestError
 from pagoda.structured_outputs import PARAM, StructuredOutputsParams
@@ -112,7 +112,7 @@ def _to_grammar(params: StructuredOutputsParams) -> str:
                 "start: " + " | ".join(json.dumps(c) for c in params.choice)
             )
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(params.grammar))
-    except (ValueError, TypeError) as e:  # json.JSONDecodeError and the converters' errors
+    except (ValueError, TypeError, GbnfToLarkError) as e:  # (JSONDecodeError is a ValueError)
         raise InvalidRequestError(f"{PARAM}: invalid {kind}: {e}", PARAM) from None
 
 

@@ -15,6 +15,7 @@ from pagoda.engine.builder import build_engine
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import SchedulerOutput
+from pagoda.structured_outputs import StructuredOutputsParams
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +58,10 @@ def generate(engine: LLMEngine) -> dict[str, list[list[int]]]:
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"r{i}", prompt, params[i % 2])
     engine.add_request("aborted", "This one is cut short.", params[0])
+    # a grammar: its bitmask rows cross the boundary too
+    engine.add_request("choice", "Yes or no?", SamplingParams(
+        temperature=1.0, seed=3, max_tokens=8,
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no", "perhaps so"])))
     finished = {}
     for step in range(1000):
         if step == 3:
@@ -97,5 +102,6 @@ def test_a_runner_in_another_process_generates_the_same_tokens():
     assert runner.num_steps > len(PROMPTS)
     assert remote.snapshot().num_preemptions == local.snapshot().num_preemptions
     assert got == expected
-    assert sorted(got) == sorted(f"r{i}" for i in range(len(PROMPTS)))
+    assert sorted(got) == sorted([f"r{i}" for i in range(len(PROMPTS))] + ["choice"])
+    assert local.tokenizer.decode(got["choice"][0]) in ("yes", "no", "perhaps so")
     assert remote.snapshot().num_tracked_requests == 0
