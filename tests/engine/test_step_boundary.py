@@ -90,7 +90,7 @@ def test_a_runner_in_another_process_generates_the_same_tokens():
         remote = LLMEngine(
             CONFIG, runner, local.tokenizer, local.eos_token_ids,
             max_model_len=local.max_model_len, num_blocks=local.snapshot().num_kv_blocks,
-            vocab_size=local.vocab_size,
+            vocab_size=local.vocab_size, grammar_compiler=local.grammar_compiler,
         )
         got = generate(remote)
         parent.send_bytes(b"")
