@@ -38,22 +38,20 @@ class StructuredOutputsParams:
         if self.json_object:
             given.append("json_object")
         if len(given) != 1:
-            raise InvalidRequestError(
-                f"{PARAM} needs exactly one of json, regex, choice, grammar, json_object; "
-                f"got {', '.join(given) or 'none'}", PARAM,
-            )
+            raise _refuse("needs exactly one of json, regex, choice, grammar, json_object; "
+                          f"got {', '.join(given) or 'none'}")
         if self.json is not None and not isinstance(self.json, (str, dict, bool)):
-            raise InvalidRequestError(f"{PARAM}.json must be a JSON schema (an object or its "
-                                      f"text), got {type(self.json).__name__}", PARAM)
+            raise _refuse("has a bad json: it must be a JSON schema (an object or its text), "
+                          f"got {type(self.json).__name__}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise InvalidRequestError(f"{PARAM}.{name} must be a non-empty string", PARAM)
+                raise _refuse(f"has a bad {name}: it must be a non-empty string")
         if self.choice is not None:
             if (not isinstance(self.choice, (list, tuple)) or not self.choice
                     or not all(isinstance(c, str) and c for c in self.choice)):
-                raise InvalidRequestError(
-                    f"{PARAM}.choice must be a non-empty list of non-empty strings", PARAM)
+                raise _refuse("has a bad choice: it must be a non-empty list of non-empty "
+                              "strings")
             object.__setattr__(self, "choice", tuple(self.choice))
 
     @property
@@ -75,3 +73,8 @@ class StructuredOutputsParams:
         if kind == "choice":
             return kind, json.dumps(list(value))
         return kind, value
+
+
+def _refuse(detail: str) -> InvalidRequestError:
+    """"structured_outputs <detail>", re-rendered under the client's field name by renamed()."""
+    return InvalidRequestError.about(PARAM, detail)

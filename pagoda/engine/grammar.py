@@ -24,7 +24,7 @@ import llguidance
 import llguidance.hf
 import llguidance.numpy
 import numpy as np
-from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+from llguidance.gbnf_to_lark import any_to_lark
 
 from pagoda.errors import InvalidRequestError
 from pagoda.structured_outputs import PARAM, StructuredOutputsParams
@@ -76,11 +76,12 @@ class GrammarCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
+        ll_tokenizer = self.ll_tokenizer  # (built once; not part of the compile time)
         start = time.perf_counter()
         grammar = _to_grammar(params)
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        error = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer)
         if error:
-            raise InvalidRequestError(f"{PARAM}: invalid {params.kind}: {error}", PARAM)
+            raise InvalidRequestError.about(PARAM, f"is an invalid {params.kind}: {error}")
         with self._lock:
             self.num_compiled += 1
             self.compile_seconds += time.perf_counter() - start
@@ -111,9 +112,17 @@ def _to_grammar(params: StructuredOutputsParams) -> str:
             return llguidance.LLMatcher.grammar_from_lark(
                 "start: " + " | ".join(json.dumps(c) for c in params.choice)
             )
-        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(params.grammar))
-    except (ValueError, TypeError, GbnfToLarkError) as e:  # (JSONDecodeError is a ValueError)
-        raise InvalidRequestError(f"{PARAM}: invalid {kind}: {e}", PARAM) from None
+        try:
+            lark = any_to_lark(params.grammar)
+        except Exception as e:  # noqa: BLE001 - the GBNF converter raises bare Exceptions too
+            raise _invalid(kind, e) from None
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except (ValueError, TypeError) as e:  # (JSONDecodeError is a ValueError)
+        raise _invalid(kind, e) from None
+
+
+def _invalid(kind: str, error: Exception) -> InvalidRequestError:
+    return InvalidRequestError.about(PARAM, f"is an invalid {kind}: {error}")
 
 
 class GrammarMatcher:

@@ -11,7 +11,9 @@ follow its running totals, so nothing is counted twice however often `update` ru
     counters    pagoda:prompt_tokens_total, pagoda:generation_tokens_total,
                 pagoda:prefix_cache_queries_total, pagoda:prefix_cache_hits_total (tokens),
                 pagoda:num_preemptions_total, pagoda:request_success_total{finished_reason}
-                (per sequence: a request with n=2 counts twice, as in vLLM v1)
+                (per sequence: a request with n=2 counts twice, as in vLLM v1),
+                pagoda:structured_output_requests_total (requests with a JSON schema, regex,
+                choice or grammar), pagoda:grammar_compile_seconds_total (compiling them)
     histograms  pagoda:time_to_first_token_seconds, pagoda:inter_token_latency_seconds,
                 pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds
 """
@@ -72,6 +74,12 @@ class EngineMetrics:
             "prefix_cache_hits", "Prompt tokens served from the prefix cache."
         )
         self.num_preemptions = counter("num_preemptions", "Preemptions of running requests.")
+        self.structured_output_requests = counter(
+            "structured_output_requests", "Requests with a structured-output constraint."
+        )
+        self.grammar_compile_seconds = counter(
+            "grammar_compile_seconds", "Time spent compiling structured-output grammars."
+        )
         self._request_success = Counter(
             PREFIX + "request_success", "Finished sequences, by finish reason.",
             labels + ["finished_reason"], registry=self.registry,
@@ -156,6 +164,10 @@ class EngineMetrics:
                       snapshot.prefix_cache_queries)
         self._advance(self.prefix_cache_hits, "prefix_cache_hits", snapshot.prefix_cache_hits)
         self._advance(self.num_preemptions, "num_preemptions", snapshot.num_preemptions)
+        self._advance(self.structured_output_requests, "structured_output_requests",
+                      snapshot.num_structured_requests)
+        self._advance(self.grammar_compile_seconds, "grammar_compile_seconds",
+                      snapshot.grammar_compile_seconds)
         for reason, total in snapshot.finished_by_reason.items():
             previous = self._finished_by_reason.get(reason, 0)
             if total > previous:

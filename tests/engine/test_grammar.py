@@ -55,9 +55,10 @@ def test_equal_constraints_compile_once(compiler):
     (Constraint(json="{not json"), "json"),
     (Constraint(regex="a(b"), "regex"),
     (Constraint(grammar="root ::= ( 'a'"), "grammar"),
+    (Constraint(grammar="root ::= missing"), "grammar"),
 ])
 def test_invalid_constraints_are_refused_naming_the_field(compiler, constraint, problem):
-    with pytest.raises(InvalidRequestError, match=f"invalid {problem}") as refused:
+    with pytest.raises(InvalidRequestError, match=f"an invalid {problem}") as refused:
         compiler.compile(constraint)
     assert refused.value.param == "structured_outputs"
 
