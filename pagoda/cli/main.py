@@ -16,6 +16,7 @@ import logging
 import sys
 
 from pagoda.cli import bench, chat, env, generate, serve
+from pagoda.executor.models.supported import describe_supported
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -24,7 +25,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM inference engine")
+    parser = argparse.ArgumentParser(
+        prog="pagoda", description="Pagoda LLM inference engine",
+        epilog=f"Models (--model):\n{describe_supported()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--log-level", default="WARNING", choices=LOG_LEVELS,
                         help="level of the engine's log on stderr (default: %(default)s)")
     subparsers = parser.add_subparsers(dest="command", required=True)

@@ -14,6 +14,7 @@ import logging
 import os
 
 from pagoda.cli.shared_args import add_engine_args, engine_config
+from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ def register(subparsers) -> None:
                              "Retry-After (default: no limit)")
     server.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (default: the model's own)")
+    server.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+                        help="how tool calls are read from the model's text with tool_choice "
+                             "'auto' (default: hermes, <tool_call>{json}</tool_call>)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",
@@ -86,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
     state = ServerState(
         engine=async_engine, metrics=metrics, model_name=model_name,
         model_root=engine.model_files.path, api_key=api_key, chat_template=chat_template,
+        tool_call_parser=args.tool_call_parser,
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     logger.info(

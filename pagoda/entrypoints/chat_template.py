@@ -7,17 +7,22 @@ server equals the offline one).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pagoda.errors import InvalidRequestError
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""An OpenAI message: role and content, and tool_calls / tool_call_id where they apply."""
 
 
 def apply_chat_template(
     tokenizer, messages: list[Message], chat_template: str | None = None,
-    add_generation_prompt: bool = True,
+    add_generation_prompt: bool = True, tools: list[dict] | None = None,
 ) -> str:
     """Render a conversation to the prompt text. A malformed conversation, or a model
-    without a template (and none given), raises InvalidRequestError about `messages`."""
+    without a template (and none given), raises InvalidRequestError about `messages`.
+    `tools` go to templates that render them (see pagoda/entrypoints/tools/rendering.py,
+    which also writes them for templates that do not)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError(
             "messages must be a non-empty list of {'role', 'content'} dicts", "messages"
@@ -31,9 +36,10 @@ def apply_chat_template(
         raise InvalidRequestError(
             "this model has no chat template; pass one with --chat-template", "messages"
         )
+    extra = {} if tools is None else {"tools": tools}
     return tokenizer.apply_chat_template(
         messages, chat_template=chat_template, tokenize=False,
-        add_generation_prompt=add_generation_prompt,
+        add_generation_prompt=add_generation_prompt, **extra,
     )
 
 

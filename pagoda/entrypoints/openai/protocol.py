@@ -6,10 +6,12 @@ Requests are parsed strictly: `model_validate_json` in strict mode, `extra="forb
 - Unknown fields are a 400 ("Extra inputs are not permitted", naming the field), so a
   misspelled or unsupported parameter never silently changes nothing. Official OpenAI
   clients send only the fields the caller set. OpenAI fields that change nothing here
-  (`user`, `store`, `metadata`, `service_tier`, `parallel_tool_calls`) are accepted and
-  ignored; OpenAI fields Pagoda cannot honour (`suffix`, `tools`, `response_format` other
-  than text, audio, ...) are accepted by the parser and then refused with a 400 that says so
-  (`unsupported_fields`), which is clearer than "extra inputs".
+  (`user`, `store`, `metadata`, `service_tier`) are accepted and ignored; OpenAI fields
+  Pagoda cannot honour (`suffix`, audio, ...) are
+  accepted by the parser and then refused with a 400 that says so (`unsupported_fields`),
+  which is clearer than "extra inputs". Output constraints (`response_format`, vLLM's
+  `guided_*` and `structured_outputs`) live in structured_fields.py, tool calling
+  (`tools`, `tool_choice`, `parallel_tool_calls`, calls in messages) in tool_fields.py.
 
 Responses are built from the models below and serialized without dropping nulls, because
 OpenAI's shapes carry explicit nulls (`"logprobs": null`, `"finish_reason": null`).
@@ -21,6 +23,14 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+
+from pagoda.entrypoints.openai.structured_fields import StructuredOutputFields
+from pagoda.entrypoints.openai.tool_fields import (
+    DeltaToolCall,
+    MessageToolFields,
+    ResponseToolCalls,
+    ToolFields,
+)
 
 # ---- requests ---------------------------------------------------------------------------------
 
@@ -42,8 +52,10 @@ def _check_stop(value: Any) -> Any:
     raise ValueError("must be a string or a list of strings")
 
 
-class SamplingRequestFields(StrictModel):
-    """Fields shared by /v1/completions and /v1/chat/completions. None means the default."""
+class SamplingRequestFields(StructuredOutputFields, StrictModel):
+    """Fields shared by /v1/completions and /v1/chat/completions. None means the default.
+    The output constraints (response_format, guided_*, structured_outputs) come from
+    structured_fields.py."""
 
     model: str | None = None
     n: int | None = 1
@@ -159,8 +171,8 @@ def _check_content(value: Any) -> Any:
     raise ValueError("must be a string or a list of {'type': 'text', 'text': ...} parts")
 
 
-class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
+class ChatMessage(MessageToolFields, StrictModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Any = None
     """A string, or a list of text parts (joined with newlines)."""
     name: str | None = None
@@ -180,7 +192,7 @@ class ChatMessage(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingRequestFields):
+class ChatCompletionRequest(ToolFields, SamplingRequestFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     """Deprecated by OpenAI in favour of max_completion_tokens; either works."""
@@ -188,13 +200,9 @@ class ChatCompletionRequest(SamplingRequestFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     """Alternatives per token in [0, 20]; needs logprobs true."""
-    parallel_tool_calls: bool | None = None
     # Accepted by the parser only to be refused with a clear message.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     # vLLM's extras for chat.
@@ -203,17 +211,10 @@ class ChatCompletionRequest(SamplingRequestFields):
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
         problems = []
-        if self.tools:
-            problems.append(("tools", "tools are not supported yet"))
-        if self.tool_choice not in (None, "none", "auto"):
-            problems.append(("tool_choice", "tool_choice is not supported yet"))
         if self.functions:
-            problems.append(("functions", "functions are not supported"))
+            problems.append(("functions", "functions are not supported (use tools)"))
         if self.function_call not in (None, "none", "auto"):
             problems.append(("function_call", "function_call is not supported"))
-        if self.response_format and self.response_format.get("type") != "text":
-            message = "response_format other than {'type': 'text'} is not supported yet"
-            problems.append(("response_format", message))
         if self.modalities and self.modalities != ["text"]:
             problems.append(("modalities", "only the text modality is supported"))
         if self.audio is not None:
@@ -305,7 +306,7 @@ class ChatChoiceLogProbs(ResponseModel):
     refusal: list[ChatLogProbsContent] | None = None
 
 
-class ChatResponseMessage(ResponseModel):
+class ChatResponseMessage(ResponseToolCalls, ResponseModel):
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
@@ -334,6 +335,7 @@ class DeltaMessage(ResponseModel):
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_nones(self, handler):

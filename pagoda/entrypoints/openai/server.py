@@ -60,6 +60,8 @@ class ServerState:
     model_root: str
     api_key: str | None = None
     chat_template: str | None = None
+    tool_call_parser: str = "hermes"
+    """The parser of "auto" tool calls (--tool-call-parser)."""
     draining: bool = False
     """Set when shutdown begins: new /v1 requests get 503, in-flight ones finish."""
     created: int = 0
@@ -107,7 +109,8 @@ def build_app(state: ServerState) -> FastAPI:
     engine = state.engine
     state.created = state.created or int(time.time())
     completions = OpenAIServingCompletion(engine, state.model_name)
-    chat = OpenAIServingChat(engine, state.model_name, state.chat_template)
+    chat = OpenAIServingChat(engine, state.model_name, state.chat_template,
+                             state.tool_call_parser)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

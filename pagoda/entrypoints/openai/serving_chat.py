@@ -5,14 +5,16 @@ as the offline `LLM.chat` builds it (template text, then `encode_chat_prompt`), 
 chat answer here equals the offline one; its field names (`max_completion_tokens`,
 `top_logprobs`); and its shapes. Streams send one `chat.completion.chunk` per choice with
 `{"role": "assistant", "content": ""}` first, then content deltas; the last delta of a choice
-carries its finish_reason.
+carries its finish_reason. Tools (serving_tools.py): the prompt lists them, "required" or a
+named tool_choice constrains the output to calls, and the output's calls become
+`message.tool_calls` (streamed: `delta.tool_calls` fragments, one per chunk).
 """
 
 from __future__ import annotations
 
 import jinja2
 
-from pagoda.entrypoints.chat_template import apply_chat_template, encode_chat_prompt
+from pagoda.entrypoints.chat_template import encode_chat_prompt
 from pagoda.entrypoints.openai.protocol import (
     ChatChoiceLogProbs,
     ChatCompletionChunk,
@@ -27,13 +29,26 @@ from pagoda.entrypoints.openai.protocol import (
     DeltaMessage,
 )
 from pagoda.entrypoints.openai.serving_pipeline import (
-    ChoiceState,
     PromptInput,
     SamplingFields,
     ServingJob,
     ServingPipeline,
     clamp_logprob,
 )
+from pagoda.entrypoints.openai.serving_tools import (
+    ChatChoiceState,
+    check_tool_schemas,
+    constrain_to_calls,
+    conversation_of,
+    delta_messages,
+    finish_reason,
+    new_parser,
+    plan_of,
+    response_calls,
+)
+from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
+from pagoda.entrypoints.tools.parsers import parse_output
+from pagoda.entrypoints.tools.rendering import render_chat
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
@@ -42,28 +57,25 @@ class OpenAIServingChat(ServingPipeline):
     request_id_prefix = "chatcmpl"
     response_type = ChatCompletionResponse
     chunk_type = ChatCompletionChunk
+    choice_state_type = ChatChoiceState
 
-    def __init__(self, engine, model_name: str, chat_template: str | None = None) -> None:
+    def __init__(self, engine, model_name: str, chat_template: str | None = None,
+                 tool_call_parser: str = "hermes") -> None:
         super().__init__(engine, model_name)
         self.chat_template = chat_template
+        self.tool_call_parser = tool_call_parser
+        """The parser of "auto" tool calls (tools/parsers.py TOOL_PARSERS)."""
 
     def render_prompt(
         self, messages: list[ChatMessage], chat_template: str | None,
-        add_generation_prompt: bool,
+        add_generation_prompt: bool, tools: list[dict] | None = None,
     ) -> str:
-        """The conversation as prompt text; InvalidRequestError for what the template
-        cannot render."""
-        conversation = []
-        for message in messages:
-            # "developer" is OpenAI's newer name for "system"; templates know "system".
-            role = "system" if message.role == "developer" else message.role
-            entry = {"role": role, "content": message.text()}
-            if message.name is not None:
-                entry["name"] = message.name
-            conversation.append(entry)
+        """The conversation (and the tools offered) as prompt text; InvalidRequestError for
+        what the template cannot render."""
+        conversation = conversation_of(messages)
         try:
-            return apply_chat_template(
-                self.tokenizer, conversation, chat_template or self.chat_template,
+            return render_chat(
+                self.tokenizer, conversation, tools, chat_template or self.chat_template,
                 add_generation_prompt,
             )
         except (ValueError, jinja2.TemplateError) as e:
@@ -75,25 +87,42 @@ class OpenAIServingChat(ServingPipeline):
     def sampling_fields(self, request: ChatCompletionRequest) -> SamplingFields:
         max_tokens, max_tokens_param = request.requested_max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        return SamplingFields(
-            max_tokens, logprobs,
-            field_names={"max_tokens": max_tokens_param, "logprobs": "top_logprobs"},
+        structured_outputs, structured_param = structured_outputs_of(request)
+        fields = SamplingFields(
+            max_tokens, logprobs, structured_outputs=structured_outputs,
+            field_names={"max_tokens": max_tokens_param, "logprobs": "top_logprobs",
+                         "structured_outputs": structured_param},
         )
+        plan = plan_of(request)
+        check_tool_schemas(plan, getattr(self.engine.input_processor, "grammar_compiler", None))
+        constrain_to_calls(plan, fields)
+        return fields
 
     def build_prompts(self, request: ChatCompletionRequest) -> list[PromptInput]:
         add_generation_prompt = request.add_generation_prompt is not False
-        text = self.render_prompt(request.messages, request.chat_template, add_generation_prompt)
+        plan = plan_of(request)
+        tools = list(plan.tools) if plan.offers_tools else None
+        text = self.render_prompt(request.messages, request.chat_template, add_generation_prompt,
+                                  tools)
         return [PromptInput(text, encode_chat_prompt(self.tokenizer, text), "messages")]
 
     def response_choice(
         self, job: ServingJob, prompt_index: int, output: RequestOutput,
         completion: CompletionOutput, index: int,
     ) -> ChatCompletionResponseChoice:
+        message = ChatResponseMessage(content=completion.text)
+        reason = completion.finish_reason
+        plan = plan_of(job.request)
+        if plan.offers_tools:
+            parsed = parse_output(new_parser(plan, self.tool_call_parser), completion.text)
+            message = ChatResponseMessage(content=parsed.content,
+                                          tool_calls=response_calls(parsed))
+            reason = finish_reason(reason, bool(parsed.tool_calls))
         return ChatCompletionResponseChoice(
             index=index,
-            message=ChatResponseMessage(content=completion.text),
+            message=message,
             logprobs=self.logprobs(completion.token_ids, completion.logprobs, job.params.logprobs),
-            finish_reason=completion.finish_reason,
+            finish_reason=reason,
             stop_reason=completion.stop_reason,
         )
 
@@ -104,21 +133,50 @@ class OpenAIServingChat(ServingPipeline):
         ]
 
     def stream_choice(
-        self, job: ServingJob, state: ChoiceState, prompt_index: int, output: RequestOutput,
-        completion: CompletionOutput,
-    ) -> ChatCompletionStreamChoice | None:
+        self, job: ServingJob, state: ChatChoiceState, prompt_index: int,
+        output: RequestOutput, completion: CompletionOutput,
+    ) -> ChatCompletionStreamChoice | list[ChatCompletionStreamChoice] | None:
         text = completion.delta_text
+        logprobs = self.logprobs(
+            completion.delta_token_ids, completion.delta_logprobs, job.params.logprobs
+        )
+        if not state.tools_planned:
+            state.tools_planned = True
+            plan = plan_of(job.request)
+            if plan.offers_tools:
+                state.parser = new_parser(plan, self.tool_call_parser)
+        if state.parser is not None:
+            return self.tool_stream_choices(state, completion, logprobs)
         if not text and not completion.delta_token_ids and not completion.finished:
             return None
         return ChatCompletionStreamChoice(
             index=state.index,
             delta=DeltaMessage(content=text or None),
-            logprobs=self.logprobs(
-                completion.delta_token_ids, completion.delta_logprobs, job.params.logprobs
-            ),
+            logprobs=logprobs,
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
         )
+
+    @staticmethod
+    def tool_stream_choices(
+        state: ChatChoiceState, completion: CompletionOutput,
+        logprobs: ChatChoiceLogProbs | None,
+    ) -> list[ChatCompletionStreamChoice] | None:
+        """A delta read by the choice's tool-call parser: held-back text sends nothing;
+        logprobs go with the first chunk, the finish_reason with the last."""
+        delta = state.parser.feed(completion.delta_text)
+        if completion.finished:
+            delta.extend(state.parser.finish())
+        elif not delta and (logprobs is None or not completion.delta_token_ids):
+            return None
+        choices = [ChatCompletionStreamChoice(index=state.index, delta=message)
+                   for message in delta_messages(delta)]
+        choices[0].logprobs = logprobs
+        if completion.finished:
+            choices[-1].finish_reason = finish_reason(completion.finish_reason,
+                                                      state.parser.num_calls > 0)
+            choices[-1].stop_reason = completion.stop_reason
+        return choices
 
     @staticmethod
     def logprobs(

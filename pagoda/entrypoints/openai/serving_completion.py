@@ -2,7 +2,9 @@
 
 What completions supply to the serving pipeline (serving_pipeline.py): one engine request per
 prompt (choice `i * n + j` is choice j of prompt i, as OpenAI numbers them), the echoed
-prompt in front of a choice's first text, and OpenAI's legacy logprobs shape.
+prompt in front of a choice's first text, and OpenAI's legacy logprobs shape. Output
+constraints (response_format, guided_*, structured_outputs) are taken as chat takes them
+(structured_fields.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pagoda.entrypoints.openai.serving_pipeline import (
     ServingPipeline,
     clamp_logprob,
 )
+from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
 
@@ -46,7 +49,11 @@ class OpenAIServingCompletion(ServingPipeline):
     def sampling_fields(self, request: CompletionRequest) -> SamplingFields:
         # Echo with logprobs returns the prompt's logprobs too.
         prompt_logprobs = request.logprobs if request.echo else None
-        return SamplingFields(request.max_tokens, request.logprobs, prompt_logprobs)
+        structured_outputs, structured_param = structured_outputs_of(request)
+        return SamplingFields(
+            request.max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
+            field_names={"structured_outputs": structured_param},
+        )
 
     def build_prompts(self, request: CompletionRequest) -> list[PromptInput]:
         prompt = request.prompt

@@ -16,7 +16,8 @@ An endpoint subclasses `ServingPipeline` and supplies:
     sampling_fields(request)     values SamplingParams does not take by the request's names
     build_prompts(request)       text and/or token ids of each prompt, and how errors name it
     response_choice(...)         one choice of the full response
-    stream_choice(...)           one choice of a chunk, or None to send nothing yet
+    stream_choice(...)           one choice of a chunk (or a list: a chunk each), or None to
+                                 send nothing yet
     opening_choices(job)         chunks sent before any output (chat's role deltas)
 plus its response and chunk models. Prompt i's completion j is choice i * n + j.
 """
@@ -63,6 +64,7 @@ from pagoda.entrypoints.openai.streaming import (
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
+from pagoda.structured_outputs import StructuredOutputsParams
 
 MAX_N = 128
 """Most choices per request (OpenAI's limit for chat)."""
@@ -77,6 +79,9 @@ class SamplingFields:
     max_tokens: int | None
     logprobs: int | None
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    """The output constraint (structured_fields.structured_outputs_of); field_names maps
+    "structured_outputs" to the request field it came from."""
     field_names: dict[str, str] = field(default_factory=dict)
     """SamplingParams name -> this endpoint's name, where they differ (for errors)."""
 
@@ -153,8 +158,9 @@ class ServingPipeline(ABC):
     def stream_choice(
         self, job: ServingJob, state: ChoiceState, prompt_index: int, output: RequestOutput,
         completion: CompletionOutput,
-    ) -> BaseModel | None:
-        """The chunk choice for this delta, or None when there is nothing to send yet."""
+    ) -> BaseModel | list[BaseModel] | None:
+        """The chunk choice for this delta (a list: one chunk each, in order), or None when
+        there is nothing to send yet."""
 
     def opening_choices(self, job: ServingJob) -> list[BaseModel]:
         return []
@@ -189,19 +195,26 @@ class ServingPipeline(ABC):
         params = self.sampling_params(request, fields)
         inputs = self.build_prompts(request)
         request_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
-        prompts = [
-            self.engine.input_processor.process(
-                request_id if len(inputs) == 1 else f"{request_id}-{i}",
-                prompt.text if prompt.token_ids is None else (prompt.text or prompt.token_ids),
-                params,
-                prompt_token_ids=prompt.token_ids,
-                priority=request.priority or 0,
-                reject_over_length=True,
-                prompt_param=prompt.param,
-                max_tokens_param=fields.name_of("max_tokens"),
-            )
-            for i, prompt in enumerate(inputs)
-        ]
+        try:
+            prompts = [
+                self.engine.input_processor.process(
+                    request_id if len(inputs) == 1 else f"{request_id}-{i}",
+                    prompt.text if prompt.token_ids is None else (prompt.text or prompt.token_ids),
+                    params,
+                    prompt_token_ids=prompt.token_ids,
+                    priority=request.priority or 0,
+                    reject_over_length=True,
+                    prompt_param=prompt.param,
+                    max_tokens_param=fields.name_of("max_tokens"),
+                )
+                for i, prompt in enumerate(inputs)
+            ]
+        except InvalidRequestError as e:
+            # e.g. the grammar engine refusing a schema names "structured_outputs"; the
+            # client may have sent it as response_format or guided_json.
+            if e.param is None or fields.name_of(e.param) == e.param:
+                raise
+            raise e.renamed(fields.name_of(e.param)) from None
         return ServingJob(request, request_id, params, prompts)
 
     def check_model(self, model: str | None) -> None:
@@ -251,6 +264,7 @@ class ServingPipeline(ABC):
                     True if request.skip_special_tokens is None else request.skip_special_tokens
                 ),
                 logit_bias=logit_bias,
+                structured_outputs=fields.structured_outputs,
             )
         except InvalidRequestError as e:
             if e.param is None:
@@ -315,11 +329,12 @@ class ServingPipeline(ABC):
                     if state.finished:
                         continue
                     state.num_tokens = len(completion.token_ids)
-                    choice = self.stream_choice(job, state, i, output, completion)
-                    if choice is None:
+                    choices = self.stream_choice(job, state, i, output, completion)
+                    if choices is None:
                         continue
                     state.finished = completion.finished
-                    yield self.chunk(job, [choice], exclude)
+                    for choice in choices if isinstance(choices, list) else [choices]:
+                        yield self.chunk(job, [choice], exclude)
             if job.request.include_usage:
                 usage = self.usage(job, sum(s.num_tokens for s in states))
                 yield self.chunk(job, [], usage=usage)
