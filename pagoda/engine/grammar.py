@@ -51,20 +51,33 @@ class GrammarCompiler:
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
-        """Built on first use (~0.6 s for a 49K vocabulary); `warm_up` builds it ahead."""
+        """Built on first use (~0.6 s for a 49K vocabulary); `warm_up` builds it ahead.
+        InvalidRequestError if this tokenizer cannot serve the model's vocabulary (a
+        tokenizer with more tokens than the model has logits)."""
         with self._lock:
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self.vocab_size,
-                    eos_token=self._eos_token_ids or None,
-                )
+                try:
+                    self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                        self._hf_tokenizer, n_vocab=self.vocab_size,
+                        eos_token=self._eos_token_ids or None,
+                    )
+                except Exception as e:  # noqa: BLE001 - llguidance raises plain Exceptions
+                    raise InvalidRequestError(
+                        f"structured outputs are not available with this model's tokenizer: "
+                        f"{e}", PARAM) from None
             return self._ll_tokenizer
 
     def warm_up(self) -> threading.Thread:
         """Build the token trie in a background thread (the first structured request then
-        does not wait for it)."""
-        thread = threading.Thread(target=lambda: self.ll_tokenizer, daemon=True,
-                                  name="pagoda-grammar-warm-up")
+        does not wait for it; a tokenizer that cannot serve is reported then)."""
+
+        def build() -> None:
+            try:
+                self.ll_tokenizer
+            except InvalidRequestError:
+                pass
+
+        thread = threading.Thread(target=build, daemon=True, name="pagoda-grammar-warm-up")
         thread.start()
         return thread
 

@@ -1,5 +1,6 @@
 """The torch attention backend against naive per-sequence attention, on a paged cache with
-scattered blocks, stale values in unused rows, and mixed decode / prefill / chunked steps."""
+scattered blocks, stale values in unused rows, and mixed decode / prefill / chunked steps;
+layers with their own window and soft-capping (Gemma) on one step's metadata."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write
 BLOCK_SIZE, NUM_BLOCKS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 48, 6, 2, 8
 
 
-def reference_attention(q, keys, values, first_pos, window):
+def reference_attention(q, keys, values, first_pos, window, softcap=None):
     """q (Q, H, D) at positions first_pos.., keys/values (seq_len, Hkv, D) -> (Q, H, D),
     in float32."""
     q, keys, values = q.float(), keys.float(), values.float()
@@ -20,6 +21,8 @@ def reference_attention(q, keys, values, first_pos, window):
     k = keys.repeat_interleave(group, dim=1)  # (L, H, D)
     v = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,lhd->hql", q, k) * q.shape[-1] ** -0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     q_pos = torch.arange(q.shape[0])[:, None] + first_pos
     k_pos = torch.arange(keys.shape[0])[None, :]
     allowed = k_pos <= q_pos
@@ -31,9 +34,10 @@ def reference_attention(q, keys, values, first_pos, window):
 
 def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
              dtype=torch.float32, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), block_size=BLOCK_SIZE,
-             num_blocks=NUM_BLOCKS):
+             num_blocks=NUM_BLOCKS, layers=None):
     """seqs: (num_computed, num_scheduled) per sequence. Returns (backend output, reference);
-    heads: (query heads, KV heads, head dim)."""
+    heads: (query heads, KV heads, head dim). `layers`: (window, softcap) of each layer called
+    on the step's one metadata (window None: the backend's); returns a list of pairs then."""
     num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -59,12 +63,17 @@ def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
     q = torch.randn(int(scheduled.sum()), num_heads, head_dim, generator=gen).to(dtype)
     k = torch.cat([full_k[i][c:] for i, (c, _) in enumerate(seqs)])
     v = torch.cat([full_v[i][c:] for i, (c, _) in enumerate(seqs)])
-    out = backend.forward(q, k, v, kv_cache, metadata, head_dim**-0.5)
-    expected = torch.cat([
-        reference_attention(q_rows, full_k[i], full_v[i], seqs[i][0], window)
-        for i, q_rows in enumerate(q.split(scheduled.tolist()))
-    ])
-    return out, expected
+    results = []
+    for layer_window, softcap in layers or [(None, None)]:
+        out = backend.forward(q, k, v, kv_cache, metadata, head_dim**-0.5,
+                              window=layer_window, softcap=softcap)
+        expected = torch.cat([
+            reference_attention(q_rows, full_k[i], full_v[i], seqs[i][0],
+                                window if layer_window is None else layer_window, softcap)
+            for i, q_rows in enumerate(q.split(scheduled.tolist()))
+        ])
+        results.append((out, expected))
+    return results if layers else results[0]
 
 
 @pytest.mark.parametrize(
@@ -116,3 +125,36 @@ def test_cache_layout_is_one_tile_per_head_and_block() -> None:
         assert torch.equal(kv_cache[0, head, 5, 1], key[0, head])
         assert torch.equal(kv_cache[1, head, 2, 3], -key[1, head])
     assert int((kv_cache != 0).any(-1).sum()) == 2 * 2 * NUM_KV_HEADS
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(13, 1), (0, 1), (6, 1)],  # decodes only
+        [(13, 1), (2, 9), (0, 12), (9, 1)],  # decodes, a chunk after a prefix, a prompt
+        [(0, 9), (0, 4)],  # prompts from position 0 (no is_causal shortcut when windowed)
+    ],
+)
+def test_layers_bring_their_own_window_and_softcap(seqs) -> None:
+    """Gemma's interleaved layers on one step's metadata: global, sliding (window 5),
+    soft-capped global and soft-capped sliding (Gemma 2), each against naive attention; the
+    backend has no window of its own."""
+    layers = [(None, None), (5, None), (None, 2.0), (5, 2.0), (None, None)]
+    for (out, expected), layer in zip(run_step(seqs, seed=4, layers=layers), layers):
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"layer {layer}")
+
+
+def test_softcap_bends_the_scores() -> None:
+    """The soft-capped result differs from the plain one (the test above would catch a cap
+    that is ignored only if it mattered): scores of randn queries reach past a cap of 1."""
+    (plain, _), (capped, _) = run_step([(2, 9), (9, 1)], seed=5,
+                                       layers=[(None, None), (None, 1.0)])
+    assert (plain - capped).abs().max() > 1e-2
+
+
+def test_softcapped_prefill_takes_query_rows_in_slices(monkeypatch) -> None:
+    from pagoda.executor.attention import torch_backend
+
+    monkeypatch.setattr(torch_backend, "SOFTCAP_SCORES_PER_SLICE", 64)  # a few rows a slice
+    (out, expected), = run_step([(3, 17), (0, 11)], seed=6, layers=[(4, 2.0)])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 COMMON = {
@@ -32,13 +42,54 @@ ARCHITECTURES = {
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32, "tie_word_embeddings": False}),
+    # Windows of 8 (Gemma) and 16 (Phi-3, Mixtral) tokens: the test prompts cross them.
+    # Soft-caps low enough to bend the tiny model's scores and logits.
+    "gemma2": (
+        Gemma2Config, Gemma2ForCausalLM,
+        {"head_dim": 16, "num_hidden_layers": 3, "sliding_window": 8,
+         "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0,
+         "final_logit_softcapping": 3.0},
+    ),
+    "gemma3": (
+        Gemma3TextConfig, Gemma3ForCausalLM,
+        {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 8,
+         "sliding_window_pattern": 2, "query_pre_attn_scalar": 24,
+         "rope_local_base_freq": 100.0, "rope_theta": 10000.0,
+         "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ),
+    "phi3": (
+        Phi3Config, Phi3ForCausalLM,
+        {"sliding_window": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    # LongRoPE with partial rotary (Phi-3.5 / Phi-4-mini's settings); the prompts stay within
+    # original_max_position_embeddings, where Hugging Face takes the short factors.
+    "phi3-longrope": (
+        Phi3Config, Phi3ForCausalLM,
+        {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+         "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5,
+         "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+                          "long_factor": [2.0, 4.0, 8.0, 16.0]}},
+    ),
+    "mixtral": (
+        MixtralConfig, MixtralForCausalLM,
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16},
+    ),
+    # Layer 1 dense (mlp_only_layers); top-k weights not renormalised (norm_topk_prob False).
+    "qwen3-moe": (
+        Qwen3MoeConfig, Qwen3MoeForCausalLM,
+        {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": False},
+    ),
 }
 
 
-def build_checkpoint(arch: str, folder: str, max_shard_size: str | None = None) -> torch.nn.Module:
-    """Save a random `arch` model (float32) to `folder`; returns the transformers model."""
+def build_checkpoint(
+    arch: str, folder: str, max_shard_size: str | None = None, **overrides
+) -> torch.nn.Module:
+    """Save a random `arch` model (float32) to `folder`, config fields `overrides` changed;
+    returns the transformers model."""
     config_class, model_class, extra = ARCHITECTURES[arch]
-    config = config_class(**{**COMMON, **extra})
+    config = config_class(**{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():

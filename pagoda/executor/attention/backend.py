@@ -96,6 +96,12 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """query (num_tokens, num_heads, head_dim); key, value (num_tokens, num_kv_heads, head_dim);
-        returns (num_tokens, num_heads, head_dim)."""
+        returns (num_tokens, num_heads, head_dim).
+
+        `window`: the calling layer's sliding window, None for the backend's own
+        (`self.sliding_window`); `softcap`: tanh soft-capping of the scores (Gemma 2)."""

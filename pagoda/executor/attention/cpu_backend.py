@@ -67,23 +67,32 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """A decode-only step is one kernel call that also writes the step's K/V; anything
-        else goes the torch backend's way (cache write, then a call per group)."""
+        else goes the torch backend's way (cache write, then a call per group). The kernel
+        has no soft-capping: layers with it (Gemma 2) take the torch path throughout."""
+        window = self.sliding_window if window is None else window
         groups = metadata.backend_data
-        if len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
+        if softcap is None and len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
                 groups[0].query_token_index is None):
             group = groups[0]
             return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
-                                   group.seq_lens, scale, self.sliding_window,
+                                   group.seq_lens, scale, window,
                                    new_keys=(key, value, metadata.slot_mapping))
-        return super().forward(query, key, value, kv_cache, metadata, scale)
+        return super().forward(query, key, value, kv_cache, metadata, scale,
+                               window=window, softcap=softcap)
 
     def decode(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float,
+        window: int | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
+        if softcap is not None:
+            return super().decode(query, kv_cache, group, scale, window, softcap)
         return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
-                               group.seq_lens, scale, self.sliding_window)
+                               group.seq_lens, scale, window)
 
 
 def select_backend(

@@ -21,10 +21,18 @@ _next_layer_id = itertools.count()
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    """`sliding_window`: this layer's window, for models that mix windowed and global layers
+    (Gemma 2/3); None takes the backend's, the model-wide window the runner set (Mistral).
+    `logit_softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
+
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+        sliding_window: int | None = None, logit_softcap: float | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
+        self.sliding_window, self.logit_softcap = sliding_window, logit_softcap
         # Bound by the model runner once the paged cache is allocated:
         # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
@@ -42,7 +50,8 @@ class Attention(nn.Module):
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; the runner binds one")
         metadata = get_forward_context()
-        out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale)
+        out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,
+                                   window=self.sliding_window, softcap=self.logit_softcap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
 

@@ -20,7 +20,12 @@ long prompt in the batch does not pad every decode row to its length:
     it may attend to key positions             j <= p, j < seq_len[s]  (and p - j < window)
 
 Decodes run as two batched matmuls over (kv_head x sequence) rows; prefills as one padded
-scaled_dot_product_attention call.
+scaled_dot_product_attention call, or, with soft-capped scores (Gemma 2, which SDPA cannot
+do), as explicit matmuls over slices of query rows.
+
+A layer may bring its own window (models that interleave windowed and global layers): each
+group builds the mask of a window the first time a layer asks for it in the step, and the
+other layers of the step reuse it.
 """
 
 from __future__ import annotations
@@ -53,7 +58,18 @@ class AttentionGroup:
     mask: torch.Tensor | None
     """Decodes: (num_seqs, L) float, 0 where allowed and -inf elsewhere.
     Prefills: (num_seqs, 1, max_query_len, L) bool, True where allowed; None when all of the
-    group's prompts start at position 0 without a sliding window (plain causal attention)."""
+    group's prompts start at position 0 without a sliding window (plain causal attention).
+    For the backend's own window; `TorchAttentionBackend.mask` builds others."""
+    allowed: np.ndarray
+    """(num_seqs, max_query_len, L) bool: causal and within the sequence, no window."""
+    query_positions: np.ndarray
+    """(num_seqs, max_query_len) position of each padded query row."""
+    row_valid: np.ndarray
+    """(num_seqs, max_query_len) bool: the row holds a real token."""
+    starts_at_zero: bool
+    """Every sequence of the group computes its whole prompt in this step."""
+    masks: dict
+    """(window, explicit) -> mask, built on first use within the step."""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -105,23 +121,10 @@ class TorchAttentionBackend(AttentionBackend):
         allowed = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (
             kv_pos[None, None, :] < seq_lens[:, None, None]
         )  # (S, Q, L)
-        if self.sliding_window is not None:
-            allowed &= q_pos[:, :, None] - kv_pos[None, None, :] < self.sliding_window
         dev = self.device
         flat_valid = row_valid.reshape(-1)
         whole_batch = max_q == 1 and len(members) == metadata.num_tokens
-        if max_q == 1:
-            mask = torch.from_numpy(np.where(allowed[:, 0], 0.0, -np.inf).astype(np.float32))
-        elif self.sliding_window is None and np.array_equal(seq_lens, q_lens):
-            # Every prompt starts at position 0: query row r attends keys 0..r, which is
-            # is_causal's top-left mask; padding rows see stale (finite) keys and are dropped.
-            # Same result, bit for bit, and the flash kernel skips the masked half.
-            mask = None
-        else:
-            # Padding rows attend to position 0 so that softmax stays finite; they are dropped.
-            allowed[:, :, 0] |= ~row_valid
-            mask = torch.from_numpy(allowed[:, None])
-        return AttentionGroup(
+        group = AttentionGroup(
             num_seqs=len(members),
             max_query_len=max_q,
             num_key_positions=num_keys,
@@ -131,8 +134,43 @@ class TorchAttentionBackend(AttentionBackend):
             output_token_index=(
                 None if whole_batch else torch.from_numpy(token_index.reshape(-1)[flat_valid]).to(dev)
             ),
-            mask=None if mask is None else mask.to(dev),
+            mask=None,
+            allowed=allowed,
+            query_positions=q_pos,
+            row_valid=row_valid,
+            starts_at_zero=bool(np.array_equal(seq_lens, q_lens)),
+            masks={},
         )
+        group.mask = self.mask(group, self.sliding_window)
+        return group
+
+    def mask(
+        self, group: AttentionGroup, window: int | None, explicit: bool = False
+    ) -> torch.Tensor | None:
+        """The group's mask (see AttentionGroup.mask) for `window`; `explicit`: never None
+        (the soft-capped path has no is_causal shortcut). Built once per step and window."""
+        key = (window, explicit)
+        if key in group.masks:
+            return group.masks[key]
+        allowed = group.allowed
+        if window is not None:
+            kv_pos = np.arange(group.num_key_positions)
+            allowed = allowed & (group.query_positions[:, :, None] - kv_pos[None, None, :] < window)
+        if group.max_query_len == 1:
+            mask = torch.from_numpy(np.where(allowed[:, 0], 0.0, -np.inf).astype(np.float32))
+        elif window is None and group.starts_at_zero and not explicit:
+            # Every prompt starts at position 0: query row r attends keys 0..r, which is
+            # is_causal's top-left mask; padding rows see stale (finite) keys and are dropped.
+            # Same result, bit for bit, and the flash kernel skips the masked half.
+            mask = None
+        else:
+            # Padding rows attend to position 0 so that softmax stays finite; they are dropped.
+            allowed = allowed.copy()
+            allowed[:, :, 0] |= ~group.row_valid
+            mask = torch.from_numpy(allowed[:, None])
+        mask = None if mask is None else mask.to(self.device)
+        group.masks[key] = mask
+        return mask
 
     def forward(
         self,
@@ -142,7 +180,11 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        window = self.sliding_window if window is None else window
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         groups: list[AttentionGroup] = metadata.backend_data
         output = None if len(groups) == 1 and groups[0].output_token_index is None else (
@@ -151,12 +193,13 @@ class TorchAttentionBackend(AttentionBackend):
         for group in groups:
             q = query if group.query_token_index is None else query[group.query_token_index]
             if group.max_query_len == 1:
-                out = self.decode(q, kv_cache, group, scale)
+                out = self.decode(q, kv_cache, group, scale, window, softcap)
                 if output is None:
                     return out
                 output[group.output_token_index] = out
             else:
-                output[group.output_token_index] = self.prefill(q, kv_cache, group, scale)
+                output[group.output_token_index] = self.prefill(
+                    q, kv_cache, group, scale, window, softcap)
         return output
 
     @staticmethod
@@ -169,29 +212,37 @@ class TorchAttentionBackend(AttentionBackend):
         return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
 
     def prefill(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
+        window: int | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
         """The prefill group's attention: query (S * max_query_len, H, D), padded rows
-        included -> (valid rows, H, D), one padded scaled_dot_product_attention call."""
+        included -> (valid rows, H, D), one padded scaled_dot_product_attention call (explicit
+        matmuls with soft-capping)."""
         num_kv_heads, head_dim = kv_cache.shape[1], kv_cache.shape[4]
         k, v = self._gather(kv_cache, group)
         s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
         q = query.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
         k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
         v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=group.mask, is_causal=group.mask is None, scale=scale,
-            enable_gqa=num_kv_heads != num_heads,
-        )
+        mask = self.mask(group, window, explicit=softcap is not None)
+        if softcap is not None:
+            out = _softcapped_attention(q, k, v, mask, scale, softcap)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                enable_gqa=num_kv_heads != num_heads,
+            )
         return out.transpose(1, 2).reshape(s * q_len, num_heads, head_dim)[group.valid_rows]
 
     def decode(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
+        window: int | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
         """The decode group's attention: query (S, H, D) -> (S, H, D). Gathers each
         sequence's key/value tiles, then two batched matmuls (`_decode_attention`)."""
         k, v = self._gather(kv_cache, group)
-        return _decode_attention(query, k, v, group.mask, scale, kv_cache.shape[1])
+        mask = self.mask(group, window)
+        return _decode_attention(query, k, v, mask, scale, kv_cache.shape[1], softcap)
 
 
 def write_kv_cache(
@@ -213,6 +264,7 @@ def _decode_attention(
     mask: torch.Tensor,
     scale: float,
     num_kv_heads: int,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query token per sequence as two batched matmuls (the fused CPU kernel is slow for
     a single query row). query (S, H, D); key/value (Hkv * S, L, D); mask (S, L) additive.
@@ -223,9 +275,45 @@ def _decode_attention(
     q = query.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)
     q = q.reshape(num_kv_heads * num_seqs, group, head_dim)
     scores = torch.bmm(q, key.transpose(1, 2)).float()  # (Hkv * S, G, L)
-    scores = scores.view(num_kv_heads, num_seqs, group, -1).mul_(scale).add_(mask[:, None, :])
+    scores = scores.view(num_kv_heads, num_seqs, group, -1).mul_(scale)
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    scores = scores.add_(mask[:, None, :])
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(num_kv_heads * num_seqs, group, -1)
     out = torch.bmm(probs, value)  # (Hkv * S, G, D)
     return out.view(num_kv_heads, num_seqs, num_heads // num_kv_heads, head_dim).transpose(0, 1).reshape(
         num_seqs, num_heads, head_dim
     )
+
+
+SOFTCAP_SCORES_PER_SLICE = 1 << 24
+"""Float32 scores the soft-capped prefill holds at once (64 MiB): query rows are taken in
+slices of this size, so a long prompt does not need its whole (H, Q, L) score tensor."""
+
+
+def _softcapped_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+    scale: float, softcap: float,
+) -> torch.Tensor:
+    """Attention with scores softcap * tanh(scale * q.k / softcap), in Hugging Face's order
+    (scale, cap, then mask), softmax in float32. query (S, H, Q, D); key/value (S, Hkv, L, D);
+    allowed (S, 1, Q, L) bool -> (S, H, Q, D)."""
+    num_seqs, num_heads, q_len, head_dim = query.shape
+    num_kv_heads, num_keys = key.shape[1], key.shape[2]
+    group = num_heads // num_kv_heads
+    q = query.reshape(num_seqs, num_kv_heads, group, q_len, head_dim)
+    out = torch.empty_like(query).view(num_seqs, num_kv_heads, group, q_len, head_dim)
+    rows = max(1, SOFTCAP_SCORES_PER_SLICE // (num_seqs * num_heads * num_keys))
+    for start in range(0, q_len, rows):
+        end = min(q_len, start + rows)
+        # (S, Hkv, G * rows, D) @ (S, Hkv, D, L): the query heads sharing a KV head together
+        q_slice = q[:, :, :, start:end].reshape(num_seqs, num_kv_heads, -1, head_dim)
+        scores = torch.matmul(q_slice, key.transpose(-1, -2)).float()
+        scores = scores.view(num_seqs, num_kv_heads, group, end - start, num_keys)
+        scores = scores.mul_(scale).div_(softcap).tanh_().mul_(softcap)
+        scores.masked_fill_(~allowed[:, :, None, start:end], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(value.dtype)
+        probs = probs.view(num_seqs, num_kv_heads, -1, num_keys)
+        out[:, :, :, start:end] = torch.matmul(probs, value).view(
+            num_seqs, num_kv_heads, group, end - start, head_dim)
+    return out.view(num_seqs, num_heads, q_len, head_dim)

@@ -53,6 +53,11 @@ class MergedLinear(Linear):
             param.weight_loader = self.load_shard
 
     def load_shard(self, param: torch.Tensor, loaded: torch.Tensor, shard_id) -> None:
+        """Copy part `shard_id`; shard_id None: `loaded` is the whole fused tensor, as
+        checkpoints that store the projection fused have it (Phi-3)."""
+        if shard_id is None:
+            default_weight_loader(param, loaded)
+            return
         offset, size = self.shard_offsets[shard_id]
         target = param.data.narrow(0, offset, size)
         if target.shape != loaded.shape:

@@ -3,14 +3,14 @@
 The file is memory-mapped; each tensor is dequantized on its own, so peak memory stays near
 the final weight size. Model config comes from the metadata and is returned as the matching
 Hugging Face config object, so the model code reads one kind of config whatever the source.
-Tensor names are translated to Hugging Face names, and llama.cpp's rotary permutation of the
-q/k projections (applied by its converter for the `llama` architecture) is undone.
+Tensor names are translated to Hugging Face names, and what llama.cpp's converter changed is
+undone (the q/k rotary permutation of `llama`, Gemma's 1 + w norms): gguf_architectures.py
+holds each architecture's table.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Iterator
 
@@ -19,41 +19,19 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
+from pagoda.executor.loader.gguf_architectures import (
+    GGUF_ARCHITECTURES,
+    MIXTRAL,
+    SKIPPED_TENSORS,
+    convert_tensor,
+    family_config,
+    family_of,
+    hf_tensor_names,
+)
 from pagoda.executor.loader.gguf_dequant import SUPPORTED_GGUF_TYPES, dequantize_tensor
 from pagoda.executor.loader.model_files import ModelLoadError
 
 logger = logging.getLogger(__name__)
-
-# GGUF general.architecture -> (Hugging Face model_type, architecture class name)
-GGUF_ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-}
-# Architectures whose q/k weights llama.cpp's converter permuted for its interleaved rotary.
-PERMUTED_QK_ARCHITECTURES = {"llama"}
-
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "rope_freqs.weight": "rope_freq_factors",
-}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-
 
 class GGUFCheckpoint:
     """A memory-mapped GGUF file: its metadata as a HF config and its tensors by HF name."""
@@ -75,6 +53,8 @@ class GGUFCheckpoint:
                 f"{path}: unsupported GGUF architecture {self.architecture!r}; "
                 f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
             )
+        self.num_experts = int(self._field(f"{self.architecture}.expert_count", 0) or 0)
+        self.family = family_of(self.architecture, self.num_experts)
         self.hf_config = self._build_hf_config()
         # The tokenizer's arrays, parsed into one numpy view per entry (~400 MB of objects for
         # a 49K vocabulary): the tokenizer is built from the file separately, nothing here
@@ -93,7 +73,7 @@ class GGUFCheckpoint:
 
     def _build_hf_config(self) -> PretrainedConfig:
         arch = self.architecture
-        model_type, class_name = GGUF_ARCHITECTURES[arch]
+        model_type, class_name = MIXTRAL if self.family == "mixtral" else GGUF_ARCHITECTURES[arch]
         tensor_names = {t.name for t in self.reader.tensors}
         tokens = self._field("tokenizer.ggml.tokens")
         vocab_size = self._field(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
@@ -105,7 +85,9 @@ class GGUFCheckpoint:
             "architectures": [class_name],
             "vocab_size": int(vocab_size),
             "hidden_size": hidden_size,
-            "intermediate_size": int(self._field(f"{arch}.feed_forward_length", required=True)),
+            # MoE files may give only the experts' size
+            "intermediate_size": int(self._field(f"{arch}.feed_forward_length") or self._field(
+                f"{arch}.expert_feed_forward_length", required=True)),
             "num_hidden_layers": int(self._field(f"{arch}.block_count", required=True)),
             "num_attention_heads": num_heads,
             "num_key_value_heads": int(self._field(f"{arch}.attention.head_count_kv", num_heads)),
@@ -131,7 +113,18 @@ class GGUFCheckpoint:
             kwargs["sliding_window"] = int(sliding_window)
         if arch == "qwen2":
             kwargs["attention_bias"] = True  # informational: Qwen2 always has qkv bias
+        family_config(self.family, lambda key, default=None: self._field(f"{arch}.{key}", default),
+                      kwargs, self._small_tensor)
         return AutoConfig.for_model(model_type, **kwargs)
+
+    def _small_tensor(self, name: str) -> torch.Tensor | None:
+        """A float tensor read whole (metadata kept as a tensor: LongRoPE factors)."""
+        for tensor in self.reader.tensors:
+            if tensor.name == name:
+                shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+                return dequantize_tensor(np.asarray(tensor.data), tensor.tensor_type, shape,
+                                         torch.float32)
+        return None
 
     @property
     def weight_bytes(self) -> int:
@@ -145,13 +138,18 @@ class GGUFCheckpoint:
 
     def tensor_names(self) -> list[str]:
         """The Hugging Face names iter_weights yields, in its order."""
-        return [self._hf_name(tensor.name) for tensor in self.reader.tensors]
+        return [name for tensor in self._weight_tensors() for name in self._hf_names(tensor)]
+
+    def _weight_tensors(self) -> list:
+        return [t for t in self.reader.tensors if t.name not in SKIPPED_TENSORS]
 
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (Hugging Face name, dequantized tensor in `dtype`) one tensor at a time."""
+        """Yield (Hugging Face name, dequantized tensor in `dtype`) one tensor at a time (a
+        stacked expert tensor as one tensor per expert)."""
         cfg = self.hf_config
-        for tensor in tqdm(self.reader.tensors, desc="Loading weights", unit="tensor", disable=None):
-            name = self._hf_name(tensor.name)
+        tensors = self._weight_tensors()
+        for tensor in tqdm(tensors, desc="Loading weights", unit="tensor", disable=None):
+            names = self._hf_names(tensor)
             if tensor.tensor_type not in SUPPORTED_GGUF_TYPES:
                 raise ModelLoadError(
                     f"{self.path}: tensor {tensor.name} has quant type {tensor.tensor_type.name}, "
@@ -160,30 +158,13 @@ class GGUFCheckpoint:
             # GGUF lists dims fastest-first; torch wants them slowest-first.
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
             weight = dequantize_tensor(np.asarray(tensor.data), tensor.tensor_type, shape, dtype)
-            if self.architecture in PERMUTED_QK_ARCHITECTURES:
-                if ".q_proj." in name:
-                    weight = _unpermute_rotary(weight, cfg.num_attention_heads)
-                elif ".k_proj." in name:
-                    weight = _unpermute_rotary(weight, cfg.num_key_value_heads)
-            yield name, weight
+            parts = weight.unbind(0) if len(names) > 1 else (weight,)
+            for name, part in zip(names, parts):
+                yield name, convert_tensor(self.architecture, name, part, cfg)
 
-    def _hf_name(self, gguf_name: str) -> str:
-        if gguf_name in _GLOBAL_NAMES:
-            return _GLOBAL_NAMES[gguf_name]
-        match = _LAYER_TENSOR.match(gguf_name)
-        if match is None or match.group(2) not in _LAYER_NAMES:
-            raise ModelLoadError(f"{self.path}: unexpected tensor {gguf_name!r} in GGUF file")
-        layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
-
-
-def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation: per head, rows (2, dim/2) interleaved -> halves.
-
-    llama.cpp stores each head's rows as pairs (x0, x_half, x1, x_half+1, ...) so that its
-    rotary rotates adjacent elements; Hugging Face rotates the two halves (rotate_half).
-    weight: (num_heads * head_dim, ...) for both weights and biases.
-    """
-    head_dim = weight.shape[0] // num_heads
-    rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
-    return rows.transpose(1, 2).reshape(weight.shape).contiguous()
+    def _hf_names(self, tensor) -> list[str]:
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        names = hf_tensor_names(self.family, tensor.name, shape, self.num_experts)
+        if names is None:
+            raise ModelLoadError(f"{self.path}: unexpected tensor {tensor.name!r} in GGUF file")
+        return names

@@ -1,8 +1,11 @@
-"""The Llama family: Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+"""The Llama family: Llama 2/3/3.1, SmolLM, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+Phi-3 (q/k/v and gate/up already fused in the checkpoint).
 
 Parameter names follow the Hugging Face checkpoints; q/k/v and gate/up are fused into one
-matmul each and filled part by part by their weight loaders. Inputs are flat over the batch:
-every scheduled token of every sequence in one (num_tokens,) row.
+matmul each and filled part by part by their weight loaders (or whole, where the checkpoint
+stores them fused). Inputs are flat over the batch: every scheduled token of every sequence
+in one (num_tokens,) row. The blocks here are shared by the other families (gemma.py,
+mixtral.py), which swap in their own MLP, norms or attention settings.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from torch import nn
 
 from pagoda.executor.attention.layer import Attention
 from pagoda.executor.forward_context import get_forward_context
-from pagoda.executor.layers.activation import SiluAndMul
+from pagoda.executor.layers.activation import gated_activation
 from pagoda.executor.layers.linear import Linear, MergedLinear, default_weight_loader
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rotary import RotaryEmbedding
@@ -34,7 +37,14 @@ def head_dim_of(config) -> int:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    """Gemma's settings come in as keywords: `scale` (default head_dim ** -0.5), a per-layer
+    `sliding_window`, `logit_softcap`, `o_bias` and the class of the q/k norms."""
+
+    def __init__(
+        self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, *,
+        scale: float | None = None, sliding_window: int | None = None,
+        logit_softcap: float | None = None, o_bias: bool = False, norm_class: type = RMSNorm,
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -43,11 +53,15 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = MergedLinear(
             config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
         )
-        self.o_proj = Linear(q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.o_proj = Linear(q_size, config.hidden_size, bias=o_bias)
+        self.q_norm = norm_class(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = norm_class(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim,
+            self.head_dim**-0.5 if scale is None else scale,
+            sliding_window=sliding_window, logit_softcap=logit_softcap,
+        )
         self.qk_v_sizes = [q_size + kv_size, kv_size]  # q and k heads are rotated together
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -63,25 +77,32 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config) -> None:
+    """down(act(gate(x)) * up(x)), gate and up fused: gate_up_proj rows [gate | up]."""
+
+    def __init__(
+        self, config, intermediate_size: int | None = None, activation: str | None = None
+    ) -> None:
         super().__init__()
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act {act!r} is not supported (silu is)")
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size})
         self.down_proj = Linear(size, config.hidden_size)
-        self.act = SiluAndMul()
+        self.act = gated_activation(activation or getattr(config, "hidden_act", "silu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    """`mlp_name`: the MLP's name in the checkpoint ("mlp"; Mixtral's "block_sparse_moe")."""
+
+    def __init__(
+        self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, mlp: nn.Module,
+        mlp_name: str = "mlp",
+    ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, rotary, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(config)
+        self.mlp_name = mlp_name
+        self.add_module(mlp_name, mlp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -95,23 +116,34 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return getattr(self, self.mlp_name)(hidden), residual
+
+
+def unfilled_embedding(config) -> nn.Embedding:
+    """The token embedding, allocated but not initialised: the checkpoint fills it, so no
+    page is touched before loading."""
+    embedding = nn.Embedding(config.vocab_size, config.hidden_size,
+                             _weight=torch.empty(config.vocab_size, config.hidden_size))
+    embedding.weight.requires_grad_(False)
+    return embedding
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, qkv_bias: bool, qk_norm: bool, max_position: int) -> None:
+    """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
+    mixture-of-experts layers), named `mlp_name` in the checkpoint."""
+
+    def __init__(
+        self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
+        mlp_name: str = "mlp",
+    ) -> None:
         super().__init__()
-        # _weight: no random initialisation (the checkpoint fills it), so no page is touched
-        # before loading
-        self.embed_tokens = nn.Embedding(
-            config.vocab_size, config.hidden_size,
-            _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = unfilled_embedding(config)
         rotary = RotaryEmbedding(config, head_dim_of(config), max_position)
         self.rotary = rotary
+        make_mlp = make_mlp or (lambda index: LlamaMLP(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm)
-            for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name)
+            for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -126,12 +158,15 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     qkv_bias_default = False
     qk_norm = False
+    stacked_params = STACKED_PARAMS
+    """(fused parameter, checkpoint part, shard id): checkpoint tensors loaded into a part."""
+    final_logit_softcap: float | None = None
+    """Logits become cap * tanh(logits / cap) (Gemma 2)."""
 
     def __init__(self, config, max_position: int) -> None:
         super().__init__()
         self.config = config
-        qkv_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
-        self.model = LlamaModel(config, qkv_bias, self.qk_norm, max_position)
+        self.model = self.build_model(config, max_position)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = None
@@ -141,8 +176,15 @@ class LlamaForCausalLM(nn.Module):
         # weight, used in place of it; the embedding keeps its float table for lookups.
         self.quantized_head: nn.Module | None = None
 
+    def build_model(self, config, max_position: int) -> nn.Module:
+        """The decoder stack (`self.model`): embedding, layers, final norm."""
+        qkv_bias = bool(getattr(config, "attention_bias", self.qkv_bias_default))
+        return LlamaModel(config, qkv_bias, self.qk_norm, max_position)
+
     @property
     def sliding_window(self) -> int | None:
+        """The window of every layer (the backend's); None where there is none, or where
+        layers bring their own (Gemma)."""
         return getattr(self.config, "sliding_window", None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -160,8 +202,11 @@ class LlamaForCausalLM(nn.Module):
 
         `quantized_head`, when set, stands in for the head's float weight."""
         if self.quantized_head is not None:
-            return self.quantized_head(hidden)
-        return torch.nn.functional.linear(hidden, self.logits_head_weight())
+            logits = self.quantized_head(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden, self.logits_head_weight())
+        cap = self.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def logits_head_weight(self) -> torch.Tensor:
         """(vocab_size, hidden_size): the lm_head's weight, or the embedding table when tied."""
@@ -185,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
                 continue  # some checkpoints store the (recomputed) rotary buffer
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied embeddings: some checkpoints still store a copy
-            for fused, part, shard_id in STACKED_PARAMS:
+            for fused, part, shard_id in self.stacked_params:
                 if part in name:
                     target = name.replace(part, fused)
                     self._param(params, target).weight_loader(params[target], tensor, shard_id)
@@ -193,6 +238,11 @@ class LlamaForCausalLM(nn.Module):
                     break
             else:
                 param = self._param(params, name)
+                shards = getattr(self._owner(name), "shard_offsets", None)
+                if shards is not None:  # a fused projection stored fused (Phi-3): every part
+                    param.weight_loader(param, tensor, None)
+                    filled.setdefault(name, set()).update(shards)
+                    continue
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
                 filled.setdefault(name, set())
         missing = sorted(set(params) - set(filled))
@@ -243,3 +293,9 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         if getattr(self.config, "use_sliding_window", False):
             return self.config.sliding_window
         return None
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Llama blocks; the checkpoint stores qkv_proj and gate_up_proj fused, in Pagoda's
+    layout ([q | k | v] and [gate | up] rows), so they load whole. Phi-3.5 / Phi-4-mini bring
+    longrope scaling and partial rotary (layers/rotary.py)."""

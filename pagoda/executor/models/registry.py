@@ -4,23 +4,35 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagoda.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagoda.executor.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
+    Phi3ForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
 )
+from pagoda.executor.models.mixtral import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
 class UnsupportedArchitectureError(ValueError):
     pass
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
 
 
 def resolve_model_class(hf_config) -> type[nn.Module]:
@@ -30,5 +42,5 @@ def resolve_model_class(hf_config) -> type[nn.Module]:
             return MODEL_REGISTRY[name]
     raise UnsupportedArchitectureError(
         f"unsupported model architecture {', '.join(architectures) or '(none given)'}; "
-        f"supported: {', '.join(sorted(MODEL_REGISTRY))}"
+        f"supported: {', '.join(supported_architectures())}"
     )

@@ -1,0 +1,115 @@
+"""Sparse mixture-of-experts MLP: a router picks top-k experts per token, the experts' outputs
+are summed with the router's weights.
+
+The expert matmuls are batched per expert, never per token: the (token, choice) pairs are
+sorted by expert, so each expert's tokens are one contiguous slice of rows and each expert
+runs once on all of its tokens (one Python iteration per expert that has any):
+
+    choices   (T * k,)   expert of each (token, choice), token-major
+    order     argsort(choices): rows grouped by expert   [e0 e0 e0 | e1 | e3 e3 ...]
+    rows      hidden[order // k]                          (T * k, hidden)
+    out       expert e on its slice of rows, scaled by its routing weight,
+              added back to its token (index_add_)
+
+Each expert is an ordinary module (fused gate/up + down `Linear`s), so `--quantization`
+quantizes experts like any other linear layer; the router stays in float (it is small, and
+top-k choices are sensitive to rounding).
+
+Under torch.compile (`--compile`) the block is one opaque custom op, `pagoda::moe`, like
+attention (attention/layer.py): the per-expert loop depends on the routing (how many tokens
+each expert got), which would break the graph in every MoE layer, and the compiled stack
+skips its guards on modules, so a graph broken inside one layer must not be reused for
+another.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagoda.executor.layers.linear import default_weight_loader
+
+_blocks: weakref.WeakValueDictionary[int, SparseMoeBlock] = weakref.WeakValueDictionary()
+_next_block_id = itertools.count()
+
+
+class Router(nn.Module):
+    """logits = x W^T, W (num_experts, hidden). Not a `Linear`, so never quantized."""
+
+    def __init__(self, hidden_size: int, num_experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class SparseMoeBlock(nn.Module):
+    """`gate` (the router) and `experts.{i}`, named as in the Hugging Face checkpoints.
+
+    Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
+    1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob). Mixtral
+    scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
+    (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
+
+    def __init__(
+        self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
+        weights_in_run_dtype: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 0 < top_k <= len(experts):
+            raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{len(experts)}")
+        self.gate = Router(hidden_size, len(experts))
+        self.experts = nn.ModuleList(experts)
+        self.top_k, self.normalize_top_k = top_k, normalize_top_k
+        self.weights_in_run_dtype = weights_in_run_dtype
+        self.block_id = next(_next_block_id)  # how the custom op finds this block
+        _blocks[self.block_id] = self
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (T, hidden_size) -> (T, hidden_size)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.pagoda.moe(hidden, self.block_id)
+        return self.route_and_run(hidden)
+
+    def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
+        k = self.top_k
+        probs = torch.softmax(self.gate(hidden).float(), dim=-1)  # (T, E)
+        weights, choices = torch.topk(probs, k, dim=-1)  # (T, k)
+        if self.normalize_top_k:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.weights_in_run_dtype:
+            weights = weights.to(hidden.dtype)
+        choices = choices.view(-1)
+        order = torch.argsort(choices, stable=True)  # (T * k,) rows grouped by expert
+        token_of_row = order // k
+        counts = torch.bincount(choices, minlength=len(self.experts)).tolist()  # one sync
+        rows = hidden.index_select(0, token_of_row)  # (T * k, hidden)
+        row_weights = weights.view(-1).index_select(0, order).unsqueeze(1)  # (T * k, 1)
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                end = start + count
+                out[start:end] = (expert(rows[start:end]) * row_weights[start:end]).to(out.dtype)
+                start = end
+        return torch.zeros_like(hidden).index_add_(0, token_of_row, out)
+
+
+def _moe_op(hidden: torch.Tensor, block_id: int) -> torch.Tensor:
+    return _blocks[block_id].route_and_run(hidden)
+
+
+_library = torch.library.Library("pagoda", "FRAGMENT")
+_library.define("moe(Tensor hidden, int block_id) -> Tensor")
+_library.impl("moe", _moe_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("pagoda::moe")
+def _(hidden: torch.Tensor, block_id: int) -> torch.Tensor:
+    return torch.empty_like(hidden)

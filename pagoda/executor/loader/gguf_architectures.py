@@ -1,0 +1,220 @@
+"""What each GGUF architecture means in Hugging Face terms: its config, its tensor names and
+the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
+
+  llama      Llama, Mistral; with `llama.expert_count` > 0 Mixtral. q/k rows permuted for
+             llama.cpp's interleaved rotary (undone here).
+  qwen2, qwen3
+  qwen3moe   experts stacked in one 3D tensor per projection (ffn_{gate,up,down}_exps),
+             split back into experts.{i}; top-k weights renormalised (llama.cpp always does).
+  phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
+             LongRoPE factors as the tensors rope_factors_{long,short}.
+  gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
+             every other layer sliding from the first; attention scale from the head size
+             (hidden / heads for the 27B), the facts llama.cpp hard-codes.
+  gemma3     as gemma2, no softcaps, q/k norms, 5 of 6 layers sliding with rope base
+             10000 (llama.cpp's fixed values) unless the file says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# GGUF general.architecture -> (Hugging Face model_type, architecture class name)
+GGUF_ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+}
+MIXTRAL = ("mixtral", "MixtralForCausalLM")
+"""A `llama` file with experts."""
+# Architectures whose q/k weights llama.cpp's converter permuted for its interleaved rotary.
+PERMUTED_QK_ARCHITECTURES = {"llama"}
+NORM_PLUS_ONE_ARCHITECTURES = {"gemma2", "gemma3"}
+"""The converter stored (1 + w) for every norm weight of these (Gemma's RMSNorm scale)."""
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+"""llama.cpp scales the 27B's attention by (hidden / heads) ** -0.5, the others' by
+head_dim ** -0.5: it knows the 27B by its layer count."""
+SKIPPED_TENSORS = {"rope_factors_long.weight", "rope_factors_short.weight"}
+"""Read into the config (Phi-3 LongRoPE), not weights."""
+
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freq_factors",
+}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GEMMA_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_EXPERT_NAMES = {  # {e}: the expert's index
+    "qwen3moe": {
+        "ffn_gate_inp": "mlp.gate",
+        "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+        "ffn_up_exps": "mlp.experts.{e}.up_proj",
+        "ffn_down_exps": "mlp.experts.{e}.down_proj",
+    },
+    "mixtral": {
+        "ffn_gate_inp": "block_sparse_moe.gate",
+        "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+        "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+        "ffn_down_exps": "block_sparse_moe.experts.{e}.w2",
+        # older Mixtral files: one tensor per expert, blk.N.ffn_gate.E.weight
+        "ffn_gate": "block_sparse_moe.experts.{e}.w1",
+        "ffn_up": "block_sparse_moe.experts.{e}.w3",
+        "ffn_down": "block_sparse_moe.experts.{e}.w2",
+    },
+}
+LAYER_NAMES = {
+    "llama": _LAYER_NAMES,
+    "qwen2": _LAYER_NAMES,
+    "qwen3": _LAYER_NAMES,
+    "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
+    "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
+    "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma2": _GEMMA_NAMES,
+    "gemma3": _GEMMA_NAMES,
+}
+"""Name table by family (a `llama` file with experts reads as "mixtral")."""
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+?)(?:\.(\d+))?\.(weight|bias)$")
+"""blk.{layer}.{part}[.{expert}].{weight|bias}"""
+
+
+def family_of(architecture: str, num_experts: int) -> str:
+    return "mixtral" if architecture == "llama" and num_experts > 0 else architecture
+
+
+def hf_tensor_names(family: str, gguf_name: str, shape: tuple, num_experts: int) -> list[str] | None:
+    """The Hugging Face names a GGUF tensor holds: one, or one per expert for a stacked
+    expert tensor (shape (experts, out, in)); None for a name this family does not have."""
+    if gguf_name in GLOBAL_NAMES:
+        return [GLOBAL_NAMES[gguf_name]]
+    match = _LAYER_TENSOR.match(gguf_name)
+    names = LAYER_NAMES[family]
+    if match is None or match.group(2) not in names:
+        return None
+    layer, part, expert, kind = match.groups()
+    target = names[part]
+    prefix = f"model.layers.{layer}."
+    if "{e}" not in target:
+        return None if expert is not None else [f"{prefix}{target}.{kind}"]
+    if expert is not None:  # one expert's own tensor
+        return [f"{prefix}{target.format(e=expert)}.{kind}"]
+    if part in ("ffn_gate", "ffn_up", "ffn_down") or len(shape) != 3 or shape[0] != num_experts:
+        return None
+    return [f"{prefix}{target.format(e=e)}.{kind}" for e in range(num_experts)]
+
+
+def convert_tensor(architecture: str, name: str, weight: torch.Tensor, cfg) -> torch.Tensor:
+    """Undo what llama.cpp's converter did to a tensor (by Hugging Face name)."""
+    if architecture in PERMUTED_QK_ARCHITECTURES:
+        if ".q_proj." in name:
+            return unpermute_rotary(weight, cfg.num_attention_heads)
+        if ".k_proj." in name:
+            return unpermute_rotary(weight, cfg.num_key_value_heads)
+    if architecture in NORM_PLUS_ONE_ARCHITECTURES and name.endswith("norm.weight"):
+        return weight - 1
+    return weight
+
+
+def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: per head, rows (2, dim/2) interleaved -> halves.
+
+    llama.cpp stores each head's rows as pairs (x0, x_half, x1, x_half+1, ...) so that its
+    rotary rotates adjacent elements; Hugging Face rotates the two halves (rotate_half).
+    weight: (num_heads * head_dim, ...) for both weights and biases.
+    """
+    head_dim = weight.shape[0] // num_heads
+    rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return rows.transpose(1, 2).reshape(weight.shape).contiguous()
+
+
+def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
+    """Add the family's own config fields to `kwargs` (the common ones are there).
+    `field(key, default)` reads `{arch}.key` metadata; `read_tensor(name)` a small tensor."""
+    if family in ("mixtral", "qwen3moe"):
+        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
+        experts = int(field("expert_count", 0))
+        if family == "mixtral":
+            kwargs["num_local_experts"] = experts
+            kwargs["intermediate_size"] = int(
+                field("expert_feed_forward_length", None) or kwargs["intermediate_size"])
+        else:
+            kwargs["num_experts"] = experts
+            kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", None)
+                                                  or kwargs["intermediate_size"])
+            kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
+            kwargs["mlp_only_layers"], kwargs["decoder_sparse_step"] = [], 1
+    elif family == "phi3":
+        _phi3_config(field, kwargs, read_tensor)
+    elif family in GEMMA_27B_LAYERS:
+        _gemma_config(family, field, kwargs)
+
+
+def _phi3_config(field, kwargs: dict, read_tensor) -> None:
+    head_dim = kwargs["head_dim"]
+    rotary_dims = int(field("rope.dimension_count", head_dim))
+    kwargs["partial_rotary_factor"] = rotary_dims / head_dim
+    window = field("attention.sliding_window", None)
+    kwargs["sliding_window"] = int(window) if window else None
+    long_factors = read_tensor("rope_factors_long.weight")
+    if long_factors is not None:
+        original = int(field("rope.scaling.original_context_length",
+                             kwargs["max_position_embeddings"]))
+        kwargs["original_max_position_embeddings"] = original
+        kwargs["rope_scaling"] = {
+            "rope_type": "longrope", "original_max_position_embeddings": original,
+            "long_factor": long_factors.tolist(),
+            "short_factor": read_tensor("rope_factors_short.weight").tolist(),
+        }
+        attention_factor = field("rope.scaling.attn_factor", None)
+        if attention_factor is not None:
+            kwargs["rope_scaling"]["attention_factor"] = float(attention_factor)
+
+
+def _gemma_config(family: str, field, kwargs: dict) -> None:
+    num_layers = kwargs["num_hidden_layers"]
+    kwargs["hidden_activation"] = "gelu_pytorch_tanh"
+    kwargs["query_pre_attn_scalar"] = (
+        kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        if num_layers == GEMMA_27B_LAYERS[family] else kwargs["head_dim"])
+    final_cap = field("final_logit_softcapping", None)
+    if family == "gemma2":
+        kwargs["attn_logit_softcapping"] = float(field("attn_logit_softcapping", 50.0))
+        kwargs["final_logit_softcapping"] = float(final_cap) if final_cap else 30.0
+        window, pattern = int(field("attention.sliding_window", 4096)), 2
+    else:
+        kwargs["final_logit_softcapping"] = float(final_cap) if final_cap else None
+        kwargs["rope_local_base_freq"] = float(field("rope.freq_base_swa", 10000.0))
+        window, pattern = int(field("attention.sliding_window", 0) or 0), 6
+    stored = field("attention.sliding_window_pattern", None)
+    if isinstance(stored, list):  # one flag per layer: True where the layer slides
+        sliding = [bool(flag) for flag in stored]
+    else:
+        pattern = int(stored or pattern)
+        sliding = [bool((i + 1) % pattern) for i in range(num_layers)]
+    if not window:  # no window in the file: every layer global (llama.cpp's reading)
+        sliding, window = [False] * num_layers, 4096
+    kwargs["sliding_window"] = window
+    kwargs["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]

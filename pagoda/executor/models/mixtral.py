@@ -1,0 +1,93 @@
+"""Mixture-of-experts families on Llama blocks: Mixtral and Qwen3-MoE.
+
+Attention is Llama's (Mixtral: Mistral's, sliding window included; Qwen3-MoE: Qwen3's, with
+q/k norms); the MLP of each layer is a `SparseMoeBlock` (layers/moe.py) whose experts are
+SwiGLU MLPs, named as in the checkpoints:
+
+    Mixtral     model.layers.{l}.block_sparse_moe.gate               the router
+                model.layers.{l}.block_sparse_moe.experts.{i}.w1/w3  gate / up -> fused w13
+                model.layers.{l}.block_sparse_moe.experts.{i}.w2     down
+    Qwen3-MoE   model.layers.{l}.mlp.gate
+                model.layers.{l}.mlp.experts.{i}.gate_proj/up_proj   -> fused gate_up_proj
+                model.layers.{l}.mlp.experts.{i}.down_proj
+                (layers in mlp_only_layers, or off decoder_sparse_step, are dense MLPs)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagoda.executor.layers.activation import gated_activation
+from pagoda.executor.layers.linear import Linear, MergedLinear
+from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.models.llama import (
+    STACKED_PARAMS,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+)
+
+
+class MixtralExpert(nn.Module):
+    """w2(silu(w1 x) * w3 x), w1 and w3 fused: w13 rows [w1 | w3]."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
+        super().__init__()
+        self.w13 = MergedLinear(hidden_size, {0: intermediate_size, 1: intermediate_size})
+        self.w2 = Linear(intermediate_size, hidden_size)
+        self.act = gated_activation(activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.act(self.w13(x)))
+
+
+class MixtralForCausalLM(LlamaForCausalLM):
+    """Mistral attention; every layer a sparse MoE (softmax, top-k, renormalised)."""
+
+    stacked_params = STACKED_PARAMS + [(".w13.", ".w1.", 0), (".w13.", ".w3.", 1)]
+
+    def build_model(self, config, max_position: int) -> nn.Module:
+        activation = getattr(config, "hidden_act", "silu")
+
+        def make_mlp(index: int) -> nn.Module:
+            experts = [MixtralExpert(config.hidden_size, config.intermediate_size, activation)
+                       for _ in range(config.num_local_experts)]
+            return SparseMoeBlock(config.hidden_size, experts, config.num_experts_per_tok,
+                                  normalize_top_k=True)
+
+        qkv_bias = bool(getattr(config, "attention_bias", False))
+        return LlamaModel(config, qkv_bias, False, max_position, make_mlp,
+                          mlp_name="block_sparse_moe")
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    """Qwen3 attention (q/k norms); sparse MoE layers (top-k renormalised only with
+    norm_topk_prob), dense MLPs in `mlp_only_layers` and off `decoder_sparse_step`."""
+
+    qk_norm = True
+
+    def build_model(self, config, max_position: int) -> nn.Module:
+        num_experts = config.num_experts
+        sparse_step = getattr(config, "decoder_sparse_step", 1) or 1
+        dense_layers = set(getattr(config, "mlp_only_layers", None) or [])
+
+        def make_mlp(index: int) -> nn.Module:
+            if index in dense_layers or num_experts == 0 or (index + 1) % sparse_step:
+                return LlamaMLP(config)
+            experts = [LlamaMLP(config, intermediate_size=config.moe_intermediate_size)
+                       for _ in range(num_experts)]
+            return SparseMoeBlock(
+                config.hidden_size, experts, config.num_experts_per_tok,
+                normalize_top_k=bool(getattr(config, "norm_topk_prob", False)),
+                weights_in_run_dtype=True,
+            )
+
+        qkv_bias = bool(getattr(config, "attention_bias", False))
+        return LlamaModel(config, qkv_bias, True, max_position, make_mlp)
+
+    @property
+    def sliding_window(self) -> int | None:
+        if getattr(self.config, "use_sliding_window", False):
+            return self.config.sliding_window
+        return None

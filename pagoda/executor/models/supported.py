@@ -1,0 +1,24 @@
+"""The architectures Pagoda runs, by name only: importable without torch, so that
+`pagoda --help` can list them. registry.py (Hugging Face `architectures`) and
+loader/gguf_architectures.py (GGUF `general.architecture`) hold the implementations; a test
+keeps the three in step."""
+
+from __future__ import annotations
+
+import textwrap
+
+HF_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
+"""config.json `architectures` of a Hugging Face folder."""
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3")
+"""GGUF `general.architecture` (a `llama` file with experts is Mixtral)."""
+
+
+def describe_supported(width: int = 79) -> str:
+    """Both lists, wrapped for help texts."""
+    hf = f"Hugging Face architectures: {', '.join(HF_ARCHITECTURES)}."
+    gguf = f"GGUF architectures: {', '.join(GGUF_ARCHITECTURES)} (llama with experts: Mixtral)."
+    return "\n".join(textwrap.fill(text, width, subsequent_indent="  ") for text in (hf, gguf))
