@@ -73,7 +73,7 @@ class GrammarCompiler:
 
         def build() -> None:
             try:
-                self.ll_tokenizer
+                _ = self.ll_tokenizer
             except InvalidRequestError:
                 pass
 
