@@ -81,6 +81,8 @@ class RequestLifecycle:
         self.children: dict[str, ChildState] = {}
         self.updated: dict[str, ParentState] = {}
         """Parents with news since the last make_outputs (so a step touches only those)."""
+        self.num_grammar_sequences = 0
+        """Sequences held that follow a grammar (0: a step needs no bitmask)."""
 
     # ---- start and end -----------------------------------------------------------------------
 
@@ -122,6 +124,7 @@ class RequestLifecycle:
             matcher = None
             if request.grammar is not None:
                 matcher = self.grammar_compiler.matcher(request.grammar)
+                self.num_grammar_sequences += 1
             child = ChildState(parent, sequence, completion, detokenizer, matcher)
             parent.children.append(child)
             parent.child_ids.append(child_id)
@@ -272,7 +275,9 @@ class RequestLifecycle:
         self.parents.pop(parent.request_id, None)
         self.updated.pop(parent.request_id, None)
         for child_id in parent.child_ids:
-            self.children.pop(child_id, None)
+            child = self.children.pop(child_id, None)
+            if child is not None and child.matcher is not None:
+                self.num_grammar_sequences -= 1
 
 
 def _snapshot(completion: CompletionOutput) -> CompletionOutput:

@@ -161,7 +161,7 @@ class LLMEngine:
         scheduler_output = self._scheduler.schedule()
         if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
-        if not scheduler_output.is_empty:
+        if not scheduler_output.is_empty and self._lifecycle.num_grammar_sequences:
             self._add_grammar_bitmask(scheduler_output)
         try:
             # (An empty batch still goes down: the runner drops the finished requests.)

@@ -60,6 +60,7 @@ class EngineSnapshot:
     """Finished sequences by reason: stop, length, abort."""
 
     def __post_init__(self) -> None:
+        # a read-only copy: the engine goes on counting in its own mappings
         object.__setattr__(self, "batch_sizes", _frozen(self.batch_sizes))
         object.__setattr__(self, "finished_by_reason", _frozen(self.finished_by_reason))
 
