@@ -43,7 +43,8 @@ class ModelConfig:
     groups of 32: int4 (Q4_1's form; on a Q4_1 GGUF model its own 4-bit weights) or int8
     (Q8_0's form); the logits head then runs int8. none (or None): weights in the run dtype.
     auto: int4 for a Q4_1 GGUF model wherever Pagoda's CPU kernels build (float32, or bfloat16
-    with AVX-512 BF16), else none; `pagoda env` shows the choice."""
+    with AVX-512 BF16), else none; for an AWQ or GPTQ folder (4-bit, zero points) its own
+    4-bit weights, run packed (auto or int4 only); `pagoda env` shows the choice."""
     compile: bool = False
     """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with

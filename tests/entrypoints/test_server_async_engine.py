@@ -25,7 +25,8 @@ POISON = 666
 
 class FakeEngine:
     """The LLMEngine black box, faked: each request emits its prompt's first token
-    `max_tokens` times, one per step; the snapshot says who runs."""
+    `max_tokens` times, one per step; the snapshot says who runs. (Steps are instant: a
+    request meant to outlive a test asks for 10**9 tokens.)"""
 
     def __init__(self, max_num_seqs: int = 8) -> None:
         self.tokenizer = object()
@@ -188,7 +189,7 @@ def test_abort_reaches_the_engine():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        gen = engine.generate("long", [3], SamplingParams(max_tokens=10_000))
+        gen = engine.generate("long", [3], SamplingParams(max_tokens=10**9))
         await gen.__anext__()
         await gen.aclose()  # the consumer goes away: generate() aborts in `finally`
         for _ in range(100):
@@ -208,7 +209,7 @@ def test_abort_ends_an_iteration_in_progress():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        stream = await add(engine, "r", [3], SamplingParams(max_tokens=10_000))
+        stream = await add(engine, "r", [3], SamplingParams(max_tokens=10**9))
         received = []
 
         async def consume():
@@ -232,7 +233,7 @@ def test_dead_loop_fails_streams_and_reports_not_alive():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        stream = await add(engine, "r", [1], SamplingParams(max_tokens=10_000))
+        stream = await add(engine, "r", [1], SamplingParams(max_tokens=10**9))
         fake.die = True
         with pytest.raises(EngineDeadError, match="bookkeeping bug"):
             async for _ in stream:
@@ -250,7 +251,7 @@ def test_queue_limit_counts_sequences_beyond_the_batch():
     async def main():
         engine = AsyncLLMEngine(fake, max_queue=1)
         engine.start()
-        long = SamplingParams(max_tokens=10_000)
+        long = SamplingParams(max_tokens=10**9)
         await add(engine, "a", [1], long)  # runs
         await add(engine, "b", [1], long)  # waits: 1 sequence queued, the limit
         with pytest.raises(QueueFullError, match="at most 1"):
@@ -271,7 +272,7 @@ def test_cancel_all_fails_open_streams():
     async def main():
         engine = AsyncLLMEngine(fake)
         engine.start()
-        streams = [await add(engine, f"r{i}", [1], SamplingParams(max_tokens=10_000))
+        streams = [await add(engine, f"r{i}", [1], SamplingParams(max_tokens=10**9))
                    for i in range(3)]
         engine.cancel_all("shutting down")
         for stream in streams:

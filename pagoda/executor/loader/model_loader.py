@@ -19,6 +19,12 @@ from pagoda.executor.layers.quantization import (
     quantize_linears,
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
+from pagoda.executor.loader.hf_quantized import (
+    CheckpointQuantization,
+    PrequantizedLoader,
+    read_checkpoint_quantization,
+    resolve_checkpoint_quantization,
+)
 from pagoda.executor.loader.model_files import ModelFiles
 from pagoda.executor.loader.safetensors_loader import SafetensorsCheckpoint
 from pagoda.executor.models.registry import resolve_model_class
@@ -76,6 +82,15 @@ def open_checkpoint(files: ModelFiles) -> GGUFCheckpoint | SafetensorsCheckpoint
     return SafetensorsCheckpoint(files.path)
 
 
+def checkpoint_quantization(
+    checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
+) -> CheckpointQuantization | None:
+    """A Hugging Face folder's own AWQ/GPTQ quantization (pagoda/executor/loader/hf_quantized.py)."""
+    if isinstance(checkpoint, SafetensorsCheckpoint):
+        return read_checkpoint_quantization(checkpoint.hf_config)
+    return None
+
+
 def resolve_quantization(
     quantization: str | None,
     checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
@@ -86,7 +101,11 @@ def resolve_quantization(
     Q4_1 when Pagoda's kernels run the run dtype (float32 on any CPU with a C compiler, bf16
     on AVX-512 BF16): int4 then keeps the file's own 4-bit weights
     (pagoda/executor/layers/quantization.py), as llama.cpp runs them. Anything else under
-    auto stays in the run dtype."""
+    auto stays in the run dtype. An AWQ/GPTQ checkpoint runs its own 4-bit weights: "int4"
+    under auto or int4, anything else refused (`resolve_checkpoint_quantization`)."""
+    quant = checkpoint_quantization(checkpoint)
+    if quant is not None:
+        return resolve_checkpoint_quantization(quantization, quant, device)
     if quantization in (None, "none"):
         return None
     if quantization != "auto":
@@ -141,7 +160,8 @@ def load_model(
 ) -> nn.Module:
     """Build and fill the model; with quantization "int8" or "int4" (or "auto", see
     `resolve_quantization`) its linear layers are then replaced by weight-only quantized
-    ones (see pagoda/executor/layers/quantization.py)."""
+    ones (see pagoda/executor/layers/quantization.py). An AWQ/GPTQ checkpoint's linears load
+    packed from its own codes as they stream in; its logits head stays float."""
     quantization = resolve_quantization(quantization, checkpoint, dtype, device)
     if quantization is not None:
         check_quantization_supported(quantization, device)  # before the slow load
@@ -154,14 +174,23 @@ def load_model(
     finally:
         torch.set_default_dtype(previous_dtype)
     num_params = sum(p.numel() for p in model.parameters())
-    weights = checkpoint.iter_weights(dtype)
-    if quantization is not None:
-        weights = quantize_layers_as_loaded(weights, checkpoint.tensor_names(), model,
-                                            quantization)
+    quant = checkpoint_quantization(checkpoint)
+    prequantized = None if quant is None else PrequantizedLoader(
+        model, checkpoint.tensor_names(), quant, dtype)
+    if prequantized is not None:
+        weights = prequantized.weights(checkpoint.iter_weights(None))
+    elif quantization is not None:
+        weights = quantize_layers_as_loaded(checkpoint.iter_weights(dtype),
+                                            checkpoint.tensor_names(), model, quantization)
+    else:
+        weights = checkpoint.iter_weights(dtype)
     model.load_weights(weights)
     model.eval()
-    if quantization is not None:
+    if prequantized is not None:
+        prequantized.finish()
+    elif quantization is not None:
         quantize_linear_layers(model, quantization)  # layers not done while loading, the head
+    if quantization is not None:
         release_freed_memory()
         if choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(

@@ -59,8 +59,8 @@ class SafetensorsCheckpoint:
                 raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
         return names
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor in `dtype`) one tensor at a time."""
+    def iter_weights(self, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor in `dtype`; None: as stored) one tensor at a time."""
         for file in self.files:
             try:
                 handle = safe_open(file, framework="pt")
@@ -70,4 +70,5 @@ class SafetensorsCheckpoint:
                 keys = list(handle.keys())
                 desc = f"Loading {os.path.basename(file)}"
                 for name in tqdm(keys, desc=desc, unit="tensor", disable=None):
-                    yield name, handle.get_tensor(name).to(dtype)
+                    tensor = handle.get_tensor(name)
+                    yield name, tensor if dtype is None else tensor.to(dtype)
