@@ -13,6 +13,24 @@ def bundled_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
+def bundled_tokenizer(bundled_gguf):
+    """The bundled model's tokenizer (loading it from the GGUF takes seconds: load once)."""
+    from pagoda.executor.loader.model_files import resolve_model_files
+    from pagoda.executor.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model_files(bundled_gguf))
+
+
+@pytest.fixture(scope="session")
+def bundled_grammar_compiler(bundled_tokenizer):
+    """A structured-output grammar compiler on the bundled tokenizer."""
+    from pagoda.engine.grammar import GrammarCompiler
+
+    return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
+                           [bundled_tokenizer.eos_token_id])
+
+
+@pytest.fixture(scope="session")
 def bundled_llm():
     """One float32 engine on the bundled model, shared by the engine tests (loading is slow).
 

@@ -9,21 +9,19 @@ import json
 import numpy as np
 import pytest
 
-from pagoda.engine.grammar import GrammarCompiler, allocate_bitmask
+from pagoda.engine.grammar import allocate_bitmask
 from pagoda.errors import InvalidRequestError
-from pagoda.executor.loader.model_files import resolve_model_files
-from pagoda.executor.loader.tokenizer import load_tokenizer
 from pagoda.structured_outputs import StructuredOutputsParams as Constraint
 
 
-@pytest.fixture(scope="module")
-def tokenizer(bundled_gguf):
-    return load_tokenizer(resolve_model_files(bundled_gguf))
+@pytest.fixture
+def tokenizer(bundled_tokenizer):
+    return bundled_tokenizer
 
 
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    return GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+@pytest.fixture
+def compiler(bundled_grammar_compiler):
+    return bundled_grammar_compiler
 
 
 def allowed_tokens(matcher, vocab_size) -> set[int]:

@@ -9,8 +9,6 @@ import pytest
 from pagoda.engine.input_processor import InputProcessor
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.request import RequestStatus
-from pagoda.executor.loader.model_files import resolve_model_files
-from pagoda.executor.loader.tokenizer import load_tokenizer
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput
 
@@ -18,9 +16,9 @@ EOS = 2
 MAX_MODEL_LEN = 64
 
 
-@pytest.fixture(scope="module")
-def tokenizer(bundled_gguf):
-    return load_tokenizer(resolve_model_files(bundled_gguf))
+@pytest.fixture
+def tokenizer(bundled_tokenizer):
+    return bundled_tokenizer
 
 
 @pytest.fixture

@@ -9,11 +9,8 @@ import json
 
 import pytest
 
-from pagoda.engine.grammar import GrammarCompiler
 from pagoda.entrypoints.tools.constraints import tool_call_grammar
 from pagoda.entrypoints.tools.parsers import HermesToolParser, parse_output
-from pagoda.executor.loader.model_files import resolve_model_files
-from pagoda.executor.loader.tokenizer import load_tokenizer
 from pagoda.structured_outputs import StructuredOutputsParams
 
 WEATHER = {"name": "get_weather", "parameters": {
@@ -26,14 +23,14 @@ TIME = {"name": "get_time", "parameters": {
 NOW = {"name": "now"}  # no parameters: takes {}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(bundled_gguf):
-    return load_tokenizer(resolve_model_files(bundled_gguf))
+@pytest.fixture
+def tokenizer(bundled_tokenizer):
+    return bundled_tokenizer
 
 
-@pytest.fixture(scope="module")
-def compiler(tokenizer):
-    return GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+@pytest.fixture
+def compiler(bundled_grammar_compiler):
+    return bundled_grammar_compiler
 
 
 def call(name: str, arguments: dict) -> str:
