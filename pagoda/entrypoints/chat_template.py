@@ -15,14 +15,9 @@ Message = dict[str, Any]
 """An OpenAI message: role and content, and tool_calls / tool_call_id where they apply."""
 
 
-def apply_chat_template(
-    tokenizer, messages: list[Message], chat_template: str | None = None,
-    add_generation_prompt: bool = True, tools: list[dict] | None = None,
-) -> str:
-    """Render a conversation to the prompt text. A malformed conversation, or a model
-    without a template (and none given), raises InvalidRequestError about `messages`.
-    `tools` go to templates that render them (see pagoda/entrypoints/tools/rendering.py,
-    which also writes them for templates that do not)."""
+def check_messages(messages: list[Message]) -> None:
+    """InvalidRequestError about `messages` unless it is a non-empty list of dicts that
+    each have a role and a content."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError(
             "messages must be a non-empty list of {'role', 'content'} dicts", "messages"
@@ -32,6 +27,17 @@ def apply_chat_template(
             raise InvalidRequestError(
                 f"each message needs 'role' and 'content', got {m!r}", "messages"
             )
+
+
+def apply_chat_template(
+    tokenizer, messages: list[Message], chat_template: str | None = None,
+    add_generation_prompt: bool = True, tools: list[dict] | None = None,
+) -> str:
+    """Render a conversation to the prompt text. A malformed conversation, or a model
+    without a template (and none given), raises InvalidRequestError about `messages`.
+    `tools` go to templates that render them (see pagoda/entrypoints/tools/rendering.py,
+    which also writes them for templates that do not)."""
+    check_messages(messages)
     if chat_template is None and tokenizer.chat_template is None:
         raise InvalidRequestError(
             "this model has no chat template; pass one with --chat-template", "messages"

@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 from pagoda.config import EngineConfig
 from pagoda.engine.builder import build_engine
-from pagoda.entrypoints.chat_template import Message, apply_chat_template, encode_chat_prompt
+from pagoda.entrypoints.chat_template import Message, encode_chat_prompt
+from pagoda.entrypoints.tools.rendering import render_chat
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -71,13 +72,19 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation, then generate.
+
+        `tools` (OpenAI's function tools) and messages with `tool_calls` or the `tool` role
+        are rendered as the server renders them: through the template if it knows tools,
+        else in the Hermes format (pagoda/entrypoints/tools/rendering.py). The output is
+        the model's text; the server's --tool-call-parser turns it into calls."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         prompts = []
         for conv in conversations:
-            text = apply_chat_template(tokenizer, conv, chat_template, add_generation_prompt)
+            text = render_chat(tokenizer, conv, tools, chat_template, add_generation_prompt)
             prompts.append((text, encode_chat_prompt(tokenizer, text)))
         return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm)
 

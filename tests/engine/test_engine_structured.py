@@ -86,3 +86,29 @@ def test_an_invalid_constraint_is_refused_before_anything_runs(bundled_llm: LLM)
     assert refused.value.param == "structured_outputs"
     assert bundled_llm.engine.snapshot().num_steps == steps
     assert not bundled_llm.engine.has_unfinished_requests()
+
+
+def test_offline_chat_renders_tools_and_tool_turns_as_the_server_does(bundled_llm: LLM) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "get_time", "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    conversation = [
+        {"role": "user", "content": "What time is it in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "14:05"},
+    ]
+    forced = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=Constraint(
+        regex=r"It is [0-9]{2}:[0-9]{2} in Paris\."))
+    output = bundled_llm.chat(conversation, forced, tools=tools, use_tqdm=False)[0]
+    prompt = output.prompt
+    assert "<tools>" in prompt and '"get_time"' in prompt  # the tools, in the system turn
+    assert '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}' in prompt
+    assert "<tool_response>\n14:05\n</tool_response>" in prompt
+    assert re.fullmatch(r"It is [0-9]{2}:[0-9]{2} in Paris\.", output.outputs[0].text)
+    plain = bundled_llm.chat(conversation[:1], forced, use_tqdm=False)[0].prompt
+    assert "<tools>" not in plain
+    with pytest.raises(ValueError, match="role"):
+        bundled_llm.chat([{"content": "no role"}], forced, tools=tools, use_tqdm=False)

@@ -46,7 +46,7 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
-from pagoda.entrypoints.chat_template import apply_chat_template
+from pagoda.entrypoints.chat_template import apply_chat_template, check_messages
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -65,6 +65,7 @@ def render_chat(
 ) -> str:
     """The prompt text of a conversation that may carry tools, tool calls and tool results
     (InvalidRequestError about `messages` for what the template cannot render)."""
+    check_messages(messages)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool"
                                     for m in messages)
     if not uses_tools:
