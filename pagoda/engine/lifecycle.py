@@ -50,7 +50,6 @@ class ParentState:
     params: SamplingParams
     metrics: RequestMetrics
     children: list[ChildState] = field(default_factory=list)
-    child_ids: list[str] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobDict | None] | None = None
 
     @property
@@ -127,7 +126,6 @@ class RequestLifecycle:
                 self.num_grammar_sequences += 1
             child = ChildState(parent, sequence, completion, detokenizer, matcher)
             parent.children.append(child)
-            parent.child_ids.append(child_id)
             self.children[child_id] = child
         self.parents[request.request_id] = parent
         return sequences
@@ -274,9 +272,9 @@ class RequestLifecycle:
     def _forget(self, parent: ParentState) -> None:
         self.parents.pop(parent.request_id, None)
         self.updated.pop(parent.request_id, None)
-        for child_id in parent.child_ids:
-            child = self.children.pop(child_id, None)
-            if child is not None and child.matcher is not None:
+        for child in parent.children:
+            removed = self.children.pop(child.request.request_id, None) is not None
+            if removed and child.matcher is not None:
                 self.num_grammar_sequences -= 1
 
 

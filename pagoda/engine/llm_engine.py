@@ -142,9 +142,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self._scheduler.has_unfinished_requests()
 
-    def get_num_unfinished_requests(self) -> int:
-        return self._snapshot.num_unfinished_requests
-
     def reset_prefix_cache(self) -> bool:
         """Forget cached prefix blocks (as vLLM's); False if blocks are in use."""
         return self._block_manager.reset_prefix_cache()
