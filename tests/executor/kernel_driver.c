@@ -1,4 +1,4 @@
-/* Runs one of Pagoda's float32 kernels (pagoda/executor/kernels/csrc/portable_f32.c) on the
+/* Runs one of Pagoda's float32 kernels (pagoda/executor/kernels/csrc/*_f32.c) on the
  * inputs in a file and writes its output to another: how test_kernels_aarch64.py tests the
  * ARM64 build under qemu, where no torch runs.
  *

@@ -1,4 +1,4 @@
-"""The float32 kernels built for ARM64 (NEON: portable_f32.c's 4-lane vectors) and run under
+"""The float32 kernels built for ARM64 (NEON: the 4-lane vectors of vec_f32.h) and run under
 qemu-user against the same torch references as the native build: the ARM path is tested,
 not hoped for. Needs Debian's gcc-aarch64-linux-gnu and qemu-user, which .ci/run installs;
 where either is missing these tests are skipped for that reason only."""

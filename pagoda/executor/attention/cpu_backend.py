@@ -2,7 +2,7 @@
 
 Same cache layout, metadata and prefill path as the torch backend (torch_backend.py); the
 decode group runs `paged_attention` (pagoda/executor/kernels/csrc/: avx512_bf16.c for bf16,
-portable_f32.c for float32 on any CPU): one task per
+attention_f32.c for float32 on any CPU): one task per
 (sequence, KV head) over its blocks, scores and softmax in float32, no gathered copy of the
 keys and values and no per-op dispatch. In a decode-only step the same call also writes the
 step's keys and values into the cache: one call a layer. `select_backend` picks it where the

@@ -1,7 +1,7 @@
 """Torch-facing wrappers of the C kernels in csrc/ (kernels.h lists them).
 
 Each kernel comes in the two activation dtypes the library builds: bfloat16 (avx512_bf16.c,
-CPUs with AVX-512 BF16) and float32 (portable_f32.c, every CPU); the input's dtype picks.
+CPUs with AVX-512 BF16) and float32 (gemm_f32.c and attention_f32.c, every CPU); the input's dtype picks.
 `gemm_q` has a custom op twin (`pagoda::gemm_q`) for torch.compile graphs, which treat it as
 opaque; the attention kernel is called from inside the `pagoda::attention` op, which already
 is."""

@@ -19,7 +19,7 @@ Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
     stays fast up to 16 rows. From `dense_from_rows` rows on (prefills, large batches) a
     layer takes the float weight it keeps (oneDNN's bf16 matmul wins there): memory for
     speed. Pass dense_from_rows=None for quantized weights only.
-  - float32 activations on every CPU (portable_f32.c: AVX2, AVX-512F, NEON, generic). No
+  - float32 activations on every CPU (gemm_f32.c: AVX2, AVX-512F, NEON, generic). No
     float weight is kept: from ops.DEQUANTIZE_FROM_ROWS rows on the kernel dequantizes the
     weight slice by slice for a BLAS matmul, so the model stays at its 4-bit size.
   Timings: BENCHMARKS.md sections 7 and 9 (benchmarks/bench_quantized_matmul.py).

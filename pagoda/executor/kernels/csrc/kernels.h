@@ -5,8 +5,9 @@
  *
  *   avx512_bf16.c   bf16 activations, AVX-512 BF16 intrinsics (vdpbf16ps); compiled to the
  *                   availability check alone on CPUs without AVX-512 BF16
- *   portable_f32.c  float32 activations, GCC vector extensions: AVX-512F (16 lanes), AVX2 +
- *                   FMA (8 lanes), NEON / SSE / anything else (4 lanes), one source
+ *   gemm_f32.c      float32 activations, the quantized matmul and its dequantization,
+ *   attention_f32.c paged attention and RMSNorm: GCC vector extensions (vec_f32.h), AVX-512F
+ *                   (16 lanes), AVX2 + FMA (8 lanes), NEON / SSE / anything else (4 lanes)
  *
  * Packed weights (pagoda/executor/kernels/packing.py writes them), per tile of TILE_N = 16
  * outputs n0 .. n0+15 and group of GROUP_K = 32 inputs k0 .. k0+31. A pair p covers inputs
@@ -46,7 +47,7 @@ void pagoda_paged_attention_bf16(
     float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
     int64_t v_stride, const int64_t *slots, uint16_t *out);
 
-/* portable_f32.c */
+/* gemm_f32.c, attention_f32.c */
 int pagoda_f32_vector_bytes(void);
 void pagoda_gemm_q_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
                        const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,

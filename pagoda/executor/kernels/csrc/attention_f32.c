@@ -1,0 +1,148 @@
+/* float32 activations on any CPU: paged attention and RMSNorm (vectors: vec_f32.h; entry
+ * points: kernels.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "vec_f32.h"
+
+/* exp(x) for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into 2^n * 2^f,
+ * n the nearest integer, f in [-0.5, 0.5], 2^f by a degree-7 polynomial in f ln 2 (relative
+ * error ~1e-8, below float32's rounding); x < -87 gives ~1e-38, which no softmax sum sees. */
+ALWAYS_INLINE vf32 exp_nonpositive(vf32 x) {
+    const vf32 floor_x = (vf32){0} - 87.0f;
+    x = select_f32(x < floor_x, floor_x, x);
+    const vf32 t = x * 1.44269504088896341f;
+    const vi32 n = __builtin_convertvector(t - 0.5f, vi32); /* t <= 0, so toward zero rounds up */
+    const vf32 f = (t - __builtin_convertvector(n, vf32)) * 0.693147180559945309f;
+    vf32 p = (vf32){0} + 1.0f / 5040;
+    p = p * f + 1.0f / 720;
+    p = p * f + 1.0f / 120;
+    p = p * f + 1.0f / 24;
+    p = p * f + 1.0f / 6;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    return p * (vf32)((n + 127) << 23); /* n >= -126: 2^n is a normal float */
+}
+
+/* One (query token, KV head) task: its G query heads (rows q_rows, each D wide) against keys
+ * first .. first + n - 1 of the sequence whose block table is `table`. scores: G * n floats. */
+ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_rows,
+                               const float *k_head, const float *v_head, const int64_t *table,
+                               int64_t block_size, int64_t first, int64_t n, float scale,
+                               float *scores, float *out_rows) {
+    vf32 q[MAX_GROUP][MAX_HEAD_DIM / LANES];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const float *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        for (int64_t g = 0; g < G; g++) {
+            vf32 acc = (vf32){0};
+            for (int64_t c = 0; c < D / LANES; c++) acc += q[g][c] * load_f32(k + c * LANES);
+            scores[g * n + j] = scale * horizontal_sum(acc);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *row = scores + g * n, max = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) max = row[j] > max ? row[j] : max;
+        int64_t j = 0;
+        vf32 vsum = (vf32){0};
+        for (; j + LANES <= n; j += LANES) {
+            const vf32 e = exp_nonpositive(load_f32(row + j) - max);
+            store_f32(row + j, e);
+            vsum += e;
+        }
+        if (j < n) { /* the tail, through a padded vector */
+            float tail[LANES];
+            for (int i = 0; i < LANES; i++) tail[i] = j + i < n ? row[j + i] - max : -INFINITY;
+            const vf32 e = exp_nonpositive(load_f32(tail));
+            for (int i = 0; j + i < n; i++) row[j + i] = e[i], sum += e[i];
+        }
+        const float inv = 1.0f / (sum + horizontal_sum(vsum));
+        for (j = 0; j < n; j++) row[j] *= inv;
+    }
+    vf32 acc[MAX_GROUP][MAX_HEAD_DIM / LANES];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) acc[g][c] = (vf32){0};
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const float *v = v_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        for (int64_t c = 0; c < D / LANES; c++) {
+            const vf32 vc = load_f32(v + c * LANES);
+            for (int64_t g = 0; g < G; g++) acc[g][c] += scores[g * n + j] * vc;
+        }
+    }
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) store_f32(out_rows + g * D + c * LANES, acc[g][c]);
+}
+
+#define ATTEND(GC, DC) attend_task(GC, DC, q_rows, k_head, v_head, table, block_size, first, \
+                                   n, scale, scores, out_rows)
+#define ATTEND_GROUPS(DC) switch (G) { \
+    case 1: ATTEND(1, DC); break; case 2: ATTEND(2, DC); break; case 3: ATTEND(3, DC); break; \
+    case 4: ATTEND(4, DC); break; case 8: ATTEND(8, DC); break; default: ATTEND(G, DC); }
+
+/* Attention over the paged cache, float32, the same contract as avx512_bf16.c's
+ * pagoda_paged_attention_bf16: query token t attends the first key_lens[t] keys of sequence
+ * query_seq[t] (the last `window` of them when window > 0); new_k / new_v / slots, when
+ * given, are this step's keys and values (decode tokens only), written before reading.
+ *   query, out (T, H, D); kv_cache (2, Hkv, num_blocks, block_size, D); block_tables
+ *   (S, table_width) int64; query_seq, key_lens (T,) int64
+ * D % 16 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks). */
+void pagoda_paged_attention_f32(
+    const float *query, float *kv_cache, const int64_t *block_tables,
+    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
+    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
+    float scale, const float *new_k, const float *new_v, int64_t k_stride,
+    int64_t v_stride, const int64_t *slots, float *out) {
+    const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
+    float *v_cache = kv_cache + Hkv * head_stride;
+    int64_t max_len = 0;
+    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < T * Hkv; task++) {
+            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
+            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
+            const int64_t *table = block_tables + query_seq[t] * table_width;
+            float *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
+            if (new_k != NULL) {
+                memcpy(k_head + slots[t] * D, new_k + t * k_stride + h * D, D * sizeof(float));
+                memcpy(v_head + slots[t] * D, new_v + t * v_stride + h * D, D * sizeof(float));
+            }
+            const float *q_rows = query + (t * H + h * G) * D;
+            float *out_rows = out + (t * H + h * G) * D;
+            if (D == 64) {
+                ATTEND_GROUPS(64)
+            } else if (D == 128) {
+                ATTEND_GROUPS(128)
+            } else {
+                ATTEND(G, D);
+            }
+        }
+        free(scores);
+    }
+}
+
+/* RMSNorm of M rows of H floats, with the residual add fused in front (x + residual, when
+ * residual is not NULL, is both normalised and written to new_residual):
+ *   out = (x / sqrt(mean(x^2) + eps)) * weight        (sum of squares in double)
+ * For small batches, where torch's float32 rms_norm costs ~50 us a call on a 2-core CPU. */
+void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
+                         int64_t M, int64_t H, float *out, float *new_residual) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * H;
+        if (residual != NULL) {
+            float *sum = new_residual + m * H;
+            for (int64_t i = 0; i < H; i++) sum[i] = xr[i] + residual[m * H + i];
+            xr = sum;
+        }
+        double squares = 0.0;
+        for (int64_t i = 0; i < H; i++) squares += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt(squares / (double)H + (double)eps));
+        for (int64_t i = 0; i < H; i++) out[m * H + i] = xr[i] * inv * weight[i];
+    }
+}

@@ -1,0 +1,94 @@
+/* float32 vectors for the portable kernels (gemm_f32.c, attention_f32.c), written once in
+ * GCC vector extensions. The vector width follows what the compiler targets (-march=native):
+ * 16 lanes with AVX-512F, 8 with AVX (AVX2 + FMA: the products contract to vfmadd), 4
+ * elsewhere (SSE2, NEON on ARM64, and the compiler's generic lowering on anything else).
+ */
+#ifndef PAGODA_VEC_F32_H
+#define PAGODA_VEC_F32_H
+
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define VECTOR_BYTES 32
+#else
+#define VECTOR_BYTES 16
+#endif
+#define LANES (VECTOR_BYTES / 4)
+#define CHUNKS (TILE_N / LANES) /* vectors per tile of 16 outputs */
+#define GEMM_ROWS 4             /* rows of x one pass keeps in registers (CHUNKS accumulators a row) */
+
+typedef float vf32 __attribute__((vector_size(VECTOR_BYTES)));
+typedef int32_t vi32 __attribute__((vector_size(VECTOR_BYTES)));
+typedef uint32_t vu32 __attribute__((vector_size(VECTOR_BYTES)));
+typedef uint16_t vu16 __attribute__((vector_size(VECTOR_BYTES / 2))); /* LANES words */
+typedef int8_t vi8 __attribute__((vector_size(VECTOR_BYTES / 4)));    /* LANES bytes */
+
+ALWAYS_INLINE vf32 load_f32(const float *p) {
+    vf32 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+ALWAYS_INLINE void store_f32(float *p, vf32 v) { memcpy(p, &v, sizeof v); }
+
+/* Widening loads: GCC lowers __builtin_convertvector of a loaded vector to two half-width
+ * conversions on x86, so x86 takes the one instruction (vpmovzxwd / vpmovsxbd) directly. */
+#if VECTOR_BYTES == 64
+#include <immintrin.h>
+#define WIDEN_U16(p) ((vu32)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))))
+#define WIDEN_I8(p) ((vi32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#elif VECTOR_BYTES == 32 && defined(__AVX2__)
+#include <immintrin.h>
+#define WIDEN_U16(p) ((vu32)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define WIDEN_I8(p) ((vi32)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#endif
+
+ALWAYS_INLINE vu32 load_u16_widened(const uint16_t *p) {
+#ifdef WIDEN_U16
+    return WIDEN_U16(p);
+#else
+    vu16 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, vu32);
+#endif
+}
+
+ALWAYS_INLINE vf32 load_i8_as_f32(const int8_t *p) {
+#ifdef WIDEN_I8
+    return __builtin_convertvector(WIDEN_I8(p), vf32);
+#else
+    vi8 q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(__builtin_convertvector(q, vi32), vf32);
+#endif
+}
+
+/* LANES float16 numbers -> float32, by bits (exact for normal and subnormal numbers; no
+ * F16C or _Float16 needed): the exponent and mantissa moved into float position are 2^-112
+ * times the value, which one multiply restores. */
+ALWAYS_INLINE vf32 load_f16(const uint16_t *p) {
+    vu32 h = load_u16_widened(p);
+    vu32 magnitude = (h & 0x7FFF) << 13, sign = (h & 0x8000) << 16;
+    vf32 value = (vf32)magnitude * 0x1p112f;
+    return (vf32)((vu32)value | sign);
+}
+
+ALWAYS_INLINE vf32 nibble(vu32 words, int shift) {
+    return __builtin_convertvector((vi32)((words >> shift) & 15), vf32);
+}
+
+ALWAYS_INLINE float horizontal_sum(vf32 v) {
+    float sum = 0.0f;
+    for (int i = 0; i < LANES; i++) sum += v[i];
+    return sum;
+}
+
+ALWAYS_INLINE vf32 select_f32(vi32 mask, vf32 yes, vf32 no) {
+    return (vf32)(((vi32)yes & mask) | ((vi32)no & ~mask));
+}
+
+#endif
