@@ -7,9 +7,14 @@ tests/data/fidelity/, in llama-perplexity's way or over every position.
 --llama-windows N concatenates the texts in the order llama.cpp reads them (sorted file
 names), cuts the token stream into N-token windows and scores the second half of each: the
 positions `llama-perplexity -c N --kl-divergence` scores (benchmarks/PEERS.md), so both
-engines' figures compare. Modes are dtype:quantization pairs; quantized modes run every
-matmul through the small-batch kernels that decode steps take (large batches otherwise
-multiply by exactly dequantized weights, which is float32's own result in float32).
+engines' figures compare. Modes are dtype:quantization[:kv_cache_dtype] (the KV cache's
+storage, `--kv-cache-dtype`; auto when left out): `float32:none:int8` is float32 with an
+int8 KV cache. Quantized modes run every matmul through the small-batch kernels that decode
+steps take (large batches otherwise multiply by exactly dequantized weights, which is
+float32's own result in float32).
+
+    .venv/bin/python benchmarks/fidelity_report.py --modes float32:none:int8 \
+        float32:none:fp8_e4m3 float32:none:fp8_e5m2                     # the KV cache alone
 """
 
 from __future__ import annotations
@@ -55,9 +60,9 @@ def main() -> None:
     del reference
     print(f"{len(texts)} texts, scored from position {score_from}")
     for mode in args.modes:
-        dtype, quantization = mode.split(":")
+        dtype, quantization, kv_cache_dtype = (mode.split(":") + ["auto"])[:3]
         candidate = build_runner(DTYPES[dtype], None if quantization == "none" else quantization,
-                                 max_len=max_len)
+                                 max_len=max_len, kv_cache_dtype=kv_cache_dtype)
         with decode_kernels_only(candidate):
             report = compare_teacher_forced(reference_logits, candidate, texts, score_from)
         print(f"{mode:>16}  {report.summary()}", flush=True)

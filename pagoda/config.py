@@ -20,6 +20,9 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+"""`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
+KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
 """`quantization` values: auto (int4 for a Q4_1 GGUF model where Pagoda's kernel runs it,
 see pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
 
@@ -80,6 +83,10 @@ class CacheConfig:
     num_kv_blocks: int | None = None
     """Force the number of KV blocks instead of sizing the cache from memory (tests and
     experiments)."""
+    kv_cache_dtype: str = field(default="auto", metadata={"choices": KV_CACHE_DTYPES})
+    """KV cache storage: auto (the run dtype), or 8 bits a value with one scale per token and
+    KV head, about twice the tokens of a 16-bit cache (4x float32) in the same memory: int8,
+    fp8_e4m3 (fp8 is the same) or fp8_e5m2. CPU only; BENCHMARKS.md has their fidelity."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -92,6 +99,14 @@ class CacheConfig:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+        # vLLM's alias, stored under the name the executor uses
+        object.__setattr__(self, "kv_cache_dtype", KV_CACHE_ALIASES.get(self.kv_cache_dtype,
+                                                                        self.kv_cache_dtype))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def run_env(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(files)
     config = checkpoint.hf_config
     dtype = resolve_dtype("auto", device)
-    quantization = resolve_quantization("auto", checkpoint, dtype, device)
+    quantization = resolve_quantization("auto", checkpoint, device)
     backend = select_backend(16, device, dtype, config.num_attention_heads,
                              config.num_key_value_heads, head_dim_of(config), None)
     print(f"auto for {files.path}:")

@@ -129,13 +129,11 @@ class BlockManager:
         or None, changing nothing, when too few blocks are free.
         """
         computed_blocks = computed_blocks or []
+        if not self.can_allocate_slots(request, num_new_tokens, computed_blocks):
+            return None
         held = self.request_blocks.get(request.request_id, [])
         total_tokens = request.num_computed_tokens + num_new_tokens
         num_new_blocks = self.num_blocks_needed(total_tokens) - len(held) - len(computed_blocks)
-        # Hit blocks that sit in the free list stop being free once taken.
-        num_hits_free = sum(1 for b in computed_blocks if b.ref_count == 0)
-        if max(num_new_blocks, 0) + num_hits_free > self.num_free_blocks:
-            return None
         held = self.request_blocks.setdefault(request.request_id, held)
         for block in computed_blocks:
             self._take(block)
@@ -149,6 +147,21 @@ class BlockManager:
             # in this step's forward, before any later request in the batch reads it).
             self._cache_full_blocks(request, min(total_tokens, request.num_tokens))
         return [b.block_id for b in new_blocks]
+
+    def can_allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[KVBlock] | None = None,
+    ) -> bool:
+        """Whether `allocate_slots` with these arguments would succeed (changes nothing)."""
+        computed_blocks = computed_blocks or []
+        held = self.request_blocks.get(request.request_id, [])
+        total_tokens = request.num_computed_tokens + num_new_tokens
+        num_new_blocks = self.num_blocks_needed(total_tokens) - len(held) - len(computed_blocks)
+        # Hit blocks that sit in the free list stop being free once taken.
+        num_hits_free = sum(1 for b in computed_blocks if b.ref_count == 0)
+        return max(num_new_blocks, 0) + num_hits_free <= self.num_free_blocks
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         self._update_block_hashes(request)

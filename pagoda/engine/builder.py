@@ -21,7 +21,7 @@ from pagoda.config import EngineConfig
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.executor.kernels.cpu_info import describe_run
-from pagoda.executor.layers.quantization import QuantizedLinear
+from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
@@ -29,6 +29,7 @@ from pagoda.executor.loader.model_loader import (
     resolve_device,
     resolve_dtype,
     set_cpu_threads,
+    weight_formats,
 )
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
 from pagoda.executor.model_runner import ModelRunner
@@ -66,35 +67,38 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
     runner = ModelRunner(model, device, dtype, config.cache, eos_ids)
     if device.type == "cpu":
-        quantization = next((m.method for m in model.model.modules()
-                             if isinstance(m, QuantizedLinear)), None)
-        logger.info(describe_run(dtype, quantization, runner.backend.name))
+        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name))
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len)
-    runner.initialize_kv_cache(num_blocks)
+    runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
     if config.model.compile:
         start = time.perf_counter()
         sizes = runner.compile_model()
         logger.info("compiled the model for steps of %s tokens in %.0f s",
                     ", ".join(map(str, sizes)), time.perf_counter() - start)
     logger.info(
-        "KV cache: %d blocks of %d tokens = %d tokens; max_model_len %d",
-        num_blocks, config.cache.block_size, num_blocks * config.cache.block_size, max_model_len,
+        "KV cache: %s blocks of %d tokens = %d tokens; max_model_len %d",
+        " + ".join(map(str, num_blocks)), config.cache.block_size,
+        sum(num_blocks) * config.cache.block_size, max_model_len,
     )
     vocab_size = int(hf_config.vocab_size)
     grammar_compiler = GrammarCompiler(tokenizer, vocab_size, eos_ids)
     grammar_compiler.warm_up()
     return LLMEngine(
-        config, runner, tokenizer, eos_ids, max_model_len=max_model_len, num_blocks=num_blocks,
+        config, runner, tokenizer, eos_ids, max_model_len=max_model_len,
+        num_blocks=num_blocks[0] if len(num_blocks) == 1 else num_blocks,
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
-        grammar_compiler=grammar_compiler,
+        grammar_compiler=grammar_compiler, kv_cache_windows=runner.kv_cache_windows,
     )
 
 
-def _size_kv_cache(config: EngineConfig, runner: ModelRunner, max_model_len: int) -> tuple[int, int]:
-    """(max_model_len, number of KV blocks): the blocks that fit, and max_model_len lowered
-    to their capacity if the user did not set it."""
-    num_blocks = runner.determine_num_blocks(max_model_len, config.scheduler)
-    capacity = num_blocks * config.cache.block_size
+def _size_kv_cache(
+    config: EngineConfig, runner: ModelRunner, max_model_len: int
+) -> tuple[int, list[int]]:
+    """(max_model_len, number of KV blocks of each KV-cache group): the blocks that fit, and
+    max_model_len lowered to their capacity if the user did not set it."""
+    num_blocks = runner.determine_kv_cache_blocks(max_model_len, config.scheduler)
+    capacity = kv_capacity_tokens(runner.kv_cache_windows, num_blocks, config.cache.block_size,
+                                  config.scheduler.max_num_batched_tokens, max_model_len)
     if capacity < max_model_len:
         if config.model.max_model_len is not None:
             raise ValueError(

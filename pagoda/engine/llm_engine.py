@@ -22,9 +22,9 @@ from collections import Counter
 from typing import Protocol
 
 from pagoda.config import EngineConfig
-from pagoda.engine.block_manager import BlockManager
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.kv_cache_groups import make_block_manager
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.request import RequestStatus
 from pagoda.engine.scheduler import Scheduler
@@ -59,14 +59,17 @@ class LLMEngine:
         eos_token_ids: list[int],
         *,
         max_model_len: int,
-        num_blocks: int,
+        num_blocks: int | list[int],
         vocab_size: int,
         model_files=None,
         hf_config=None,
         grammar_compiler: GrammarCompiler | None = None,
+        kv_cache_windows: list[int | None] | None = None,
     ) -> None:
         """Built by builder.build_engine. `grammar_compiler` serves structured outputs
-        (None: such requests are refused)."""
+        (None: such requests are refused). `kv_cache_windows`: the sliding window of each
+        KV-cache group (the runner's), `num_blocks` then one count per group; None or
+        [None]: one full-attention group."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -80,8 +83,9 @@ class LLMEngine:
         self.grammar_compiler = grammar_compiler
         self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len,
                                               grammar_compiler)
-        self._block_manager = BlockManager(
-            num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+        self._block_manager = make_block_manager(
+            num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
+            kv_cache_windows,
         )
         self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len)
         self._lifecycle = RequestLifecycle(tokenizer, eos_token_ids, max_model_len,
@@ -221,6 +225,10 @@ class LLMEngine:
             num_free_kv_blocks=blocks.num_free_blocks,
             kv_block_size=blocks.block_size,
             kv_cache_usage=blocks.usage,
+            kv_group_windows=tuple(getattr(blocks, "windows", (None,))),
+            kv_group_num_blocks=tuple(g.num_blocks for g in getattr(blocks, "groups", [blocks])),
+            kv_group_num_free_blocks=tuple(
+                g.num_free_blocks for g in getattr(blocks, "groups", [blocks])),
             last_step_num_seqs=self._last_step[0],
             last_step_num_tokens=self._last_step[1],
             num_steps=self._num_steps,

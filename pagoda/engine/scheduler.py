@@ -10,6 +10,8 @@ Order of a step: running requests first (in admission order), then waiting ones 
 budget, `max_num_seqs` and free blocks allow. When a running request cannot get a block, the
 lowest-priority (largest priority value, then latest arrival) running request is preempted:
 its blocks are freed and it returns to the front of the waiting queue, to be recomputed.
+(Models with sliding-window layers have a block pool per KV-cache group; their
+HybridBlockManager answers `allocate_slots` for all groups at once: kv_cache_groups.py.)
 
 The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
 stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
@@ -25,12 +27,16 @@ from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.block_manager import BlockManager
+from pagoda.engine.kv_cache_groups import HybridBlockManager
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int):
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager | HybridBlockManager,
+        max_model_len: int,
+    ):
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -175,7 +181,7 @@ class Scheduler:
                 token_ids=list(request.all_token_ids),
                 num_prompt_tokens=request.num_prompt_tokens,
                 sampling_params=request.sampling_params,
-                block_ids=list(self.block_manager.block_ids(request.request_id)),
+                block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
                 num_computed_tokens=request.num_computed_tokens,
             ))
             output.request_ids.append(request.request_id)

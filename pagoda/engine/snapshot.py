@@ -36,6 +36,11 @@ class EngineSnapshot:
     kv_block_size: int = 0
     kv_cache_usage: float = 0.0
     """Fraction of KV blocks held by requests (0..1, as vLLM's kv_cache_usage_perc)."""
+    kv_group_windows: tuple[int | None, ...] = (None,)
+    """Sliding window of each KV-cache group, None for full attention: one group unless the
+    model has sliding-window layers (then num_kv_blocks etc. above sum over the groups)."""
+    kv_group_num_blocks: tuple[int, ...] = ()
+    kv_group_num_free_blocks: tuple[int, ...] = ()
     last_step_num_seqs: int = 0
     last_step_num_tokens: int = 0
     # ---- counters: running totals since start ---------------------------------------------

@@ -1,4 +1,4 @@
-"""How closely a faster mode (bf16, quantized weights, other kernels) follows the float32 run
+"""How closely a faster mode (bf16, quantized weights, an 8-bit KV cache, other kernels) follows the float32 run
 of the same weights, measured the way llama.cpp's `llama-perplexity --kl-divergence` does.
 
 Teacher forcing: both models read the same real texts; at every scored position we compare
@@ -79,9 +79,11 @@ def compare_teacher_forced(
 
 
 def build_runner(dtype: torch.dtype, quantization: str | None, model: str | None = None,
-                 max_len: int = 2048) -> ModelRunner:
+                 max_len: int = 2048, kv_cache_dtype: str = "auto") -> ModelRunner:
     """A CPU runner of `model` (default: the bundled one) in one mode, with a KV cache for a
-    `max_len`-token text, for teacher forcing."""
+    `max_len`-token text, for teacher forcing. `kv_cache_dtype`: CacheConfig's (an 8-bit
+    cache is written, then read, by the prefill itself: every position attends quantized
+    keys and values, its own included, as in decoding)."""
     from pagoda.config import CacheConfig
     from pagoda.executor.loader.model_files import resolve_model_files
     from pagoda.executor.loader.model_loader import load_model, open_checkpoint
@@ -89,7 +91,8 @@ def build_runner(dtype: torch.dtype, quantization: str | None, model: str | None
     files = resolve_model_files(model)
     loaded = load_model(open_checkpoint(files), dtype, torch.device("cpu"),
                         max_position=max_len, quantization=quantization)
-    runner = ModelRunner(loaded, torch.device("cpu"), dtype, CacheConfig(), [])
+    runner = ModelRunner(loaded, torch.device("cpu"), dtype,
+                         CacheConfig(kv_cache_dtype=kv_cache_dtype), [])
     runner.initialize_kv_cache(max_len // runner.block_size + 2)
     return runner
 

@@ -7,7 +7,10 @@ One row per request, in arrays that grow (doubling) when a request or the batch 
 them; a row is reused once its request leaves:
 
     token_ids    (rows, width)       prompt then output tokens; num_tokens[row] are valid
-    block_table  (rows, max_blocks)  the request's KV blocks; num_blocks[row] are valid
+    block_tables [(rows, max_blocks)] the request's KV blocks, one table per KV-cache group
+                                     (one unless the model has sliding-window layers, see
+                                     pagoda/engine/kv_cache_groups.py); num_blocks[row] of
+                                     each are valid (every group's table has that length)
     num_computed (rows,)             tokens whose KV is in the cache
 """
 
@@ -31,14 +34,30 @@ class CachedRequestState:
 
 
 class InputBatch:
-    def __init__(self, num_rows: int = 8, width: int = 256, max_blocks: int = 16) -> None:
+    def __init__(
+        self, num_rows: int = 8, width: int = 256, max_blocks: int = 16,
+        num_kv_cache_groups: int = 1,
+    ) -> None:
         self.token_ids = np.zeros((num_rows, width), dtype=np.int64)
-        self.block_table = np.zeros((num_rows, max_blocks), dtype=np.int64)
+        self.block_tables = [np.zeros((num_rows, max_blocks), dtype=np.int64)
+                             for _ in range(num_kv_cache_groups)]
         self.num_tokens = np.zeros(num_rows, dtype=np.int64)
         self.num_blocks = np.zeros(num_rows, dtype=np.int64)
         self.num_computed = np.zeros(num_rows, dtype=np.int64)
         self.free_rows = list(range(num_rows - 1, -1, -1))
         self.requests: dict[str, CachedRequestState] = {}
+
+    @property
+    def block_table(self) -> np.ndarray:
+        """The first (or only) KV-cache group's table."""
+        return self.block_tables[0]
+
+    def _per_group(self, block_ids: list[int] | tuple[list[int], ...]) -> tuple[list[int], ...]:
+        """Block ids as sent (step_data.py: a list for one group, a tuple of lists for several)
+        -> one list per group."""
+        per_group = block_ids if isinstance(block_ids, tuple) else (block_ids,)
+        assert len(per_group) == len(self.block_tables), (len(per_group), len(self.block_tables))
+        return per_group
 
     # ---- membership --------------------------------------------------------------------------
 
@@ -48,12 +67,15 @@ class InputBatch:
             self._grow_rows()
         row = self.free_rows.pop()
         num_tokens = len(new.token_ids)
-        self._fit(num_tokens, len(new.block_ids))
+        per_group = self._per_group(new.block_ids)
+        num_blocks = len(per_group[0])
+        self._fit(num_tokens, num_blocks)
         self.token_ids[row, :num_tokens] = new.token_ids
         self.num_tokens[row] = num_tokens
-        self.block_table[row] = 0  # no stale ids of the row's previous request
-        self.block_table[row, : len(new.block_ids)] = new.block_ids
-        self.num_blocks[row] = len(new.block_ids)
+        for table, block_ids in zip(self.block_tables, per_group):
+            table[row] = 0  # no stale ids of the row's previous request
+            table[row, :num_blocks] = block_ids
+        self.num_blocks[row] = num_blocks
         self.num_computed[row] = new.num_computed_tokens
         state = CachedRequestState(
             new.request_id, row, new.sampling_params,
@@ -71,12 +93,14 @@ class InputBatch:
 
     # ---- in-place updates --------------------------------------------------------------------
 
-    def append_blocks(self, request_id: str, block_ids: list[int]) -> None:
+    def append_blocks(self, request_id: str, block_ids: list[int] | tuple[list[int], ...]) -> None:
         row = self.requests[request_id].row
-        start = int(self.num_blocks[row])
-        self._fit(0, start + len(block_ids))
-        self.block_table[row, start : start + len(block_ids)] = block_ids
-        self.num_blocks[row] = start + len(block_ids)
+        per_group = self._per_group(block_ids)
+        start, count = int(self.num_blocks[row]), len(per_group[0])
+        self._fit(0, start + count)
+        for table, ids in zip(self.block_tables, per_group):
+            table[row, start : start + count] = ids
+        self.num_blocks[row] = start + count
 
     def append_token(self, state: CachedRequestState, token_id: int) -> None:
         row = state.row
@@ -91,7 +115,7 @@ class InputBatch:
     def _grow_rows(self) -> None:
         old = len(self.num_tokens)
         self.token_ids = _grown(self.token_ids, 2 * old, self.token_ids.shape[1])
-        self.block_table = _grown(self.block_table, 2 * old, self.block_table.shape[1])
+        self.block_tables = [_grown(t, 2 * old, t.shape[1]) for t in self.block_tables]
         self.num_tokens = np.concatenate([self.num_tokens, np.zeros(old, np.int64)])
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros(old, np.int64)])
         self.num_computed = np.concatenate([self.num_computed, np.zeros(old, np.int64)])
@@ -101,9 +125,10 @@ class InputBatch:
         rows, width = self.token_ids.shape
         if num_tokens > width:
             self.token_ids = _grown(self.token_ids, rows, max(2 * width, num_tokens))
-        max_blocks = self.block_table.shape[1]
+        max_blocks = self.block_tables[0].shape[1]
         if num_blocks > max_blocks:
-            self.block_table = _grown(self.block_table, rows, max(2 * max_blocks, num_blocks))
+            self.block_tables = [_grown(t, rows, max(2 * max_blocks, num_blocks))
+                                 for t in self.block_tables]
 
 
 def _grown(array: np.ndarray, rows: int, columns: int) -> np.ndarray:

@@ -24,8 +24,21 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import select_backend
+from pagoda.executor.attention.kv_quant import (
+    SCALE_BYTES,
+    QuantizedKVCache,
+    bytes_per_token_head,
+    code_dtype,
+    is_quantized,
+)
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import CachedRequestState, InputBatch
+from pagoda.executor.kv_cache_layout import (
+    cdiv,
+    kv_cache_groups,
+    split_kv_blocks,
+    window_blocks_needed,
+)
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.sampler import (
@@ -78,23 +91,48 @@ class ModelRunner:
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
         self.block_size = cache_config.block_size
-        self.backend = select_backend(
-            self.block_size, device, dtype, hf_config.num_attention_heads, self.num_kv_heads,
-            self.head_dim, model.sliding_window,
-        )
+        self.kv_cache_dtype = cache_config.kv_cache_dtype
+        if is_quantized(self.kv_cache_dtype) and device.type != "cpu":
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype} runs on CPU only for now; use "
+                f"--kv-cache-dtype auto on {device.type}"
+            )
+        self.set_kv_cache_groups()
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         """Seeded requests' generators, kept across preemption until the request finishes."""
-        self.input_batch = InputBatch()
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[torch.Tensor | QuantizedKVCache] = []
         self.num_blocks = 0
+        """Blocks of the smallest group (what a scratch forward may use)."""
+        self.num_blocks_per_group: list[int] = []
 
     # ---- KV cache --------------------------------------------------------------------------
 
+    def set_kv_cache_groups(self, max_model_len: int | None = None) -> None:
+        """Group the layers by window (kv_cache_layout.py: one group unless some layers
+        slide), with a backend (it knows its group's number of blocks) and a block table per
+        group. A window no shorter than max_model_len never drops a block: such layers stay
+        in the full-attention group (and prefix caching stays on). Before the cache exists."""
+        model = self.model
+        self.kv_cache_windows, self.layer_kv_groups = kv_cache_groups(
+            [layer.sliding_window or model.sliding_window or None
+             for layer in model.attention_layers()], max_model_len)
+        self.backends = [select_backend(
+            self.block_size, self.device, self.dtype, model.config.num_attention_heads,
+            self.num_kv_heads, self.head_dim, model.sliding_window, self.kv_cache_dtype,
+        ) for _ in self.kv_cache_windows]
+        self.backend = self.backends[0]
+        self.input_batch = InputBatch(num_kv_cache_groups=len(self.kv_cache_windows))
+
     @property
     def kv_bytes_per_token(self) -> int:
-        element_size = torch.empty(0, dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+        """K and V of one token over all layers and KV heads; an 8-bit cache counts its
+        codes and its scales (kv_quant.py)."""
+        if is_quantized(self.kv_cache_dtype):
+            row_bytes = bytes_per_token_head(self.kv_cache_dtype, self.head_dim)
+        else:
+            row_bytes = self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * row_bytes
 
     def determine_num_blocks(self, max_model_len: int, scheduler_config: SchedulerConfig) -> int:
         """Blocks that fit the configured memory, but no more than the engine could ever use."""
@@ -113,6 +151,27 @@ class ModelRunner:
             ram_share = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION) // bytes_per_block
             return max(1, min(default, ram_share, most_useful))
         return max(1, budget // bytes_per_block)
+
+    def determine_kv_cache_blocks(
+        self, max_model_len: int, scheduler_config: SchedulerConfig
+    ) -> list[int]:
+        """Blocks of each KV-cache group: determine_num_blocks's budget, shared between the
+        groups (kv_cache_layout.split_kv_blocks); a forced num_kv_blocks goes to every group."""
+        self.set_kv_cache_groups(max_model_len)
+        num_blocks = self.determine_num_blocks(max_model_len, scheduler_config)
+        if self.kv_cache_windows == [None] or self.cache_config.num_kv_blocks is not None:
+            return [num_blocks] * len(self.kv_cache_windows)
+        window_blocks = window_blocks_needed(
+            self.kv_cache_windows[-1], self.block_size, scheduler_config.max_num_seqs,
+            scheduler_config.max_num_batched_tokens, max_model_len)
+        layers_per_group = [self.layer_kv_groups.count(g) for g in range(len(self.kv_cache_windows))]
+        per_group = split_kv_blocks(num_blocks, self.kv_cache_windows, layers_per_group,
+                                    window_blocks, cdiv(max_model_len, self.block_size)
+                                    * scheduler_config.max_num_seqs)
+        logger.info("KV cache groups: %s", "; ".join(
+            f"{'full attention' if w is None else f'sliding window {w}'} ({n} layers): "
+            f"{b} blocks" for w, n, b in zip(self.kv_cache_windows, layers_per_group, per_group)))
+        return per_group
 
     def _profile_cuda_kv_budget(self, scheduler_config: SchedulerConfig) -> int:
         """GPU bytes left for the KV cache after weights and a max-size forward's activations."""
@@ -136,29 +195,65 @@ class ModelRunner:
             )
         return budget
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate each layer's paged cache, zeroed: backends read whole blocks, and the
-        unwritten rows they mask out must hold finite values.
+    def initialize_kv_cache(self, num_blocks: int | list[int]) -> None:
+        """Allocate each layer's paged cache, sized by its KV-cache group's number of blocks
+        (`num_blocks`: one per group, or one for all), and bind it to the layer."""
+        per_group = [num_blocks] * len(self.backends) if isinstance(num_blocks, int) else num_blocks
+        self.kv_caches = [None] * len(self.layer_kv_groups)
+        for group, (backend, count) in enumerate(zip(self.backends, per_group)):
+            layer_ids = [i for i, g in enumerate(self.layer_kv_groups) if g == group]
+            for i, kv_cache in zip(layer_ids, self._allocate_kv_caches(backend, count, len(layer_ids))):
+                self.kv_caches[i] = kv_cache
+        for layer, kv_cache, group in zip(self.model.attention_layers(), self.kv_caches,
+                                          self.layer_kv_groups):
+            layer.kv_cache = kv_cache
+            layer.backend = self.backends[group]
+            layer.kv_cache_group = group
+        self.num_blocks_per_group = list(per_group)
+        self.num_blocks = min(per_group)
+
+    def _allocate_kv_caches(self, backend, num_blocks: int, num_layers: int) -> list:
+        """`num_layers` paged caches of `num_blocks` blocks (one KV-cache group's), zeroed:
+        backends read whole blocks, and the unwritten rows they mask out must hold finite
+        values.
 
         On CPU all layers share one anonymous mapping, which the kernel zero-fills page by
         page on first write: memory is taken as blocks are used, not all at start (a one-shot
         generation of the bundled model touches a few blocks of its cache). Huge pages are
         declined for it: each (layer, K/V, head) plane would take 2 MiB at its first row."""
-        shape = self.backend.kv_cache_shape(num_blocks, self.num_kv_heads, self.head_dim)
-        if self.device.type == "cpu":
+        shape = backend.kv_cache_shape(num_blocks, self.num_kv_heads, self.head_dim)
+        if num_layers == 0:
+            return []
+        if is_quantized(self.kv_cache_dtype):
+            return self._quantized_kv_caches(shape, num_layers)
+        elif self.device.type == "cpu":
             element_size = torch.empty(0, dtype=self.dtype).element_size()
-            mapping = mmap.mmap(-1, self.num_layers * math.prod(shape) * element_size)
+            mapping = mmap.mmap(-1, num_layers * math.prod(shape) * element_size)
             if hasattr(mmap, "MADV_NOHUGEPAGE"):
                 mapping.madvise(mmap.MADV_NOHUGEPAGE)
             buffer = torch.frombuffer(mapping, dtype=self.dtype)  # keeps `mapping` alive
-            self.kv_caches = list(buffer.view(self.num_layers, *shape).unbind(0))
+            return list(buffer.view(num_layers, *shape).unbind(0))
         else:
-            self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                              for _ in range(self.num_layers)]
-        for layer, kv_cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache = kv_cache
-            layer.backend = self.backend
-        self.num_blocks = num_blocks
+            return [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                    for _ in range(num_layers)]
+
+    def _quantized_kv_caches(self, shape: tuple, num_layers: int) -> list[QuantizedKVCache]:
+        """One QuantizedKVCache a layer, all in one lazily zero-filled mapping as the float
+        cache is: every layer's codes, then every layer's scales (bfloat16, 2-byte aligned)."""
+        scale_shape = shape[:-1]
+        code_bytes = num_layers * math.prod(shape)
+        num_scales = num_layers * math.prod(scale_shape)
+        scales_at = code_bytes + code_bytes % SCALE_BYTES
+        mapping = mmap.mmap(-1, scales_at + SCALE_BYTES * num_scales)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            mapping.madvise(mmap.MADV_NOHUGEPAGE)
+        codes = torch.frombuffer(mapping, dtype=code_dtype(self.kv_cache_dtype), count=code_bytes)
+        scales = torch.frombuffer(mapping, dtype=torch.bfloat16, count=num_scales,
+                                  offset=scales_at)
+        return [QuantizedKVCache(layer_codes, layer_scales, self.kv_cache_dtype)
+                for layer_codes, layer_scales in zip(
+                    codes.view(num_layers, *shape).unbind(0),
+                    scales.view(num_layers, *scale_shape).unbind(0))]
 
     # ---- torch.compile ---------------------------------------------------------------------
 
@@ -198,12 +293,18 @@ class ModelRunner:
         input_ids: np.ndarray,
         num_computed: np.ndarray,
         num_scheduled: np.ndarray,
-        block_tables: np.ndarray,
+        block_tables: np.ndarray | list[np.ndarray],
     ) -> torch.Tensor:
-        metadata = self.backend.build_metadata(num_computed, num_scheduled, block_tables)
+        """block_tables: one (num_seqs, max_blocks) table per KV-cache group, or one table
+        for every group (scratch forwards). With several groups the forward context holds
+        one metadata per group (attention layers pick theirs)."""
+        if not isinstance(block_tables, list):
+            block_tables = [block_tables] * len(self.backends)
+        metadata = [backend.build_metadata(num_computed, num_scheduled, tables)
+                    for backend, tables in zip(self.backends, block_tables)]
         input_tensor = torch.from_numpy(input_ids).to(self.device)
-        with forward_context(metadata):
-            return self.model(input_tensor, metadata.positions)
+        with forward_context(metadata[0] if len(metadata) == 1 else metadata):
+            return self.model(input_tensor, metadata[0].positions)
 
     @torch.inference_mode()
     def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -257,7 +358,8 @@ class ModelRunner:
         positions = np.arange(int(num_scheduled.sum())) + np.repeat(num_computed - query_start,
                                                                     num_scheduled)
         input_ids = batch.token_ids[np.repeat(rows, num_scheduled), positions]
-        block_tables = batch.block_table[rows, : int(batch.num_blocks[rows].max())]
+        max_blocks = int(batch.num_blocks[rows].max())
+        block_tables = [table[rows, :max_blocks] for table in batch.block_tables]
         reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows]
         batch.num_computed[rows] = num_computed + num_scheduled
 

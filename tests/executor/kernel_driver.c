@@ -2,10 +2,13 @@
  * inputs in a file and writes its output to another: how test_kernels_aarch64.py tests the
  * ARM64 build under qemu, where no torch runs.
  *
- *   kernel_driver gemm|dequantize|attention IN OUT
+ *   kernel_driver gemm|dequantize|packed|attention IN OUT
  * IN: int64 header, then the kernel's arrays back to back (the test writes them):
  *   gemm:       format M K N; x f32 (M, K); codes; scales f16; mins f16 (q4)   -> y f32 (M, N)
  *   dequantize: format M K N (M unused); codes; scales; mins                   -> w_t f32 (K, N)
+ *   packed:     format M K N, then the byte sizes of the six planes (codes, high, scales,
+ *               mins, sub_scales, sub_mins; 0: none); x f32 (M, K); the planes
+ *               -> y f32 (M, N), then w_t f32 (K, N), then rows N-1 .. 0 of W f32 (N, K)
  *   attention:  T H Hkv D num_blocks block_size table_width window S, scale as f64;
  *               query f32 (T, H, D); kv_cache f32 (2, Hkv, blocks, block_size, D);
  *               block_tables i64 (S, table_width); query_seq i64 (T); key_lens i64 (T)
@@ -37,7 +40,7 @@ static void write_all(const char *path, const void *data, size_t size) {
 
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: %s gemm|dequantize|attention IN OUT\n", argv[0]);
+        fprintf(stderr, "usage: %s gemm|dequantize|packed|attention IN OUT\n", argv[0]);
         return 2;
     }
     long size;
@@ -62,6 +65,29 @@ int main(int argc, char **argv) {
                                    blocks, bs, width, window, (float)scale, NULL, NULL, 0, 0,
                                    NULL, out);
         write_all(argv[3], out, T * H * D * sizeof(float));
+        return 0;
+    }
+    if (strcmp(argv[1], "packed") == 0) {
+        const int64_t format = h[0], M = h[1], K = h[2], N = h[3];
+        char *p = data + 10 * sizeof(int64_t);
+        const float *x = (const float *)p;
+        p += M * K * sizeof(float);
+        const void *planes[6];
+        for (int i = 0; i < 6; i++) {
+            planes[i] = h[4 + i] ? p : NULL;
+            p += h[4 + i];
+        }
+        float *out = malloc((M * N + 2 * K * N) * sizeof(float));
+        int64_t *rows = malloc(N * sizeof(int64_t));
+        for (int64_t r = 0; r < N; r++) rows[r] = N - 1 - r;
+        pagoda_gemm_packed_f32((int)format, x, M, K, N, planes[0], planes[1], planes[2],
+                               planes[3], planes[4], planes[5], out);
+        pagoda_dequantize_packed_f32((int)format, K, N, planes[0], planes[1], planes[2],
+                                     planes[3], planes[4], planes[5], out + M * N);
+        pagoda_dequantize_rows_packed_f32((int)format, K, N, planes[0], planes[1], planes[2],
+                                          planes[3], planes[4], planes[5], rows, N,
+                                          out + M * N + K * N);
+        write_all(argv[3], out, (M * N + 2 * K * N) * sizeof(float));
         return 0;
     }
     const int64_t format = h[0], M = h[1], K = h[2], N = h[3];

@@ -214,12 +214,12 @@ def test_other_quantization_choices_and_devices_are_refused(tmp_path):
     checkpoint = open_checkpoint(resolve_model_files(str(tmp_path)))
     cpu = torch.device("cpu")
     for choice in ("auto", "int4"):
-        assert resolve_quantization(choice, checkpoint, torch.float32, cpu) == "int4"
+        assert resolve_quantization(choice, checkpoint, cpu) == "int4"
     for choice in ("int8", "none", None):
         with pytest.raises(ValueError, match="4-bit GPTQ checkpoint: it runs only in its own"):
-            resolve_quantization(choice, checkpoint, torch.float32, cpu)
+            resolve_quantization(choice, checkpoint, cpu)
     with pytest.raises(ValueError, match="run on CPU only.*meta"):
-        resolve_quantization("auto", checkpoint, torch.float32, torch.device("meta"))
+        resolve_quantization("auto", checkpoint, torch.device("meta"))
 
 
 def test_act_order_g_idx_is_refused(tmp_path):

@@ -74,3 +74,25 @@ def test_compiled_int4_model_runs_pagodas_kernels_as_eager_does(tmp_path) -> Non
     ):
         assert tokens == eager_tokens
         torch.testing.assert_close(logprobs, eager_logprobs, rtol=5e-2, atol=5e-2)
+
+
+def test_compiled_packed_gguf_model_generates_what_eager_does(tmp_path) -> None:
+    """A mixed-type GGUF (K-quant, legacy and Q8_0 matrices, a packed embedding and head)
+    runs its packed matmuls and lookups as the `pagoda::gemm_packed` and
+    `pagoda::dequantize_rows_packed` ops inside the compiled graph."""
+    from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
+    from tests.executor.tiny_gguf import write_gguf
+
+    build_checkpoint("llama", str(tmp_path), **K_SIZES)
+    path = str(tmp_path / "mixed.gguf")
+    write_gguf(str(tmp_path), path, mixed_type)
+    kwargs = {"model": path, "tokenizer": bundled_model_path(), "dtype": "float32",
+              "kv_cache_memory": 1 << 20, "max_model_len": 64, "block_size": 4}
+    eager = LLM(**kwargs)
+    compiled = LLM(**kwargs, compile=True)
+    assert "PackedLinear" in repr(compiled.engine.runner.model)
+    for (tokens, logprobs), (eager_tokens, eager_logprobs) in zip(
+        greedy_run(compiled, PROMPTS), greedy_run(eager, PROMPTS)
+    ):
+        assert tokens == eager_tokens
+        torch.testing.assert_close(logprobs, eager_logprobs, rtol=1e-4, atol=1e-4)

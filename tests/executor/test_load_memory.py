@@ -47,6 +47,48 @@ def test_peak_rss_during_load_is_under_twice_the_weights() -> None:
     assert growth < 2 * numbers["weights"], numbers
 
 
+LOAD_ADDS = r"""
+import gc, json, os, sys, torch
+from pagoda.executor.loader.model_files import resolve_model_files
+from pagoda.executor.loader.model_loader import load_model, open_checkpoint, weight_formats
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+files = resolve_model_files(sys.argv[1] if len(sys.argv) > 1 else None)
+open_checkpoint(files)  # the first opening imports what reading any config needs
+gc.collect()
+before = rss()
+checkpoint = open_checkpoint(files)
+model = load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=2048,
+                   quantization="auto")
+del checkpoint  # the reader's mapping of the file goes with it
+gc.collect()
+print(json.dumps({"added": rss() - before, "file": os.path.getsize(files.path),
+                  "formats": weight_formats(model)}))
+"""
+
+
+def load_adds(model_path: str | None = None) -> dict:
+    """RSS after loading a model minus before (torch and the libraries a checkpoint's
+    config needs imported, no KV cache), in a fresh process: {"added", "file" (bytes),
+    "formats"}."""
+    result = subprocess.run([sys.executable, "-c", LOAD_ADDS, *filter(None, [model_path])],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_loading_the_bundled_gguf_adds_at_most_1_2x_its_file_size() -> None:
+    """Its Q4_1 layers, Q8_0 embedding and the tied head stay packed as the file holds them
+    (no float copy of any of them): what the load adds is about the file itself."""
+    numbers = load_adds()
+    assert numbers["formats"] == "packed q4/q8", numbers
+    assert numbers["added"] <= 1.2 * numbers["file"], numbers
+
+
 ONE_SHOT = r"""
 import sys
 from pagoda.cli.main import main
@@ -82,6 +124,7 @@ def runner_shape(dtype: torch.dtype, kv_cache_memory: int | None = None) -> Mode
     runner.cache_config = CacheConfig(kv_cache_memory=kv_cache_memory)
     runner.device, runner.dtype, runner.block_size = torch.device("cpu"), dtype, 16
     runner.num_layers, runner.num_kv_heads, runner.head_dim = 30, 3, 64
+    runner.kv_cache_dtype = "auto"
     return runner
 
 

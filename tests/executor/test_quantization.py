@@ -18,8 +18,14 @@ from pagoda.executor.layers.quantization import (
     check_quantization_supported,
     choose_kernel,
 )
+from pagoda.executor.loader import model_loader
 from pagoda.executor.loader.model_files import resolve_model_files
-from pagoda.executor.loader.model_loader import load_model, open_checkpoint, resolve_quantization
+from pagoda.executor.loader.model_loader import (
+    GGUF_OWN_TYPES,
+    load_model,
+    open_checkpoint,
+    resolve_quantization,
+)
 from pagoda.executor.model_runner import ModelRunner
 from tests.entrypoints.test_cli import run_cli
 from tests.executor.test_cpu_kernels import gguf_like_weight, needs_bf16_kernels
@@ -49,6 +55,7 @@ def random_linear(in_features: int, out_features: int, bias: bool) -> Linear:
 def without_pagoda_kernels(monkeypatch) -> None:
     """As on a machine where the kernel library cannot be built (no C compiler)."""
     monkeypatch.setattr(quantization, "kernels_available", lambda dtype=None: False)
+    monkeypatch.setattr(model_loader, "load_cpu_kernels", lambda: None)
 
 
 def test_torch_int4_kernel_multiplies_by_the_q4_1_weights(monkeypatch) -> None:
@@ -216,25 +223,23 @@ def test_config_accepts_the_quantization_choices_only() -> None:
         ModelConfig(quantization="int2")
 
 
-def test_auto_keeps_a_q4_1_gguf_in_4_bits_where_the_kernel_runs(tmp_path, monkeypatch) -> None:
-    """auto: int4 for the bundled Q4_1 GGUF where Pagoda's kernels run the dtype (float32
-    on every CPU with a compiler, bf16 with AVX-512 BF16); float weights for a safetensors
-    model, for none/None, and where the kernels cannot be built."""
+def test_auto_runs_a_gguf_in_its_own_types_where_the_kernels_build(tmp_path, monkeypatch) -> None:
+    """auto: the GGUF file's own quantized types on a CPU where Pagoda's kernels build (the
+    float32 kernels run on every CPU; any run dtype); float weights for a safetensors model,
+    for none/None, on other devices, and where the kernels cannot be built."""
     cpu = torch.device("cpu")
     bundled = open_checkpoint(resolve_model_files(None))
     assert bundled.layer_weight_type() == "Q4_1"
-    expected = "int4" if kernels_available(torch.bfloat16) else None
-    assert resolve_quantization("auto", bundled, torch.bfloat16, cpu) == expected
-    assert resolve_quantization("auto", bundled, torch.float32, cpu) == "int4"
-    assert resolve_quantization("auto", bundled, torch.bfloat16, torch.device("meta")) is None
+    assert resolve_quantization("auto", bundled, cpu) == GGUF_OWN_TYPES
+    assert resolve_quantization("auto", bundled, torch.device("meta")) is None
     for choice in ("none", None):
-        assert resolve_quantization(choice, bundled, torch.bfloat16, cpu) is None
-    assert resolve_quantization("int8", bundled, torch.float32, cpu) == "int8"
+        assert resolve_quantization(choice, bundled, cpu) is None
+    assert resolve_quantization("int8", bundled, cpu) == "int8"
     build_checkpoint("llama", str(tmp_path))
     safetensors = open_checkpoint(resolve_model_files(str(tmp_path)))
-    assert resolve_quantization("auto", safetensors, torch.bfloat16, cpu) is None
+    assert resolve_quantization("auto", safetensors, cpu) is None
     without_pagoda_kernels(monkeypatch)
-    assert resolve_quantization("auto", bundled, torch.float32, cpu) is None
+    assert resolve_quantization("auto", bundled, cpu) is None
 
 
 def test_quantization_refuses_other_devices() -> None:

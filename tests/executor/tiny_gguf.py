@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 GGUF_ARCH = {  # HF model_type -> (gguf arch name, gguf.MODEL_ARCH)
+    "llama": ("llama", gguf.MODEL_ARCH.LLAMA),
     "gemma2": ("gemma2", gguf.MODEL_ARCH.GEMMA2),
     "gemma3_text": ("gemma3", gguf.MODEL_ARCH.GEMMA3),
     "phi3": ("phi3", gguf.MODEL_ARCH.PHI3),
@@ -33,9 +34,10 @@ def permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return rows.swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(folder: str, path: str) -> None:
+def write_gguf(folder: str, path: str, quant_type=None) -> None:
     """Convert the Hugging Face folder `folder` (config.json + model.safetensors, as
-    tiny_checkpoints.build_checkpoint saves it) to the GGUF file `path`."""
+    tiny_checkpoints.build_checkpoint saves it) to the GGUF file `path`. `quant_type(hf_name)`,
+    when given, names the GGUF type to store a matrix in (None: float32): see `quantized`."""
     cfg = AutoConfig.from_pretrained(folder)
     arch, model_arch = GGUF_ARCH[cfg.model_type]
     writer = gguf.GGUFWriter(path, arch)
@@ -56,10 +58,11 @@ def write_gguf(folder: str, path: str) -> None:
             tensor = permute(tensor, cfg.num_attention_heads)
         if arch == "llama" and name.endswith("k_proj.weight"):
             tensor = permute(tensor, cfg.num_key_value_heads)
-        add(writer, name_map, name, tensor)
+        add(writer, name_map, name, tensor, quant_type and quant_type(name))
     for (prefix, proj), by_index in experts.items():
         stacked = torch.stack([by_index[i] for i in sorted(by_index)])  # (experts, out, in)
-        add(writer, name_map, f"{prefix}.{proj}.weight", stacked)
+        name = f"{prefix}.{proj}.weight"
+        add(writer, name_map, name, stacked, quant_type and quant_type(name))
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     if rope.get("rope_type") == "longrope":
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
@@ -70,11 +73,39 @@ def write_gguf(folder: str, path: str) -> None:
     writer.close()
 
 
-def add(writer: gguf.GGUFWriter, name_map, hf_name: str, tensor: torch.Tensor) -> None:
+def add(writer: gguf.GGUFWriter, name_map, hf_name: str, tensor: torch.Tensor,
+        qtype: gguf.GGMLQuantizationType | None = None) -> None:
     base, suffix = hf_name.rsplit(".", 1)
     gguf_name = name_map.get_name(base)
     assert gguf_name is not None, f"no GGUF name for {hf_name}"
-    writer.add_tensor(f"{gguf_name}.{suffix}", tensor.contiguous().numpy())
+    if qtype is None:
+        writer.add_tensor(f"{gguf_name}.{suffix}", tensor.contiguous().numpy())
+    else:
+        writer.add_tensor(f"{gguf_name}.{suffix}", quantized(tensor, qtype), raw_dtype=qtype)
+
+
+def quantized(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """`tensor` (..., in) as `qtype` blocks, uint8 (..., row bytes): quantized by the `gguf`
+    package where it can (the legacy types); K-quant blocks (which it cannot write) random,
+    with scales that give weights of about the tensor's size. Either way the file's weights
+    are whatever its blocks dequantize to, and the tests compare runs of the same file."""
+    from tests.executor.test_gguf_packed import random_blocks
+
+    values = tensor.contiguous().numpy()
+    try:
+        return gguf.quants.quantize(values, qtype)
+    except NotImplementedError:
+        rows = int(np.prod(values.shape[:-1]))
+        scale = float(np.abs(values).max()) / KQUANT_LARGEST_CODE[qtype]
+        blocks = random_blocks(qtype, rows, values.shape[-1], seed=values.size, scale=scale)
+        return blocks.reshape(*values.shape[:-1], -1)
+
+
+KQUANT_LARGEST_CODE = {  # largest |code x sub-block scale| of a K-quant weight
+    gguf.GGMLQuantizationType.Q4_K: 15 * 63,
+    gguf.GGMLQuantizationType.Q5_K: 31 * 63,
+    gguf.GGMLQuantizationType.Q6_K: 32 * 128,
+}
 
 
 def write_metadata(writer: gguf.GGUFWriter, cfg) -> None:

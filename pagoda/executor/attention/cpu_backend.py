@@ -13,6 +13,10 @@ faster than the padded, masked scaled_dot_product_attention there and closer to 
 attention. Prefills stay on the torch path all the same: the switch lowered the bundled
 model's top-1 agreement with float32 (tests/executor/test_fidelity.py) below the project's
 bar, by flipping near-tied positions (figures: BENCHMARKS.md section 10).
+
+With an 8-bit KV cache (kv_quant.py) the float32 kernel reads codes and scales in place and
+quantizes the decode step's keys and values as it writes them; prefills quantize through
+the torch path's write_kv_cache, bit for bit the same.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 
 from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata
+from pagoda.executor.attention.kv_quant import is_quantized
 from pagoda.executor.attention.torch_backend import AttentionGroup, TorchAttentionBackend
 from pagoda.executor.kernels.ops import paged_attention, paged_attention_supported
 
@@ -97,9 +102,13 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
 
 def select_backend(
     block_size: int, device: torch.device, dtype: torch.dtype, num_heads: int,
-    num_kv_heads: int, head_dim: int, sliding_window: int | None,
+    num_kv_heads: int, head_dim: int, sliding_window: int | None, kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
-    """The C-kernel backend on CPU where it takes these shapes, else the torch backend."""
+    """The C-kernel backend on CPU where it takes these shapes, else the torch backend. An
+    8-bit KV cache has a kernel for float32 activations only (attention_f32.c): with bf16
+    ones it takes the torch backend, which dequantizes the gathered tiles."""
+    if is_quantized(kv_cache_dtype) and dtype != torch.float32:
+        return TorchAttentionBackend(block_size, device, sliding_window)
     if device.type == "cpu" and paged_attention_supported(dtype, num_heads, num_kv_heads, head_dim):
         return CpuKernelAttentionBackend(block_size, device, sliding_window)
     return TorchAttentionBackend(block_size, device, sliding_window)

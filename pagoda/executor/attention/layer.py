@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pagoda.executor.attention.backend import AttentionBackend
+from pagoda.executor.attention.kv_quant import QuantizedKVCache, rotate_keys
 from pagoda.executor.forward_context import get_forward_context
 
 _layers: weakref.WeakValueDictionary[int, Attention] = weakref.WeakValueDictionary()
@@ -37,6 +38,9 @@ class Attention(nn.Module):
         # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        # Which KV-cache group the layer's cache belongs to (models with sliding-window
+        # layers have a pool per group); the step's metadata then is one per group.
+        self.kv_cache_group = 0
         self.layer_id = next(_next_layer_id)  # how the custom op finds this layer
         _layers[self.layer_id] = self
 
@@ -50,6 +54,10 @@ class Attention(nn.Module):
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; the runner binds one")
         metadata = get_forward_context()
+        if isinstance(metadata, list):  # one per KV-cache group
+            metadata = metadata[self.kv_cache_group]
+        if isinstance(self.kv_cache, QuantizedKVCache):  # keys stored rotated (kv_quant.py)
+            q, k = rotate_keys(q), rotate_keys(k)
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,
                                    window=self.sliding_window, softcap=self.logit_softcap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

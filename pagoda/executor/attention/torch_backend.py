@@ -13,6 +13,9 @@ block_size). Key positions past a sequence's end hold stale or zero values and a
 the cache is zero-initialised so those values are always finite (a masked NaN would still
 poison softmax(...) @ V).
 
+An 8-bit cache (`--kv-cache-dtype`, kv_quant.py) is a QuantizedKVCache of the same shape:
+writes quantize each new row, reads dequantize the gathered tiles (never the whole cache).
+
 Sequences are split into two groups, decodes (one query token) and prefills (several), so a
 long prompt in the batch does not pad every decode row to its length:
 
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata
+from pagoda.executor.attention.kv_quant import QuantizedKVCache, dequantize, quantize
 
 
 @dataclass
@@ -203,10 +207,20 @@ class TorchAttentionBackend(AttentionBackend):
         return output
 
     @staticmethod
-    def _gather(kv_cache: torch.Tensor, group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's keys and values, (Hkv * S, L, D): kv head major, then sequence."""
+    def _gather(kv_cache: torch.Tensor | QuantizedKVCache, group: AttentionGroup,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's keys and values, (Hkv * S, L, D): kv head major, then sequence. From
+        an 8-bit cache, the gathered tiles (only those) dequantized to `dtype`."""
         num_kv_heads, _, block_size, head_dim = kv_cache.shape[1:]
         rows = num_kv_heads * group.num_seqs
+        if isinstance(kv_cache, QuantizedKVCache):
+            k, v = (
+                dequantize(
+                    kv_cache.codes[i].view(-1, block_size, head_dim).index_select(0, group.tile_index),
+                    kv_cache.scales[i].view(-1, block_size).index_select(0, group.tile_index),
+                    kv_cache.kv_cache_dtype, dtype,
+                ) for i in (0, 1))
+            return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
         k = kv_cache[0].view(-1, block_size, head_dim).index_select(0, group.tile_index)
         v = kv_cache[1].view(-1, block_size, head_dim).index_select(0, group.tile_index)
         return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
@@ -219,7 +233,7 @@ class TorchAttentionBackend(AttentionBackend):
         included -> (valid rows, H, D), one padded scaled_dot_product_attention call (explicit
         matmuls with soft-capping)."""
         num_kv_heads, head_dim = kv_cache.shape[1], kv_cache.shape[4]
-        k, v = self._gather(kv_cache, group)
+        k, v = self._gather(kv_cache, group, query.dtype)
         s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
         q = query.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
         k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
@@ -240,19 +254,27 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         """The decode group's attention: query (S, H, D) -> (S, H, D). Gathers each
         sequence's key/value tiles, then two batched matmuls (`_decode_attention`)."""
-        k, v = self._gather(kv_cache, group)
+        k, v = self._gather(kv_cache, group, query.dtype)
         mask = self.mask(group, window)
         return _decode_attention(query, k, v, mask, scale, kv_cache.shape[1], softcap)
 
 
 def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor | QuantizedKVCache,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row).
     index_put_, not index_copy_: on CPU index_copy_ wrote every page of the layer's cache
-    (RSS grew by the whole cache at the first prefill), index_put_ only the rows it stores."""
+    (RSS grew by the whole cache at the first prefill), index_put_ only the rows it stores.
+    An 8-bit cache takes each row's codes and scale (kv_quant.quantize)."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     index = (slice(None), slot_mapping)
+    if isinstance(kv_cache, QuantizedKVCache):
+        for i, rows in enumerate((key, value)):
+            codes, scales = quantize(rows.transpose(0, 1), kv_cache.kv_cache_dtype)
+            kv_cache.codes[i].view(num_kv_heads, -1, head_dim)[index] = codes
+            kv_cache.scales[i].view(num_kv_heads, -1)[index] = scales
+        return
     kv_cache[0].view(num_kv_heads, -1, head_dim)[index] = key.transpose(0, 1)
     kv_cache[1].view(num_kv_heads, -1, head_dim)[index] = value.transpose(0, 1)
 

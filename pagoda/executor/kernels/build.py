@@ -104,10 +104,29 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"pagoda_gemm_q_{name}").restype = None
         getattr(lib, f"pagoda_paged_attention_{name}").argtypes = attention_args
         getattr(lib, f"pagoda_paged_attention_{name}").restype = None
+    # (format, query, kv_codes, kv_scales, then as attention_args from block_tables on)
+    lib.pagoda_paged_attention_q8_f32.argtypes = [ctypes.c_int, ptr, ptr] + attention_args[1:]
+    lib.pagoda_paged_attention_q8_f32.restype = None
     lib.pagoda_dequantize_q_f32.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr]
     lib.pagoda_dequantize_q_f32.restype = None
+    declare_packed_gemm(lib)
     lib.pagoda_rms_norm_f32.argtypes = [ptr, ptr, ptr, f32, i64, i64, ptr, ptr]
     lib.pagoda_rms_norm_f32.restype = None
+    return lib
+
+
+def declare_packed_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The packed-weight entries of gemm_f32.c and gemm_dequantize_f32.c (kernels.h): (format,
+    [x, M,] K, N, codes, high, scales, mins, sub_scales, sub_mins, ...)."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    planes = [ptr] * 6
+    lib.pagoda_gemm_packed_f32.argtypes = [ctypes.c_int, ptr, i64, i64, i64, *planes, ptr]
+    lib.pagoda_gemm_packed_f32.restype = None
+    lib.pagoda_dequantize_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr]
+    lib.pagoda_dequantize_packed_f32.restype = None
+    lib.pagoda_dequantize_rows_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr,
+                                                      i64, ptr]
+    lib.pagoda_dequantize_rows_packed_f32.restype = None
     return lib
 
 

@@ -8,8 +8,11 @@ is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from pagoda.executor.attention.kv_quant import KERNEL_FORMATS, QuantizedKVCache
 from pagoda.executor.kernels.build import load_cpu_kernels
 from pagoda.executor.kernels.packing import FORMATS, TILE_N
 
@@ -63,27 +66,38 @@ def _dequantized_matmul(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
     format: str, out_features: int,
 ) -> torch.Tensor:
-    """x (M, K) float32 @ W^T -> (M, out_features), W dequantized slice by slice of outputs
-    (a multiple of the 16-output tiles, so each slice is whole tiles of the packed weight)."""
+    """x (M, K) float32 @ W^T -> (M, out_features), W (packing.pack's planes) dequantized
+    slice by slice of outputs."""
+    in_features = x.shape[1]
+    tiles = out_features // TILE_N
+    flat_codes, flat_scales = codes.view(tiles, -1), scales.view(tiles, -1)
+    flat_mins = None if mins is None else mins.view(tiles, -1)
+
+    def dequantize_slice(start: int, stop: int) -> torch.Tensor:
+        first, last = start // TILE_N, stop // TILE_N
+        return dequantize_transposed(
+            flat_codes[first:last], flat_scales[first:last],
+            None if flat_mins is None else flat_mins[first:last], format, stop - start,
+            in_features)
+
+    return dequantized_matmul(x, out_features, dequantize_slice)
+
+
+def dequantized_matmul(
+    x: torch.Tensor, out_features: int, dequantize_slice: Callable[[int, int], torch.Tensor],
+) -> torch.Tensor:
+    """x (M, K) float32 @ W^T -> (M, out_features), where dequantize_slice(start, stop) gives
+    W^T's columns start .. stop - 1 as float32 (K, stop - start): a cache-sized slice of
+    whole 16-output tiles at a time (DEQUANTIZE_SLICE_BYTES), each multiplied by torch's BLAS
+    matmul into its columns of the output."""
     in_features = x.shape[1]
     slice_outputs = max(TILE_N, DEQUANTIZE_SLICE_BYTES // (4 * in_features) // TILE_N * TILE_N)
     if slice_outputs >= out_features:
-        return x @ dequantize_transposed(codes, scales, mins, format, out_features, in_features)
+        return x @ dequantize_slice(0, out_features)
     y = x.new_empty(x.shape[0], out_features)
-    tile_codes = codes.numel() // (out_features // TILE_N)
-    tile_scales = scales.numel() // (out_features // TILE_N)
-    flat_codes, flat_scales = codes.view(-1), scales.view(-1)
-    flat_mins = None if mins is None else mins.view(-1)
     for start in range(0, out_features, slice_outputs):
-        n = min(slice_outputs, out_features - start)
-        first, count = start // TILE_N, n // TILE_N
-        w_t = dequantize_transposed(
-            flat_codes[first * tile_codes:(first + count) * tile_codes],
-            flat_scales[first * tile_scales:(first + count) * tile_scales],
-            None if flat_mins is None else flat_mins[first * tile_scales:(first + count) * tile_scales],
-            format, n, in_features,
-        )
-        torch.mm(x, w_t, out=y[:, start:start + n])
+        stop = min(start + slice_outputs, out_features)
+        torch.mm(x, dequantize_slice(start, stop), out=y[:, start:stop])
     return y
 
 
@@ -148,8 +162,17 @@ def paged_attention(
     The cache already holds this step's keys, or `new_keys` = (key, value, slots) brings them:
     key/value (T, Hkv, D), slots (T,) int64 flat cache slots, written by the kernel as it
     goes (one call instead of two index_copy_ and one attention). Only for decode tokens: each
-    query token must be the only new token of its sequence."""
-    kernel = _kernel("paged_attention", query.dtype)
+    query token must be the only new token of its sequence.
+
+    kv_cache may be an 8-bit QuantizedKVCache (attention/kv_quant.py), with float32 queries:
+    the kernel decodes codes and scales as it reads, and quantizes `new_keys` as it writes."""
+    quantized = isinstance(kv_cache, QuantizedKVCache)
+    if quantized:
+        if query.dtype != torch.float32:
+            raise ValueError(f"the 8-bit KV cache kernel takes float32 queries, got {query.dtype}")
+        kernel = load_cpu_kernels().pagoda_paged_attention_q8_f32
+    else:
+        kernel = _kernel("paged_attention", query.dtype)
     num_tokens, num_heads, head_dim = query.shape
     _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
     query = query.contiguous()
@@ -162,8 +185,11 @@ def paged_attention(
         slot_mapping = new_keys[2].to(torch.int64).contiguous()
         new_k, new_v, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
         k_stride, v_stride = key.stride(0), value.stride(0)
+    cache_args = ((KERNEL_FORMATS[kv_cache.kv_cache_dtype], query.data_ptr(),
+                   kv_cache.codes.data_ptr(), kv_cache.scales.data_ptr()) if quantized
+                  else (query.data_ptr(), kv_cache.data_ptr()))
     kernel(
-        query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(), query_seq.data_ptr(),
+        *cache_args, block_tables.data_ptr(), query_seq.data_ptr(),
         key_lens.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, num_blocks,
         block_size, block_tables.shape[1], window or 0, scale, new_k, new_v, k_stride, v_stride,
         slots, out.data_ptr(),

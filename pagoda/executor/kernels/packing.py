@@ -66,27 +66,42 @@ def quantize_groups(weight: torch.Tensor, format: str) -> GroupQuantized:
     return GroupQuantized(format, codes.to(torch.int16).view(n, k), scales, mins)
 
 
+def nibble_plane(low: torch.Tensor) -> torch.Tensor:
+    """codes (N, K) uint8 in [0, 15] -> the Q4 nibble plane (tiles, groups, 8, TILE_N, 2)
+    uint8 (csrc/kernels.h): [tile][group][c][lane][half], low nibble from pair 2c, high from
+    pair 2c + 1."""
+    n, k = low.shape
+    # (tile, lane, group, c, pair of c, half): n = tile*16 + lane, k = group*32 + 4c + 2 pair + half
+    q = low.view(n // TILE_N, TILE_N, k // GROUP_K, GROUP_K // 4, 2, 2)
+    q = q.permute(0, 2, 3, 4, 1, 5)  # (tile, group, c, pair of c, lane, half)
+    return (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).contiguous()
+
+
+def byte_plane(codes: torch.Tensor) -> torch.Tensor:
+    """codes (N, K) int8 -> the Q8 plane (tiles, groups, 16, 2, TILE_N) uint8:
+    [tile][group][pair][half][lane]."""
+    n, k = codes.shape
+    # (tile, lane, group, pair, half): n = tile*16 + lane, k = group*32 + 2 pair + half
+    q = codes.view(n // TILE_N, TILE_N, k // GROUP_K, GROUP_K // 2, 2)
+    return q.permute(0, 2, 3, 4, 1).contiguous().view(torch.uint8)
+
+
+def by_tile(t: torch.Tensor) -> torch.Tensor:
+    """(N, X) per-output values -> (tiles, X, TILE_N): [tile][x][lane]."""
+    n, width = t.shape
+    return t.view(n // TILE_N, TILE_N, width).transpose(1, 2).contiguous()
+
+
 def pack(quantized: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> (codes uint8, scales float16, mins float16 or None) in gemm_q's tile layout (see
     csrc/kernels.h): q4 codes [tile][group][c][lane][half], low nibble from pair 2c, high from
     pair 2c + 1; q8 codes [tile][group][pair][half][lane] int8; scales, mins [tile][group][lane]."""
-    n, k = quantized.codes.shape
-    tiles, groups = n // TILE_N, k // GROUP_K
     if quantized.format == "q4":
-        # (tile, lane, group, c, pair of c, half): n = tile*16 + lane, k = group*32 + 4c + 2 pair + half
-        q = quantized.codes.to(torch.uint8).view(tiles, TILE_N, groups, GROUP_K // 4, 2, 2)
-        q = q.permute(0, 2, 3, 4, 1, 5)  # (tile, group, c, pair of c, lane, half)
-        codes = q[:, :, :, 0] | (q[:, :, :, 1] << 4)
+        codes = nibble_plane(quantized.codes.to(torch.uint8))
     else:
-        # (tile, lane, group, pair, half): n = tile*16 + lane, k = group*32 + 2 pair + half
-        q = quantized.codes.to(torch.int8).view(tiles, TILE_N, groups, GROUP_K // 2, 2)
-        codes = q.permute(0, 2, 3, 4, 1).view(torch.uint8)
-
-    def by_tile(t: torch.Tensor) -> torch.Tensor:
-        return t.view(tiles, TILE_N, groups).transpose(1, 2).contiguous()
-
+        codes = byte_plane(quantized.codes.to(torch.int8))
     mins = None if quantized.mins is None else by_tile(quantized.mins)
-    return codes.contiguous(), by_tile(quantized.scales), mins
+    return codes, by_tile(quantized.scales), mins
 
 
 def quantize_and_pack(

@@ -39,22 +39,22 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()
 
 
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
     """(..., k) bytes -> (..., 2, k): low nibbles first, then high nibbles."""
     return torch.stack((qs & 0x0F, qs >> 4), dim=-2)
 
 
-def _bits(qh: torch.Tensor, num_bits: int, width: int = 1) -> torch.Tensor:
+def bits(qh: torch.Tensor, num_bits: int, width: int = 1) -> torch.Tensor:
     """(..., k) bytes -> (..., num_bits // width, k): field j is `(byte >> j*width) & mask`."""
     shifts = torch.arange(0, num_bits, width, dtype=torch.uint8, device=qh.device)
     mask = (1 << width) - 1
     return (qh.unsqueeze(-2) >> shifts.view(-1, 1)) & mask
 
 
-def _qh_bit_per_element(qh: torch.Tensor) -> torch.Tensor:
+def qh_bit_per_element(qh: torch.Tensor) -> torch.Tensor:
     """(n, 4) bytes of a little-endian uint32 -> (n, 32): element j gets bit j."""
     # bit j of the uint32 is bit j % 8 of byte j // 8: (n, 4 bytes, 8 bits) -> (n, 32)
-    return _bits(qh, 8).transpose(-1, -2).reshape(qh.shape[0], 32)
+    return bits(qh, 8).transpose(-1, -2).reshape(qh.shape[0], 32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -72,21 +72,21 @@ def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
 def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
     # 18 bytes: [0:2) d f16 | [2:18) qs 4-bit x32         x = d * (q - 8)
     d = _f16(blocks, 0)
-    q = _nibbles(blocks[:, 2:]).reshape(-1, 32).float()
+    q = nibbles(blocks[:, 2:]).reshape(-1, 32).float()
     return d * (q - 8)
 
 
 def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
     # 20 bytes: [0:2) d f16 | [2:4) m f16 | [4:20) qs 4-bit x32      x = d * q + m
     d, m = _f16(blocks, 0), _f16(blocks, 2)
-    q = _nibbles(blocks[:, 4:]).reshape(-1, 32).float()
+    q = nibbles(blocks[:, 4:]).reshape(-1, 32).float()
     return d * q + m
 
 
 def _q5(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
     """5-bit values (n, 32) as float32: low nibble from qs, fifth bit from qh."""
-    low = _nibbles(qs).reshape(-1, 32)
-    return (low | (_qh_bit_per_element(qh) << 4)).float()
+    low = nibbles(qs).reshape(-1, 32)
+    return (low | (qh_bit_per_element(qh) << 4)).float()
 
 
 def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     # 2c+1 (high nibbles).                       x = (d * sc) * q - (dmin * mn)
     d, dmin = _f16(blocks, 0).unsqueeze(-1), _f16(blocks, 2).unsqueeze(-1)
     sc, mn = _k_scales_mins(blocks[:, 4:16])
-    q = _nibbles(blocks[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32).float()
+    q = nibbles(blocks[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32).float()
     return ((d * sc) * q - dmin * mn).reshape(-1, QK_K)
 
 
@@ -136,8 +136,8 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     # Low nibbles as in Q4_K; the fifth bit of element i of sub-block j is bit j of qh[i].
     d, dmin = _f16(blocks, 0).unsqueeze(-1), _f16(blocks, 2).unsqueeze(-1)
     sc, mn = _k_scales_mins(blocks[:, 4:16])
-    low = _nibbles(blocks[:, 48:].reshape(-1, 4, 32)).reshape(-1, 8, 32)
-    high = _bits(blocks[:, 16:48], 8)  # (n, 8, 32)
+    low = nibbles(blocks[:, 48:].reshape(-1, 4, 32)).reshape(-1, 8, 32)
+    high = bits(blocks[:, 16:48], 8)  # (n, 8, 32)
     q = (low | (high << 4)).float()
     return ((d * sc) * q - dmin * mn).reshape(-1, QK_K)
 
@@ -152,8 +152,8 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     # 16 sub-blocks of 16 share one int8 scale.          x = (d * scale) * (q - 32)
     d = _f16(blocks, 208).unsqueeze(-1)
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float().unsqueeze(-1)
-    low = _nibbles(blocks[:, :128].reshape(-1, 2, 64)).reshape(-1, 8, 32)
-    high = _bits(blocks[:, 128:192].reshape(-1, 2, 32), 8, width=2).reshape(-1, 8, 32)
+    low = nibbles(blocks[:, :128].reshape(-1, 2, 64)).reshape(-1, 8, 32)
+    high = bits(blocks[:, 128:192].reshape(-1, 2, 32), 8, width=2).reshape(-1, 8, 32)
     q = ((low | (high << 4)).to(torch.int16) - 32).float().reshape(-1, 16, 16)
     return ((d * scales) * q).reshape(-1, QK_K)
 
@@ -178,7 +178,7 @@ _FLOAT_VIEWS: dict[gguf.GGMLQuantizationType, torch.dtype] = {
 }
 
 
-def _owned_bytes(raw: np.ndarray) -> torch.Tensor:
+def owned_bytes(raw: np.ndarray) -> torch.Tensor:
     """One tensor's bytes copied out of the memmap, as a flat uint8 torch tensor.
 
     The copy is per tensor (never the whole file) and makes the result independent of the
@@ -224,7 +224,7 @@ def dequantize_tensor(
             f"GGUF {qtype.name} data of {raw.nbytes} bytes does not hold a tensor of shape "
             f"{tuple(shape)} ({block_size} elements per {type_size}-byte block)"
         )
-    data = _owned_bytes(raw).to(device)
+    data = owned_bytes(raw).to(device)
 
     if qtype in _FLOAT_VIEWS:
         return data.view(_FLOAT_VIEWS[qtype]).float().reshape(shape).to(dtype)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,21 +29,37 @@ from pagoda.executor.loader.gguf_architectures import (
     family_of,
     hf_tensor_names,
 )
-from pagoda.executor.loader.gguf_dequant import SUPPORTED_GGUF_TYPES, dequantize_tensor
+from pagoda.executor.loader.gguf_dequant import (
+    SUPPORTED_GGUF_TYPES,
+    dequantize_tensor,
+    owned_bytes,
+)
+from pagoda.executor.loader.gguf_reader import CompactGGUFReader, array_length
 from pagoda.executor.loader.model_files import ModelLoadError
 
 logger = logging.getLogger(__name__)
+
+FLOAT_GGUF_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+@dataclass
+class RawGGUFTensor:
+    """One weight as the file stores it, not decoded: `data` (rows, row_bytes) uint8 (rows
+    in the model's order: converter permutations undone), of `ggml_type`, standing for a
+    (rows, in_features) `shape` matrix."""
+
+    data: torch.Tensor
+    ggml_type: object
+    shape: tuple[int, int]
+
 
 class GGUFCheckpoint:
     """A memory-mapped GGUF file: its metadata as a HF config and its tensors by HF name."""
 
     def __init__(self, path: str) -> None:
-        # Imported here: the gguf package is only needed for GGUF checkpoints.
-        from gguf import GGUFReader
-
         self.path = path
         try:
-            self.reader = GGUFReader(path, "r")
+            self.reader = CompactGGUFReader(path, "r")
         except Exception as e:  # noqa: BLE001 -- the reader raises many kinds on a damaged file
             raise ModelLoadError(
                 f"{path}: truncated or damaged GGUF file ({type(e).__name__}: {e})"
@@ -56,12 +73,6 @@ class GGUFCheckpoint:
         self.num_experts = int(self._field(f"{self.architecture}.expert_count", 0) or 0)
         self.family = family_of(self.architecture, self.num_experts)
         self.hf_config = self._build_hf_config()
-        # The tokenizer's arrays, parsed into one numpy view per entry (~400 MB of objects for
-        # a 49K vocabulary): the tokenizer is built from the file separately, nothing here
-        # reads them again.
-        for key in [k for k in self.reader.fields if k.startswith("tokenizer.ggml.")]:
-            if len(self.reader.fields[key].data) > 1:
-                del self.reader.fields[key]
 
     def _field(self, key: str, default=None, required: bool = False):
         field = self.reader.fields.get(key)
@@ -75,8 +86,8 @@ class GGUFCheckpoint:
         arch = self.architecture
         model_type, class_name = MIXTRAL if self.family == "mixtral" else GGUF_ARCHITECTURES[arch]
         tensor_names = {t.name for t in self.reader.tensors}
-        tokens = self._field("tokenizer.ggml.tokens")
-        vocab_size = self._field(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
+        vocab_size = self._field(f"{arch}.vocab_size") or array_length(
+            self.reader, "tokenizer.ggml.tokens")
         if vocab_size is None:
             raise ModelLoadError(f"{self.path}: GGUF metadata gives no vocabulary size")
         num_heads = int(self._field(f"{arch}.attention.head_count", required=True))
@@ -143,9 +154,25 @@ class GGUFCheckpoint:
     def _weight_tensors(self) -> list:
         return [t for t in self.reader.tensors if t.name not in SKIPPED_TENSORS]
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def quantized_matrices(self) -> dict[str, tuple[object, tuple[int, int]]]:
+        """Hugging Face name -> (GGUF type, (rows, in_features)) of every matrix the file
+        holds quantized (not F32/F16/BF16); a stacked expert tensor gives one per expert."""
+        matrices = {}
+        for tensor in self._weight_tensors():
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            if tensor.tensor_type.name in FLOAT_GGUF_TYPES or len(shape) not in (2, 3):
+                continue
+            for name in self._hf_names(tensor):
+                matrices[name] = (tensor.tensor_type, shape[-2:])
+        return matrices
+
+    def iter_weights(
+        self, dtype: torch.dtype, raw_names: frozenset[str] = frozenset(),
+    ) -> Iterator[tuple[str, torch.Tensor | RawGGUFTensor]]:
         """Yield (Hugging Face name, dequantized tensor in `dtype`) one tensor at a time (a
-        stacked expert tensor as one tensor per expert)."""
+        stacked expert tensor as one tensor per expert); names in `raw_names` (all of a
+        stacked tensor's or none) come as RawGGUFTensor, not decoded (the tensor's bytes copied
+        out of the mapping, so that nothing keeps the file's pages resident)."""
         cfg = self.hf_config
         tensors = self._weight_tensors()
         for tensor in tqdm(tensors, desc="Loading weights", unit="tensor", disable=None):
@@ -157,6 +184,14 @@ class GGUFCheckpoint:
                 )
             # GGUF lists dims fastest-first; torch wants them slowest-first.
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            if names[0] in raw_names:
+                row_bytes = int(tensor.n_bytes) // int(np.prod(shape[:-1]))
+                rows = owned_bytes(np.asarray(tensor.data)).view(len(names), -1, row_bytes)
+                parts = rows.unbind(0)
+                for name, part in zip(names, parts):
+                    raw = convert_tensor(self.architecture, name, part, cfg)
+                    yield name, RawGGUFTensor(raw, tensor.tensor_type, shape[-2:])
+                continue
             weight = dequantize_tensor(np.asarray(tensor.data), tensor.tensor_type, shape, dtype)
             parts = weight.unbind(0) if len(names) > 1 else (weight,)
             for name, part in zip(names, parts):

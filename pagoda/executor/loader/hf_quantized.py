@@ -43,6 +43,7 @@ from pagoda.executor.layers.quantization import (
     choose_kernel,
     torch_int4_scales_and_zeros,
 )
+from pagoda.executor.loader.linear_parts import QuantizedLinearParts, linear_target
 
 METHODS = ("awq", "gptq")
 PARTS = ("qweight", "qzeros", "scales")
@@ -193,60 +194,30 @@ class PrepackedInt4Linear(QuantizedLinear):
 class PrequantizedLoader:
     """Feeds a model's load_weights, taking the quantized linears' tensors out of the stream.
 
-    Built before load_weights starts: it drops the float weight of every linear the
-    checkpoint quantizes (load_weights then expects none). A fused linear (qkv, gate/up) is
-    filled from its parts' tensors, each converted as it completes; the layer becomes a
-    PrepackedInt4Linear as soon as its last part is in, concatenated along the outputs
-    (its bias, loaded by load_weights, is shared). `finish` checks nothing is missing."""
+    Built before load_weights starts: the float weight of every linear the checkpoint
+    quantizes is dropped (linear_parts.py). Each checkpoint linear is converted as soon as
+    its tensors are all in, and its module becomes a PrepackedInt4Linear when its last part
+    is, the parts concatenated along the outputs (its bias, loaded by load_weights, is
+    shared). `finish` checks nothing is missing."""
 
     def __init__(self, model: nn.Module, names: list[str], quant: CheckpointQuantization,
                  dtype: torch.dtype) -> None:
-        self.model, self.quant, self.dtype = model, quant, dtype
-        self.targets: dict[str, tuple[str, object]] = {}  # HF linear -> (module, shard id)
+        self.quant, self.dtype = quant, dtype
+        targets = {prefix: linear_target(model, prefix)
+                   for prefix, _, suffix in (name.rpartition(".") for name in names)
+                   if suffix == "qweight"}
+        self.linears = QuantizedLinearParts(model, targets, self._make_layer)
         self.pending: dict[str, dict[str, torch.Tensor]] = {}  # HF linear -> its tensors
-        self.parts: dict[str, dict] = {}  # module -> {shard id: GroupQuantized or None}
-        for name in names:
-            prefix, _, suffix = name.rpartition(".")
-            if suffix == "qweight":
-                self.targets[prefix] = self._target(prefix)
-        wanted: dict[str, set] = {}
-        for module_name, shard in self.targets.values():
-            wanted.setdefault(module_name, set()).add(shard)
-        for module_name, shards in wanted.items():
-            module = self._linear(module_name)
-            expected = [None] if None in shards else list(getattr(module, "shard_offsets", [None]))
-            if shards != set(expected):
-                raise ValueError(f"{module_name}: the checkpoint quantizes parts {sorted(shards)}"
-                                 f" of {expected}; all of them or none must be quantized")
-            self.parts[module_name] = dict.fromkeys(expected)
-            del module.weight  # never filled: the packed codes replace it
-            module.weight = None
-
-    def _target(self, prefix: str) -> tuple[str, object]:
-        name = prefix + "."
-        for fused, part, shard_id in getattr(self.model, "stacked_params", ()):
-            if part in name:
-                return name.replace(part, fused)[:-1], shard_id
-        return prefix, None
-
-    def _linear(self, module_name: str) -> Linear:
-        try:
-            module = self.model.get_submodule(module_name)
-        except AttributeError:
-            module = None
-        if isinstance(module, Linear):
-            return module
-        raise ValueError(f"quantized checkpoint tensors for {module_name!r}: the model has no "
-                         "linear layer of that name")
 
     def weights(self, stream: Iterator[tuple[str, torch.Tensor]]
                 ) -> Iterator[tuple[str, torch.Tensor]]:
         """`stream`: the checkpoint's tensors as stored; yields the others in the run dtype."""
+        targets = self.linears.targets
         for name, tensor in stream:
             prefix, _, suffix = name.rpartition(".")
-            if prefix in self.targets and suffix == "g_idx":
+            if prefix in targets and suffix == "g_idx":
                 check_g_idx(name, tensor, self.quant.group_size)
-            elif prefix in self.targets and suffix in PARTS:
+            elif prefix in targets and suffix in PARTS:
                 self._take(prefix, suffix, tensor)
             else:
                 yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
@@ -257,32 +228,21 @@ class PrequantizedLoader:
         if len(tensors) < len(PARTS):
             return
         del self.pending[prefix]
-        module_name, shard = self.targets[prefix]
         try:
-            self.parts[module_name][shard] = convert_linear(tensors, self.quant)
+            self.linears.add(prefix, convert_linear(tensors, self.quant))
         except ValueError as error:
             raise ValueError(f"{prefix}: {error}") from None
-        if all(part is not None for part in self.parts[module_name].values()):
-            self._install(module_name, self.parts.pop(module_name))
 
-    def _install(self, module_name: str, parts: dict) -> None:
-        module = self._linear(module_name)
-        pieces = list(parts.values())
+    def _make_layer(self, module: Linear, parts: list[GroupQuantized]) -> nn.Module:
         quantized = GroupQuantized(
-            "q4", *(torch.cat([getattr(p, field) for p in pieces])
+            "q4", *(torch.cat([getattr(p, field) for p in parts])
                     for field in ("codes", "scales", "mins")))
-        if quantized.codes.shape != (module.out_features, module.in_features):
-            raise ValueError(f"{module_name}: quantized weight {tuple(quantized.codes.shape)} "
-                             f"does not match ({module.out_features}, {module.in_features})")
-        parent_name, _, child = module_name.rpartition(".")
-        parent = self.model.get_submodule(parent_name) if parent_name else self.model
-        setattr(parent, child, PrepackedInt4Linear(quantized, module.bias, self.dtype))
+        return PrepackedInt4Linear(quantized, module.bias, self.dtype)
 
     def finish(self) -> None:
         """After load_weights: every quantized linear must have been completed."""
         missing = [f"{p} ({', '.join(t for t in PARTS if t not in got)})"
                    for p, got in self.pending.items()]
-        missing += [f"{m} (parts {[s for s, q in parts.items() if q is None]})"
-                    for m, parts in self.parts.items()]
+        missing += self.linears.missing()
         if missing:
             raise ValueError(f"quantized checkpoint lacks tensors of: {', '.join(missing[:8])}")

@@ -11,14 +11,18 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from pagoda.executor.kernels.build import load_cpu_kernels
 from pagoda.executor.kernels.ops import kernels_available
+from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.layers.quantization import (
+    QuantizedLinear,
     check_quantization_supported,
     choose_kernel,
     quantize_linear_layers,
     quantize_linears,
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
+from pagoda.executor.loader.gguf_packed import PackedGGUFLoader
 from pagoda.executor.loader.hf_quantized import (
     CheckpointQuantization,
     PrequantizedLoader,
@@ -91,18 +95,24 @@ def checkpoint_quantization(
     return None
 
 
+GGUF_OWN_TYPES = "gguf"
+"""What auto resolves to for a GGUF file on a CPU with Pagoda's kernels: each quantized
+matrix runs packed in the file's own type (pagoda/executor/loader/gguf_packed.py)."""
+
+
 def resolve_quantization(
     quantization: str | None,
     checkpoint: GGUFCheckpoint | SafetensorsCheckpoint,
-    dtype: torch.dtype,
     device: torch.device,
 ) -> str | None:
-    """The method to apply, or None. "auto" is int4 for a GGUF model whose decoder layers are
-    Q4_1 when Pagoda's kernels run the run dtype (float32 on any CPU with a C compiler, bf16
-    on AVX-512 BF16): int4 then keeps the file's own 4-bit weights
-    (pagoda/executor/layers/quantization.py), as llama.cpp runs them. Anything else under
-    auto stays in the run dtype. An AWQ/GPTQ checkpoint runs its own 4-bit weights: "int4"
-    under auto or int4, anything else refused (`resolve_checkpoint_quantization`)."""
+    """The method to apply, or None. "auto" is GGUF_OWN_TYPES for a GGUF file on a CPU where
+    Pagoda's kernels build: its quantized weights run packed as the file stores them, as
+    llama.cpp runs them (float32 activations on every CPU; bf16 through the bf16 kernels
+    where the CPU has them, for the types they take). Anything else under auto stays in the
+    run dtype; "none" dequantizes a GGUF file to float; int8/int4 quantize float weights
+    (pagoda/executor/layers/quantization.py). An AWQ/GPTQ checkpoint runs its own 4-bit
+    weights: "int4" under auto or int4, anything else refused
+    (`resolve_checkpoint_quantization`)."""
     quant = checkpoint_quantization(checkpoint)
     if quant is not None:
         return resolve_checkpoint_quantization(quantization, quant, device)
@@ -110,14 +120,21 @@ def resolve_quantization(
         return None
     if quantization != "auto":
         return quantization
-    if (  # device first: elsewhere, neither read the file's tensor list nor build the kernels
-        device.type == "cpu" and isinstance(checkpoint, GGUFCheckpoint)
-        and checkpoint.layer_weight_type() == "Q4_1" and choose_kernel("int4", dtype) == "pagoda"
-    ):
-        logger.info("auto quantization: int4, the GGUF file's own Q4_1 weights "
+    # device first: elsewhere, do not build the kernels
+    if device.type == "cpu" and isinstance(checkpoint, GGUFCheckpoint) and load_cpu_kernels():
+        logger.info("auto quantization: the GGUF file's own quantized types, run packed "
                     "(--quantization none for float weights)")
-        return "int4"
+        return GGUF_OWN_TYPES
     return None
+
+
+def weight_formats(model: nn.Module) -> str | None:
+    """What the model's linears hold, for the start-up log: e.g. "int4", "packed q4k/q5/q6k"
+    (a GGUF file's own types), or None for float weights."""
+    packed = sorted({f for m in model.modules() if isinstance(m, PackedLinear) for f in m.formats})
+    if packed:
+        return "packed " + "/".join(packed)
+    return next((m.method for m in model.modules() if isinstance(m, QuantizedLinear)), None)
 
 
 def release_freed_memory() -> None:
@@ -158,12 +175,13 @@ def load_model(
     max_position: int,
     quantization: str | None = None,
 ) -> nn.Module:
-    """Build and fill the model; with quantization "int8" or "int4" (or "auto", see
-    `resolve_quantization`) its linear layers are then replaced by weight-only quantized
-    ones (see pagoda/executor/layers/quantization.py). An AWQ/GPTQ checkpoint's linears load
-    packed from its own codes as they stream in; its logits head stays float."""
-    quantization = resolve_quantization(quantization, checkpoint, dtype, device)
-    if quantization is not None:
+    """Build and fill the model; with quantization "int8" or "int4" its linear layers are
+    then replaced by weight-only quantized ones (see pagoda/executor/layers/quantization.py).
+    Under "auto" (see `resolve_quantization`) a GGUF file's quantized matrices load packed in
+    their own types as they stream in, embedding and head included, and an AWQ/GPTQ
+    checkpoint's linears from its own codes (its logits head stays float)."""
+    quantization = resolve_quantization(quantization, checkpoint, device)
+    if quantization not in (None, GGUF_OWN_TYPES):
         check_quantization_supported(quantization, device)  # before the slow load
     model_class = resolve_model_class(checkpoint.hf_config)
     previous_dtype = torch.get_default_dtype()
@@ -177,7 +195,10 @@ def load_model(
     quant = checkpoint_quantization(checkpoint)
     prequantized = None if quant is None else PrequantizedLoader(
         model, checkpoint.tensor_names(), quant, dtype)
-    if prequantized is not None:
+    if quantization == GGUF_OWN_TYPES:
+        prequantized = PackedGGUFLoader(model, checkpoint, dtype)
+        weights = prequantized.weights(dtype)
+    elif prequantized is not None:
         weights = prequantized.weights(checkpoint.iter_weights(None))
     elif quantization is not None:
         weights = quantize_layers_as_loaded(checkpoint.iter_weights(dtype),
@@ -192,7 +213,7 @@ def load_model(
         quantize_linear_layers(model, quantization)  # layers not done while loading, the head
     if quantization is not None:
         release_freed_memory()
-        if choose_kernel(quantization, dtype) != "pagoda":
+        if quantization != GGUF_OWN_TYPES and choose_kernel(quantization, dtype) != "pagoda":
             logger.warning(
                 "--quantization %s with %s activations runs PyTorch's kernels (int8: no "
                 "speed-up); Pagoda's quantized kernels take float32 (and bfloat16 on CPUs "

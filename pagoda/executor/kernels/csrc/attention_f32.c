@@ -1,5 +1,5 @@
-/* float32 activations on any CPU: paged attention and RMSNorm (vectors: vec_f32.h; entry
- * points: kernels.h). */
+/* float32 activations on any CPU: paged attention (on a float32 or an 8-bit KV cache) and
+ * RMSNorm (vectors: vec_f32.h; entry points: kernels.h). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -25,24 +25,8 @@ ALWAYS_INLINE vf32 exp_nonpositive(vf32 x) {
     return p * (vf32)((n + 127) << 23); /* n >= -126: 2^n is a normal float */
 }
 
-/* One (query token, KV head) task: its G query heads (rows q_rows, each D wide) against keys
- * first .. first + n - 1 of the sequence whose block table is `table`. scores: G * n floats. */
-ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_rows,
-                               const float *k_head, const float *v_head, const int64_t *table,
-                               int64_t block_size, int64_t first, int64_t n, float scale,
-                               float *scores, float *out_rows) {
-    vf32 q[MAX_GROUP][MAX_HEAD_DIM / LANES];
-    for (int64_t g = 0; g < G; g++)
-        for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
-    for (int64_t j = 0; j < n; j++) {
-        const int64_t pos = first + j;
-        const float *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
-        for (int64_t g = 0; g < G; g++) {
-            vf32 acc = (vf32){0};
-            for (int64_t c = 0; c < D / LANES; c++) acc += q[g][c] * load_f32(k + c * LANES);
-            scores[g * n + j] = scale * horizontal_sum(acc);
-        }
-    }
+/* Softmax of each of G rows of n scores, in place. */
+ALWAYS_INLINE void softmax_rows(const int64_t G, int64_t n, float *scores) {
     for (int64_t g = 0; g < G; g++) {
         float *row = scores + g * n, max = -INFINITY, sum = 0.0f;
         for (int64_t j = 0; j < n; j++) max = row[j] > max ? row[j] : max;
@@ -62,6 +46,27 @@ ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_
         const float inv = 1.0f / (sum + horizontal_sum(vsum));
         for (j = 0; j < n; j++) row[j] *= inv;
     }
+}
+
+/* One (query token, KV head) task: its G query heads (rows q_rows, each D wide) against keys
+ * first .. first + n - 1 of the sequence whose block table is `table`. scores: G * n floats. */
+ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_rows,
+                               const float *k_head, const float *v_head, const int64_t *table,
+                               int64_t block_size, int64_t first, int64_t n, float scale,
+                               float *scores, float *out_rows) {
+    vf32 q[MAX_GROUP][MAX_HEAD_DIM / LANES];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const float *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        for (int64_t g = 0; g < G; g++) {
+            vf32 acc = (vf32){0};
+            for (int64_t c = 0; c < D / LANES; c++) acc += q[g][c] * load_f32(k + c * LANES);
+            scores[g * n + j] = scale * horizontal_sum(acc);
+        }
+    }
+    softmax_rows(G, n, scores);
     vf32 acc[MAX_GROUP][MAX_HEAD_DIM / LANES];
     for (int64_t g = 0; g < G; g++)
         for (int64_t c = 0; c < D / LANES; c++) acc[g][c] = (vf32){0};
@@ -121,6 +126,180 @@ void pagoda_paged_attention_f32(
                 ATTEND_GROUPS(128)
             } else {
                 ATTEND(G, D);
+            }
+        }
+        free(scores);
+    }
+}
+
+/* ---- the 8-bit KV cache (pagoda/executor/attention/kv_quant.py has the layout) ----------
+ * codes (2, Hkv, num_blocks, block_size, D) bytes: int8, or float8 e4m3fn / e5m2 bits;
+ * scales (2, Hkv, num_blocks, block_size) bfloat16: value = decode(code) * scale. */
+
+ALWAYS_INLINE float bf16_to_float(uint16_t bits) {
+    const uint32_t wide = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+ALWAYS_INLINE uint32_t float_bits(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+/* LANES codes -> float32 (without the row's scale). float8 by bits, as load_f16 does: the
+ * exponent and mantissa moved into float position are 2^-120 (e4m3, bias 7) or 2^-112 (e5m2,
+ * bias 15) times the value, subnormal codes included, which one multiply restores. */
+ALWAYS_INLINE vf32 decode_codes(const int format, const uint8_t *p) {
+    if (format == KV_INT8) return load_i8_as_f32((const int8_t *)p);
+#ifdef WIDEN_I8
+    const vi32 w = WIDEN_I8(p) & 0xFF;
+#else
+    vi8 q;
+    memcpy(&q, p, sizeof q);
+    const vi32 w = __builtin_convertvector(q, vi32) & 0xFF;
+#endif
+    const vi32 magnitude = (w & 0x7F) << (format == KV_FP8_E4M3 ? 20 : 21);
+    const vi32 sign = (w & 0x80) << 24;
+    const vf32 value = (vf32)magnitude * (format == KV_FP8_E4M3 ? 0x1p120f : 0x1p112f);
+    return (vf32)((vi32)value | sign);
+}
+
+/* |y| <= the format's largest value -> its float8 code, rounded to nearest even (torch's
+ * conversion): below the smallest normal the codes are a fixed grid (rintf), above it the
+ * float32 mantissa rounds to 3 (e4m3) or 2 (e5m2) bits and the exponent is re-biased. */
+ALWAYS_INLINE uint8_t encode_fp8(const int format, float y) {
+    const uint8_t sign = signbit(y) ? 0x80 : 0;
+    const float a = fabsf(y);
+    const int mantissa = format == KV_FP8_E4M3 ? 3 : 2;
+    const float smallest_normal = format == KV_FP8_E4M3 ? 0x1p-6f : 0x1p-14f;
+    const float grid = format == KV_FP8_E4M3 ? 0x1p9f : 0x1p16f; /* 1 / smallest subnormal */
+    if (a < smallest_normal) return sign | (uint8_t)rintf(a * grid);
+    const int drop = 23 - mantissa;
+    uint32_t bits = float_bits(a);
+    bits += ((1u << (drop - 1)) - 1) + ((bits >> drop) & 1); /* half an ulp, ties to even */
+    const uint32_t rebias = (uint32_t)(format == KV_FP8_E4M3 ? 127 - 7 : 127 - 15) << mantissa;
+    return sign | (uint8_t)((bits >> drop) - rebias);
+}
+
+static const float KV_QMAX[3] = {127.0f, 448.0f, 57344.0f};
+
+/* One row of D floats -> D codes and its bfloat16 scale, bit for bit kv_quant.quantize:
+ * scale = amax / QMAX rounded up to bfloat16 (at least 2^-126), code = encode(x / scale). */
+static void quantize_row(const int format, const float *x, int64_t D, uint8_t *codes,
+                         uint16_t *scale) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < D; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float qmax = KV_QMAX[format];
+    uint32_t scale_bits = (float_bits(amax / qmax) + 0xFFFF) >> 16;
+    scale_bits = scale_bits < 0x0080 ? 0x0080 : scale_bits;
+    *scale = (uint16_t)scale_bits;
+    const float s = bf16_to_float((uint16_t)scale_bits);
+    for (int64_t i = 0; i < D; i++) {
+        float y = x[i] / s;
+        y = y > qmax ? qmax : (y < -qmax ? -qmax : y);
+        if (format == KV_INT8) {
+            codes[i] = (uint8_t)(int8_t)rintf(y);
+        } else {
+            codes[i] = encode_fp8(format, y);
+        }
+    }
+}
+
+/* attend_task on the 8-bit cache: keys and values decoded a vector at a time as they are
+ * used, each row's scale applied once to its score (keys) or weight (values). */
+ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64_t D,
+                                  const float *q_rows, const uint8_t *k_head,
+                                  const uint16_t *k_scales, const uint8_t *v_head,
+                                  const uint16_t *v_scales, const int64_t *table,
+                                  int64_t block_size, int64_t first, int64_t n, float scale,
+                                  float *scores, float *out_rows) {
+    vf32 q[MAX_GROUP][MAX_HEAD_DIM / LANES];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+        const uint8_t *k = k_head + slot * D;
+        const float row_scale = scale * bf16_to_float(k_scales[slot]);
+        vf32 acc[MAX_GROUP];
+        for (int64_t g = 0; g < G; g++) acc[g] = (vf32){0};
+        for (int64_t c = 0; c < D / LANES; c++) {
+            const vf32 kc = decode_codes(format, k + c * LANES);
+            for (int64_t g = 0; g < G; g++) acc[g] += q[g][c] * kc;
+        }
+        for (int64_t g = 0; g < G; g++) scores[g * n + j] = row_scale * horizontal_sum(acc[g]);
+    }
+    softmax_rows(G, n, scores);
+    vf32 acc[MAX_GROUP][MAX_HEAD_DIM / LANES];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) acc[g][c] = (vf32){0};
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t pos = first + j;
+        const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+        const uint8_t *v = v_head + slot * D;
+        const float row_scale = bf16_to_float(v_scales[slot]);
+        float weight[MAX_GROUP];
+        for (int64_t g = 0; g < G; g++) weight[g] = scores[g * n + j] * row_scale;
+        for (int64_t c = 0; c < D / LANES; c++) {
+            const vf32 vc = decode_codes(format, v + c * LANES);
+            for (int64_t g = 0; g < G; g++) acc[g][c] += weight[g] * vc;
+        }
+    }
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < D / LANES; c++) store_f32(out_rows + g * D + c * LANES, acc[g][c]);
+}
+
+#define ATTEND_Q8(F, GC, DC) attend_task_q8(F, GC, DC, q_rows, k_head, k_scales, v_head, \
+                                            v_scales, table, block_size, first, n, scale, \
+                                            scores, out_rows)
+#define ATTEND_Q8_SHAPES(F) \
+    if (D == 64 && G == 3) ATTEND_Q8(F, 3, 64); \
+    else if (D == 64) ATTEND_Q8(F, G, 64); \
+    else if (D == 128) ATTEND_Q8(F, G, 128); \
+    else ATTEND_Q8(F, G, D);
+
+/* pagoda_paged_attention_f32 on the 8-bit cache: the same contract, with kv_codes and
+ * kv_scales (layout above) for kv_cache and `format` one of KV_INT8, KV_FP8_E4M3,
+ * KV_FP8_E5M2. new_k / new_v rows, when given, are quantized (quantize_row) into their slots
+ * before reading. */
+void pagoda_paged_attention_q8_f32(
+    int format, const float *query, uint8_t *kv_codes, uint16_t *kv_scales,
+    const int64_t *block_tables, const int64_t *query_seq, const int64_t *key_lens, int64_t T,
+    int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
+    int64_t table_width, int64_t window, float scale, const float *new_k, const float *new_v,
+    int64_t k_stride, int64_t v_stride, const int64_t *slots, float *out) {
+    const int64_t G = H / Hkv, head_rows = num_blocks * block_size;
+    uint8_t *v_codes = kv_codes + Hkv * head_rows * D;
+    uint16_t *v_scales_all = kv_scales + Hkv * head_rows;
+    int64_t max_len = 0;
+    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < T * Hkv; task++) {
+            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
+            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
+            const int64_t *table = block_tables + query_seq[t] * table_width;
+            uint8_t *k_head = kv_codes + h * head_rows * D, *v_head = v_codes + h * head_rows * D;
+            uint16_t *k_scales = kv_scales + h * head_rows, *v_scales = v_scales_all + h * head_rows;
+            if (new_k != NULL) {
+                quantize_row(format, new_k + t * k_stride + h * D, D, k_head + slots[t] * D,
+                             k_scales + slots[t]);
+                quantize_row(format, new_v + t * v_stride + h * D, D, v_head + slots[t] * D,
+                             v_scales + slots[t]);
+            }
+            const float *q_rows = query + (t * H + h * G) * D;
+            float *out_rows = out + (t * H + h * G) * D;
+            if (format == KV_INT8) {
+                ATTEND_Q8_SHAPES(KV_INT8)
+            } else if (format == KV_FP8_E4M3) {
+                ATTEND_Q8_SHAPES(KV_FP8_E4M3)
+            } else {
+                ATTEND_Q8_SHAPES(KV_FP8_E5M2)
             }
         }
         free(scores);

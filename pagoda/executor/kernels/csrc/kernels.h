@@ -5,7 +5,9 @@
  *
  *   avx512_bf16.c   bf16 activations, AVX-512 BF16 intrinsics (vdpbf16ps); compiled to the
  *                   availability check alone on CPUs without AVX-512 BF16
- *   gemm_f32.c      float32 activations, the quantized matmul and its dequantization,
+ *   gemm_f32.c      float32 activations, the quantized matmul (every format below),
+ *   gemm_dequantize_f32.c  its dequantization (large batches, embedding rows; gemm_packed.h
+ *                   holds what both read of the packed formats),
  *   attention_f32.c paged attention and RMSNorm: GCC vector extensions (vec_f32.h), AVX-512F
  *                   (16 lanes), AVX2 + FMA (8 lanes), NEON / SSE / anything else (4 lanes)
  *
@@ -20,6 +22,25 @@
  *   FORMAT_Q8: w = d * q, q in [-127, 127]                        (GGUF Q8_0's form)
  *              codes[tile][group][p][half][lane] int8 = codes[tile][group][k][lane]
  *   scales[tile][group][lane] float16 d; mins[tile][group][lane] float16 m (Q4 only)
+ * Those two are GGUF Q4_1 (Q4_0: m = -8 d, exact in float16) and Q8_0. The float32 kernels
+ * (not the bf16 ones) take four more, each GGUF type's weights bit for bit, built from the
+ * Q4 nibble plane above (`codes`, the low 4 bits q & 15 of each code) plus these planes;
+ * SUPER_K = 256 inputs make a K-quant super-block (8 groups):
+ *   FORMAT_Q5:  w = d * q + m, q in [0, 31] (GGUF Q5_1; Q5_0: m = -16 d). scales, mins as Q4;
+ *               high[tile][group][lane] uint32: bit 4 of input k0 + 4c + i's code (c < 8,
+ *               i < 4) at bit P(u) + 8 (i & 1), slot u = 2c + i / 2, P(u) = u % 8 + 16 (u / 8)
+ *               (so that pairs 8 bits apart land next to their nibbles: gemm_packed.h)
+ *   FORMAT_Q4K: w = D * q - M, D = d * sc, M = dmin * mn (GGUF Q4_K), q in [0, 15];
+ *               scales[tile][super][lane] float16 d, mins[tile][super][lane] float16 dmin,
+ *               sub_scales[tile][group][lane] uint8 sc, sub_mins[tile][group][lane] uint8 mn
+ *   FORMAT_Q5K: Q5's high plane with Q4K's scales (GGUF Q5_K), q in [0, 31]
+ *   FORMAT_Q6K: w = (d * sc) * (q - 32), q in [0, 63] (GGUF Q6_K); high[tile][group][j][lane]
+ *               uint32, j = 0, 1: bits 4, 5 of input k0 + 4c + i's code (c = 4j .. 4j+3) at
+ *               bits P(u), P(u) + 1 plus 8 (i & 1), slot u = 2c + i / 2 (of 0 .. 15) of
+ *               word j = u / 8, P(u) = 2 (u % 4) + 16 (u % 8 / 4);
+ *               scales[tile][super][lane] float16 d; sub_scales[tile][group][j][lane] int8 sc
+ *               of inputs k0 + 16 j .. k0 + 16 j + 15
+ * Tiles are the outer dimension of every plane, so a run of whole tiles is a run of outputs.
  */
 #ifndef PAGODA_KERNELS_H
 #define PAGODA_KERNELS_H
@@ -28,10 +49,18 @@
 
 #define FORMAT_Q4 0
 #define FORMAT_Q8 1
+#define FORMAT_Q5 2
+#define FORMAT_Q4K 3
+#define FORMAT_Q5K 4
+#define FORMAT_Q6K 5
+#define SUPER_K 256
 #define TILE_N 16
 #define GROUP_K 32
 #define MAX_GROUP 16   /* query heads sharing one KV head (attention) */
 #define MAX_HEAD_DIM 256
+#define KV_INT8 0       /* 8-bit KV cache formats (attention_f32.c, kv_quant.py) */
+#define KV_FP8_E4M3 1
+#define KV_FP8_E5M2 2
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -54,12 +83,33 @@ void pagoda_gemm_q_f32(int format, const float *x, int64_t M, int64_t K, int64_t
                        float *y);
 void pagoda_dequantize_q_f32(int format, int64_t K, int64_t N, const uint8_t *codes,
                              const uint16_t *scales, const uint16_t *mins, float *w_t);
+/* Any format: the planes a format lacks are NULL. y (M, N) = x (M, K) . W^T; w_t (K, N) = W^T;
+ * out (num_rows, K) = rows `rows` of W. N % 16 == 0, K % 32 (K-quants 256) == 0. */
+void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                            const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
+                            const uint16_t *mins, const uint8_t *sub_scales,
+                            const uint8_t *sub_mins, float *y);
+void pagoda_dequantize_packed_f32(int format, int64_t K, int64_t N, const uint8_t *codes,
+                                  const uint8_t *high, const uint16_t *scales,
+                                  const uint16_t *mins, const uint8_t *sub_scales,
+                                  const uint8_t *sub_mins, float *w_t);
+void pagoda_dequantize_rows_packed_f32(int format, int64_t K, int64_t N, const uint8_t *codes,
+                                       const uint8_t *high, const uint16_t *scales,
+                                       const uint16_t *mins, const uint8_t *sub_scales,
+                                       const uint8_t *sub_mins, const int64_t *rows,
+                                       int64_t num_rows, float *out);
 void pagoda_paged_attention_f32(
     const float *query, float *kv_cache, const int64_t *block_tables,
     const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
     int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
     float scale, const float *new_k, const float *new_v, int64_t k_stride,
     int64_t v_stride, const int64_t *slots, float *out);
+void pagoda_paged_attention_q8_f32(
+    int format, const float *query, uint8_t *kv_codes, uint16_t *kv_scales,
+    const int64_t *block_tables, const int64_t *query_seq, const int64_t *key_lens, int64_t T,
+    int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
+    int64_t table_width, int64_t window, float scale, const float *new_k, const float *new_v,
+    int64_t k_stride, int64_t v_stride, const int64_t *slots, float *out);
 void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
                          int64_t M, int64_t H, float *out, float *new_residual);
 

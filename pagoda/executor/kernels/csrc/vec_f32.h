@@ -26,6 +26,7 @@ typedef int32_t vi32 __attribute__((vector_size(VECTOR_BYTES)));
 typedef uint32_t vu32 __attribute__((vector_size(VECTOR_BYTES)));
 typedef uint16_t vu16 __attribute__((vector_size(VECTOR_BYTES / 2))); /* LANES words */
 typedef int8_t vi8 __attribute__((vector_size(VECTOR_BYTES / 4)));    /* LANES bytes */
+typedef uint8_t vu8 __attribute__((vector_size(VECTOR_BYTES / 4)));   /* LANES bytes */
 
 ALWAYS_INLINE vf32 load_f32(const float *p) {
     vf32 v;
@@ -41,10 +42,12 @@ ALWAYS_INLINE void store_f32(float *p, vf32 v) { memcpy(p, &v, sizeof v); }
 #include <immintrin.h>
 #define WIDEN_U16(p) ((vu32)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))))
 #define WIDEN_I8(p) ((vi32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define WIDEN_U8(p) ((vi32)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #elif VECTOR_BYTES == 32 && defined(__AVX2__)
 #include <immintrin.h>
 #define WIDEN_U16(p) ((vu32)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define WIDEN_I8(p) ((vi32)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define WIDEN_U8(p) ((vi32)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #endif
 
 ALWAYS_INLINE vu32 load_u16_widened(const uint16_t *p) {
@@ -54,6 +57,16 @@ ALWAYS_INLINE vu32 load_u16_widened(const uint16_t *p) {
     vu16 v;
     memcpy(&v, p, sizeof v);
     return __builtin_convertvector(v, vu32);
+#endif
+}
+
+ALWAYS_INLINE vf32 load_u8_as_f32(const uint8_t *p) {
+#ifdef WIDEN_U8
+    return __builtin_convertvector((vi32)WIDEN_U8(p), vf32);
+#else
+    vu8 q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(__builtin_convertvector(q, vi32), vf32);
 #endif
 }
 

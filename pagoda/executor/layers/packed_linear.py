@@ -1,0 +1,117 @@
+"""Linear layers and embeddings over weights a checkpoint already holds quantized (a GGUF
+file's Q4_0 ... Q6_K tensors), run packed by Pagoda's CPU kernels: no float copy of a
+weight exists at any time (pagoda/executor/kernels/packed_weight.py holds the formats).
+
+A fused projection (qkv, gate/up) whose parts the file stores in different types (a Q4_K_M
+file keeps v in Q6_K where q and k are Q4_K) is a list of segments, one matmul each, written
+side by side into the output:
+
+    outputs:  [ segment 0 (q, k: q4k) | segment 1 (v: q6k) ]
+
+Activations: float32 through the float32 kernels (every CPU). Other dtypes (bfloat16 where
+the CPU has AVX-512 BF16) take the bf16 kernels for formats they have (q4, q8) and small
+batches, else are converted to float32 for the product and back: the weight stays packed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagoda.executor.kernels.ops import gemm_q, gemm_q_op, kernels_available
+from pagoda.executor.kernels.packed_weight import (
+    PackedWeight,
+    dequantize_rows,
+    dequantize_rows_op,
+    gemm_packed,
+    gemm_packed_op,
+    plane_list,
+)
+from pagoda.executor.layers.quantization import DEFAULT_DENSE_FROM_ROWS
+
+BF16_KERNEL_FORMATS = ("q4", "q8")
+"""Formats the bf16 kernels (csrc/avx512_bf16.c) multiply; others run in float32."""
+
+
+def merge_segments(parts: list[PackedWeight]) -> list[PackedWeight]:
+    """Consecutive parts of one format concatenated: as few matmuls as the formats allow."""
+    segments: list[list[PackedWeight]] = []
+    for part in parts:
+        if segments and segments[-1][0].format == part.format:
+            segments[-1].append(part)
+        else:
+            segments.append([part])
+    return [group[0] if len(group) == 1 else PackedWeight.cat(group) for group in segments]
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T (+ b), W the concatenation (along outputs) of packed `parts`.
+    Input (..., in_features) in any float dtype; output (..., out_features) in the same."""
+
+    def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not parts or len({p.in_features for p in parts}) != 1:
+            raise ValueError("a packed linear needs parts with one input size")
+        self.segments = merge_segments(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = bias
+
+    @property
+    def formats(self) -> list[str]:
+        return [segment.format for segment in self.segments]
+
+    def nbytes(self) -> int:
+        return sum(segment.nbytes() for segment in self.segments)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()  # (M, in)
+        if len(self.segments) == 1:
+            y = self._matmul(rows, self.segments[0])
+        else:
+            y = torch.cat([self._matmul(rows, segment) for segment in self.segments], dim=1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    @staticmethod
+    def _matmul(rows: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+        compiling = torch.compiler.is_compiling()  # then the opaque ops (packed_weight.py)
+        if (rows.dtype == torch.bfloat16 and weight.format in BF16_KERNEL_FORMATS
+                and rows.shape[0] < DEFAULT_DENSE_FROM_ROWS and kernels_available(rows.dtype)):
+            planes = weight.planes
+            return (gemm_q_op if compiling else gemm_q)(
+                rows, planes["codes"], planes["scales"], planes.get("mins"), weight.format,
+                weight.out_features)
+        x = rows if rows.dtype == torch.float32 else rows.float()
+        if compiling:
+            y = gemm_packed_op(x, weight.format, weight.out_features, *plane_list(weight))
+        else:
+            y = gemm_packed(x, weight)
+        return y.to(rows.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"formats={'+'.join(self.formats)}")
+
+
+class PackedEmbedding(nn.Module):
+    """Token embedding over a packed (vocab_size, hidden) table: a lookup dequantizes only
+    the rows it reads. ids (...) int64 -> (..., hidden) in `dtype`."""
+
+    def __init__(self, table: PackedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table, self.dtype = table, dtype
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat, table = ids.reshape(-1).to(torch.int64), self.table
+        if torch.compiler.is_compiling():
+            rows = dequantize_rows_op(flat, table.format, table.out_features, table.in_features,
+                                      *plane_list(table))
+        else:
+            rows = dequantize_rows(table, flat)
+        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.table.format}"

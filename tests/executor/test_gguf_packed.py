@@ -1,0 +1,184 @@
+"""GGUF tensors packed (pagoda/executor/loader/gguf_packing.py into kernels/packed_weight.py)
+against the gguf package's own dequantization: every weight bit for bit, the float32 matmul within float32
+rounding of x @ dequantize(W)^T for every row count (1-2 rows: the factored decode path;
+3-4; several passes; 130: dequantized slices and a BLAS matmul), embedding rows, the memory
+the packed form takes, and row slicing. Random bytes with sane float16 scales are real
+blocks of each type; the ISA builds of the float32 kernels are run as test_cpu_kernels.py
+runs them, ARM64 under qemu in test_kernels_aarch64.py."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+
+from pagoda.executor.kernels import build, ops
+from pagoda.executor.kernels.packed_weight import (
+    PackedWeight,
+    dequantize_rows,
+    dequantize_transposed,
+    from_group_quantized,
+    gemm_packed,
+)
+from pagoda.executor.kernels.packing import quantize_groups
+from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
+from tests.executor.test_cpu_kernels import X86_BUILDS, runnable_builds
+
+Q = gguf.GGMLQuantizationType
+SCALE_OFFSETS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
+                 Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+"""byte offsets of each block's float16 d / dmin / m"""
+TYPES = list(SCALE_OFFSETS)
+SIZE_RATIO = {Q.Q4_0: 10 / 9, Q.Q4_1: 1.0, Q.Q5_0: 12 / 11, Q.Q5_1: 1.0, Q.Q8_0: 1.0,
+              Q.Q4_K: 37 / 36, Q.Q5_K: 45 / 44, Q.Q6_K: 1.0}
+"""packed bytes / GGUF bytes: Q4_0 and Q5_0 store their implicit m = -8 d / -16 d; the
+K-quants' 6-bit sub-scales and mins take a byte each"""
+
+
+def random_blocks(ggml_type, n: int, k: int, seed: int = 0, scale: float = 0.01) -> np.ndarray:
+    """(n, row_bytes) uint8: random codes and sub-scales, float16 scales ~ N(0, scale)."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n * k // block_size, type_size), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[ggml_type]:
+        scales = (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
+        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(n, -1)
+
+
+def case(ggml_type, n: int = 48, k: int = 512, seed: int = 0):
+    raw = random_blocks(ggml_type, n, k, seed)
+    reference = torch.from_numpy(dequantize(raw, ggml_type).reshape(n, k).astype(np.float32))
+    return raw, pack_gguf(raw, ggml_type, (n, k)), reference
+
+
+def legacy_or_k_shapes(ggml_type):
+    """K = 512 for every type, and SmolLM's 576 for the 32-weight blocks"""
+    return [(48, 512)] + ([(32, 576)] if gguf.GGML_QUANT_SIZES[ggml_type][0] == 32 else [])
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_packed_gguf_dequantizes_bit_for_bit(ggml_type) -> None:
+    for n, k in legacy_or_k_shapes(ggml_type):
+        raw, packed, reference = case(ggml_type, n, k)
+        assert torch.equal(packed.dequantize(), reference)
+        assert torch.equal(dequantize_transposed(packed), reference.T)
+        from_torch = pack_gguf(torch.from_numpy(raw.reshape(-1)), ggml_type, (n, k))
+        assert torch.equal(from_torch.dequantize(), reference)
+
+
+def assert_matmul_close(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Within float32 rounding: each error against sum_k |x_k w_k| of its output."""
+    bound = 1e-5 * (x.abs() @ weight.abs().T) + 1e-30
+    assert ((y - x @ weight.T).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_packed_matmul_matches_the_dequantized_one(ggml_type) -> None:
+    for n, k in legacy_or_k_shapes(ggml_type):
+        _, packed, reference = case(ggml_type, n, k, seed=1)
+        for rows in (1, 2, 3, 4, 7, ops.DEQUANTIZE_FROM_ROWS + 2):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            assert_matmul_close(gemm_packed(x, packed), x, reference)
+
+
+def test_large_batches_dequantize_slice_by_slice(monkeypatch) -> None:
+    monkeypatch.setattr(ops, "DEQUANTIZE_SLICE_BYTES", 4 * 512 * 16)  # 16 outputs a slice
+    _, packed, reference = case(Q.Q5_K, seed=2)
+    x = torch.randn(ops.DEQUANTIZE_FROM_ROWS, 512)
+    assert_matmul_close(gemm_packed(x, packed), x, reference)
+
+
+@pytest.fixture(scope="module")
+def isa_libraries(tmp_path_factory) -> dict:
+    """Each x86 instruction-set build this CPU runs (test_cpu_kernels.X86_BUILDS) of the
+    packed gemm's sources alone, built once for the module."""
+    sources = tmp_path_factory.mktemp("gemm_sources")
+    for path in build.SOURCE_DIR.iterdir():
+        if path.name.startswith("gemm") or path.suffix == ".h":
+            shutil.copy(path, sources / path.name)
+    libraries = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path_factory.mktemp("isa")))
+        for name in runnable_builds():
+            if name != "native":
+                library = build.build_library(sources, extra_flags=X86_BUILDS[name][0])
+                libraries[name] = build.declare_packed_gemm(ctypes.CDLL(str(library)))
+    return libraries
+
+
+@pytest.mark.parametrize("isa", [b for b in runnable_builds() if b != "native"])
+def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeypatch) -> None:
+    """Every type dequantized and multiplied (1, 2, 4 and 5 rows) by each ISA build."""
+    lib = isa_libraries[isa]
+    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    for ggml_type in TYPES:
+        _, packed, reference = case(ggml_type, 32, 256, seed=3)
+        assert torch.equal(packed.dequantize(), reference), ggml_type.name
+        for rows in (1, 2, 4, 5):
+            x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+            assert_matmul_close(gemm_packed(x, packed), x, reference)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_embedding_rows_and_memory(ggml_type) -> None:
+    raw, packed, reference = case(ggml_type)
+    rows = torch.tensor([0, 47, 16, 5, 5, 31])
+    assert torch.equal(dequantize_rows(packed, rows), reference[rows])
+    assert dequantize_rows(packed, torch.tensor([], dtype=torch.long)).shape == (0, 512)
+    assert packed.nbytes() / raw.nbytes == pytest.approx(SIZE_RATIO[ggml_type])
+    assert packed.nbytes() <= 1.12 * raw.nbytes
+
+
+def test_rows_and_cat_round_trip() -> None:
+    _, packed, reference = case(Q.Q6_K)
+    parts = [packed.rows(0, 16), packed.rows(16, 16), packed.rows(16, 48)]
+    assert torch.equal(parts[2].dequantize(), reference[16:48])
+    assert parts[0].planes["codes"].data_ptr() == packed.planes["codes"].data_ptr()  # views
+    joined = PackedWeight.cat(parts)
+    assert joined.out_features == 48 and joined.nbytes() == packed.nbytes()
+    assert torch.equal(joined.dequantize(), reference)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        packed.rows(0, 20)
+    with pytest.raises(ValueError, match="one format"):
+        PackedWeight.cat([packed, case(Q.Q4_K)[1]])
+
+
+def test_group_quantized_weights_pack_as_q4_and_q8() -> None:
+    torch.manual_seed(0)
+    for format in ("q4", "q8"):
+        quantized = quantize_groups(torch.randn(32, 96) * 0.05, format)
+        packed = from_group_quantized(quantized)
+        assert packed.format == format
+        assert torch.equal(packed.dequantize(), quantized.dequantize())
+        x = torch.randn(2, 96)
+        assert_matmul_close(gemm_packed(x, packed), x, quantized.dequantize())
+
+
+def test_big_tensors_pack_slice_by_slice(monkeypatch) -> None:
+    from pagoda.executor.loader import gguf_packing
+    monkeypatch.setattr(gguf_packing, "PACK_SLICE_WEIGHTS", 16 * 256)  # 16 rows a slice
+    raw, _, reference = case(Q.Q4_0, 48, 256)
+    assert torch.equal(pack_gguf(raw, Q.Q4_0, (48, 256)).dequantize(), reference)
+
+
+def test_shapes_the_kernels_cannot_tile_are_refused_clearly() -> None:
+    assert gguf_type_packable(Q.Q4_K, (32, 512)) and not gguf_type_packable(Q.Q4_K, (32, 576))
+    assert not gguf_type_packable(Q.Q4_0, (40, 64)) and not gguf_type_packable(Q.Q2_K, (32, 512))
+    with pytest.raises(ValueError, match=r"multiple of 16 and in_features of 256"):
+        pack_gguf(np.zeros(20 * 2 * 144, np.uint8), Q.Q4_K, (20, 512))
+    with pytest.raises(ValueError, match=r"multiple of 16 and in_features of 256"):
+        pack_gguf(np.zeros(32 * 144 * 9 // 4, np.uint8), Q.Q4_K, (32, 576))
+    with pytest.raises(ValueError, match="does not hold|is not the uint8 bytes"):
+        pack_gguf(np.zeros(100, np.uint8), Q.Q8_0, (16, 64))
+    with pytest.raises(ValueError, match="no packed kernel format"):
+        pack_gguf(np.zeros(16 * 84, np.uint8), Q.Q2_K, (16, 256))
+    _, packed, _ = case(Q.Q8_0)
+    assert gemm_packed(torch.empty(0, 512), packed).shape == (0, 48)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        gemm_packed(torch.randn(2, 256), packed)
