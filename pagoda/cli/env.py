@@ -47,6 +47,8 @@ def run_env(args: argparse.Namespace) -> int:
     print(f"auto for {files.path}:")
     print(f"  device {device}{f', {threads} threads' if threads else ''}")
     print(f"  dtype {str(dtype).removeprefix('torch.')}")
+    if quantization == "gguf":
+        quantization = "the file's own types, packed"
     print(f"  quantization {quantization or 'none'}"
           + (f" ({checkpoint.layer_weight_type()} file)" if quantization else ""))
     print(f"  attention {backend.name}")
