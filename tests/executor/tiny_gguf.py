@@ -22,6 +22,8 @@ GGUF_ARCH = {  # HF model_type -> (gguf arch name, gguf.MODEL_ARCH)
     "gemma2": ("gemma2", gguf.MODEL_ARCH.GEMMA2),
     "gemma3_text": ("gemma3", gguf.MODEL_ARCH.GEMMA3),
     "phi3": ("phi3", gguf.MODEL_ARCH.PHI3),
+    "qwen2": ("qwen2", gguf.MODEL_ARCH.QWEN2),
+    "qwen3": ("qwen3", gguf.MODEL_ARCH.QWEN3),
     "qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE),
     "mixtral": ("llama", gguf.MODEL_ARCH.LLAMA),
 }

@@ -5,26 +5,6 @@
 
 #include "vec_f32.h"
 
-/* exp(x) for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into 2^n * 2^f,
- * n the nearest integer, f in [-0.5, 0.5], 2^f by a degree-7 polynomial in f ln 2 (relative
- * error ~1e-8, below float32's rounding); x < -87 gives ~1e-38, which no softmax sum sees. */
-ALWAYS_INLINE vf32 exp_nonpositive(vf32 x) {
-    const vf32 floor_x = (vf32){0} - 87.0f;
-    x = select_f32(x < floor_x, floor_x, x);
-    const vf32 t = x * 1.44269504088896341f;
-    const vi32 n = __builtin_convertvector(t - 0.5f, vi32); /* t <= 0, so toward zero rounds up */
-    const vf32 f = (t - __builtin_convertvector(n, vf32)) * 0.693147180559945309f;
-    vf32 p = (vf32){0} + 1.0f / 5040;
-    p = p * f + 1.0f / 720;
-    p = p * f + 1.0f / 120;
-    p = p * f + 1.0f / 24;
-    p = p * f + 1.0f / 6;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    return p * (vf32)((n + 127) << 23); /* n >= -126: 2^n is a normal float */
-}
-
 /* Softmax of each of G rows of n scores, in place. */
 ALWAYS_INLINE void softmax_rows(const int64_t G, int64_t n, float *scores) {
     for (int64_t g = 0; g < G; g++) {

@@ -139,7 +139,7 @@ ALWAYS_INLINE void tile_q8(int rows, const float *x, int64_t ldx, int64_t groups
     store_sums(rows, acc, chains, y, ldy);
 }
 
-#define NIBBLE_TILE(F, R) tile_nibbles(R, F, xr, K, xs, groups, tp, yr, N)
+#define NIBBLE_TILE(F, R) tile_nibbles(R, F, xr, K, xs, groups, tp, yr, ldy)
 #define NIBBLE_CASE(F)                                                                    \
     case F:                                                                               \
         switch (rows) {                                                                   \
@@ -149,16 +149,14 @@ ALWAYS_INLINE void tile_q8(int rows, const float *x, int64_t ldx, int64_t groups
         default: NIBBLE_TILE(F, 4); break;                                                \
         }                                                                                 \
         break;
-#define Q8_CASE(R) case R: tile_q8(R, xr, K, groups, tp.codes, tp.scales, yr, N); break;
+#define Q8_CASE(R) case R: tile_q8(R, xr, K, groups, tp.codes, tp.scales, yr, ldy); break;
 
-/* y (M, N) float32 = x (M, K) float32 . W^T; N % 16 == 0, K % 32 == 0 (K-quants: 256; the
- * caller checks). Each tile of weights is decoded once per GEMM_ROWS rows: the kernel for
- * small batches (decode steps). */
-void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                            const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
-                            const uint16_t *mins, const uint8_t *sub_scales,
-                            const uint8_t *sub_mins, float *y) {
-    const planes_t planes = {codes, high, scales, mins, sub_scales, sub_mins};
+/* y (M, N) float32 = x (M, K) float32 . W^T, row m of y at y + m * ldy (ldy >= N: a
+ * column block of a wider output); N % 16 == 0, K % 32 == 0 (K-quants: 256; the caller
+ * checks). Each tile of weights is decoded once per GEMM_ROWS rows: the kernel for small
+ * batches (decode steps). */
+void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                             planes_t planes, float *y, int64_t ldy) {
     const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
     float *xsum = NULL; /* (M, groups): sums of x over each group, for the factored form */
     if (has_mins(format)) {
@@ -176,7 +174,7 @@ void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, in
         for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
             const int rows = M - m0 < GEMM_ROWS ? (int)(M - m0) : GEMM_ROWS;
             const float *xr = x + m0 * K, *xs = xsum == NULL ? NULL : xsum + m0 * groups;
-            float *yr = y + m0 * N + t * TILE_N;
+            float *yr = y + m0 * ldy + t * TILE_N;
             switch (format) {
             case FORMAT_Q8:
                 switch (rows) { Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) }
@@ -190,6 +188,14 @@ void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, in
         }
     }
     free(xsum);
+}
+
+void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                            const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
+                            const uint16_t *mins, const uint8_t *sub_scales,
+                            const uint8_t *sub_mins, float *y) {
+    const planes_t planes = {codes, high, scales, mins, sub_scales, sub_mins};
+    gemm_packed_f32_strided(format, x, M, K, N, planes, y, N);
 }
 
 /* FORMAT_Q4 / FORMAT_Q8 by their three planes (packing.pack writes them). */

@@ -15,6 +15,11 @@ typedef struct {
     const uint8_t *sub_scales, *sub_mins;
 } planes_t;
 
+/* gemm_f32.c: y (M, N) = x (M, K) . W^T with rows of y ldy floats apart (pagoda_gemm_packed_f32
+ * with ldy = N; decoder_f32.c writes fused projections' segments side by side) */
+void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                             planes_t planes, float *y, int64_t ldy);
+
 ALWAYS_INLINE int is_kquant(int f) { return f == FORMAT_Q4K || f == FORMAT_Q5K || f == FORMAT_Q6K; }
 /* w = d * q + m with its own m per group (Q4, Q5) or super-block m = dmin * mn (Q4K, Q5K) */
 ALWAYS_INLINE int has_mins(int f) {

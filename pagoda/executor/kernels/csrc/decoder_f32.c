@@ -1,0 +1,148 @@
+/* A decode step's whole decoder stack in one call: every Llama-family layer (RMSNorm, fused
+ * qkv, q/k norms, rotary, paged attention with the step's keys written, o, RMSNorm, gate/up,
+ * SiLU, down, the residual adds) over packed weights, float32 activations on any CPU. The
+ * Python forward does the same work in ~40 dispatched ops a layer, which at single-stream
+ * sizes cost more than the matmuls (BENCHMARKS.md section 13). The arithmetic is the eager
+ * path's: the same matmul and attention kernels, RMSNorm as pagoda_rms_norm_f32; only the
+ * elementwise steps (rotary, SiLU, q/k norms) round differently, within float32 rounding.
+ *
+ * The model is described once (pagoda/executor/models/llama_decode_kernel.py fills these
+ * structs with pointers to the layers' parameters and caches); a step passes its tokens'
+ * positions and the attention metadata of a decode-only batch: token t is the one new token
+ * of sequence t.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gemm_packed.h"
+
+#define MAX_SEGMENTS 4
+
+/* One packed weight (kernels.h formats), a column block of a linear's output. */
+typedef struct {
+    int64_t format, out_features;
+    const uint8_t *codes, *high;
+    const uint16_t *scales, *mins;
+    const uint8_t *sub_scales, *sub_mins;
+} decoder_segment_t;
+
+/* y = x W^T (+ bias): W's rows are the segments' outputs one after another. */
+typedef struct {
+    int64_t num_segments, in_features, out_features;
+    decoder_segment_t segments[MAX_SEGMENTS];
+    const float *bias; /* (out_features) or NULL */
+} decoder_linear_t;
+
+typedef struct {
+    const float *input_norm, *post_attention_norm; /* (hidden) */
+    const float *q_norm, *k_norm;                  /* (head_dim) each, or NULL (no q/k norms) */
+    decoder_linear_t qkv, o, gate_up, down;        /* qkv rows [q | k | v], gate_up [gate | up] */
+    float *kv_cache; /* (2, num_kv_heads, num_blocks, block_size, head_dim) */
+    int64_t window;  /* keys attended: the last `window` (0: all) */
+    float scale;     /* of the attention scores */
+} decoder_layer_t;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, rotary_dim;
+    int64_t num_blocks, block_size;
+    float eps;
+    /* (positions, rotary_dim): cos, and sin with its first half negated (layers/rotary.py) */
+    const float *cos_cache, *signed_sin_cache;
+    const decoder_layer_t *layers;
+} decoder_t;
+
+static void linear(const decoder_linear_t *w, const float *x, int64_t T, float *y) {
+    int64_t offset = 0;
+    for (int64_t s = 0; s < w->num_segments; s++) {
+        const decoder_segment_t *seg = &w->segments[s];
+        const planes_t planes = {seg->codes, seg->high, seg->scales,
+                                 seg->mins, seg->sub_scales, seg->sub_mins};
+        gemm_packed_f32_strided((int)seg->format, x, T, w->in_features, seg->out_features,
+                                planes, y + offset, w->out_features);
+        offset += seg->out_features;
+    }
+    if (w->bias != NULL)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t n = 0; n < w->out_features; n++) y[t * w->out_features + n] += w->bias[n];
+}
+
+/* heads (n, D) at position `pos`, in place: the first R dims turn (x * cos + roll(x, R/2) *
+ * signed_sin, the rotate_half form), the rest pass. */
+static void rotate(float *heads, int64_t n, int64_t D, int64_t R, const float *cos,
+                   const float *signed_sin) {
+    float turned[MAX_HEAD_DIM];
+    for (int64_t h = 0; h < n; h++) {
+        float *x = heads + h * D;
+        for (int64_t i = 0; i < R; i++)
+            turned[i] = x[i] * cos[i] + x[(i + R / 2) % R] * signed_sin[i];
+        memcpy(x, turned, (size_t)R * sizeof(float));
+    }
+}
+
+/* gate_up (T, 2I) rows [gate | up] -> out (T, I) = silu(gate) * up, silu(g) = g * sigmoid(g)
+ * with sigmoid from e = exp(-|g|): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void silu_and_mul(const float *gate_up, int64_t T, int64_t I, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *gate = gate_up + t * 2 * I, *up = gate + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+        for (; i + LANES <= I; i += LANES) {
+            const vf32 g = load_f32(gate + i);
+            const vi32 negative = g < 0;
+            const vf32 e = exp_nonpositive(select_f32(negative, g, -g));
+            const vf32 sigmoid = select_f32(negative, e, (vf32){0} + 1.0f) / (1.0f + e);
+            store_f32(o + i, g * sigmoid * load_f32(up + i));
+        }
+        for (; i < I; i++) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+/* Runs every layer on x (T, hidden), the residual stream: in, the token embeddings; out,
+ * the sum the final norm takes. Token t sits at positions[t] and is the one new token of
+ * sequence t: block_tables (T, table_width), key_lens (T,) its keys including itself,
+ * slots (T,) the cache slot its key and value go to. */
+void pagoda_decode_layers_f32(const decoder_t *model, int64_t T, float *x,
+                              const int64_t *positions, const int64_t *block_tables,
+                              int64_t table_width, const int64_t *key_lens,
+                              const int64_t *slots) {
+    const int64_t Hd = model->hidden, H = model->num_heads, Hkv = model->num_kv_heads;
+    const int64_t D = model->head_dim, I = model->intermediate, R = model->rotary_dim;
+    const int64_t q_size = H * D, kv_size = Hkv * D, qkv_size = q_size + 2 * kv_size;
+    const size_t floats = (size_t)(T * (2 * Hd + qkv_size + 2 * q_size + 3 * I));
+    float *buffer = malloc(floats * sizeof(float));
+    int64_t *query_seq = malloc((size_t)T * sizeof(int64_t));
+    if (buffer == NULL || query_seq == NULL) abort();
+    float *normed = buffer, *qkv = normed + T * Hd, *query = qkv + T * qkv_size;
+    float *attended = query + T * q_size, *gate_up = attended + T * q_size;
+    float *activated = gate_up + T * 2 * I, *sum = activated + T * I;
+    for (int64_t t = 0; t < T; t++) query_seq[t] = t;
+    for (int64_t l = 0; l < model->num_layers; l++) {
+        const decoder_layer_t *layer = &model->layers[l];
+        pagoda_rms_norm_f32(x, NULL, layer->input_norm, model->eps, T, Hd, normed, NULL);
+        linear(&layer->qkv, normed, T, qkv);
+        for (int64_t t = 0; t < T; t++) {
+            float *q = qkv + t * qkv_size, *k = q + q_size;
+            if (layer->q_norm != NULL) {
+                pagoda_rms_norm_f32(q, NULL, layer->q_norm, model->eps, H, D, q, NULL);
+                pagoda_rms_norm_f32(k, NULL, layer->k_norm, model->eps, Hkv, D, k, NULL);
+            }
+            const float *cos = model->cos_cache + positions[t] * R;
+            const float *sin = model->signed_sin_cache + positions[t] * R;
+            rotate(q, H, D, R, cos, sin);
+            rotate(k, Hkv, D, R, cos, sin);
+            memcpy(query + t * q_size, q, (size_t)q_size * sizeof(float));
+        }
+        pagoda_paged_attention_f32(query, layer->kv_cache, block_tables, query_seq, key_lens, T,
+                                   H, Hkv, D, model->num_blocks, model->block_size, table_width,
+                                   layer->window, layer->scale, qkv + q_size,
+                                   qkv + q_size + kv_size, qkv_size, qkv_size, slots, attended);
+        linear(&layer->o, attended, T, sum);
+        pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
+        linear(&layer->gate_up, normed, T, gate_up);
+        silu_and_mul(gate_up, T, I, activated);
+        linear(&layer->down, activated, T, sum);
+        for (int64_t i = 0; i < T * Hd; i++) x[i] += sum[i];
+    }
+    free(query_seq);
+    free(buffer);
+}

@@ -1,0 +1,204 @@
+"""Decode steps of a Llama-family model with packed weights in one C call
+(csrc/decoder_f32.c): every decoder layer without per-op dispatch.
+
+At single-stream sizes the eager forward's ~40 dispatched ops a layer cost more than its
+matmuls (BENCHMARKS.md section 13), so a decode-only step of a model that the kernel covers
+runs its whole decoder stack in `pagoda_decode_layers_f32`; the embedding lookup, the final
+norm and the head stay in Python (one op each). The kernel reuses the eager path's matmul,
+attention and RMSNorm kernels, so its hidden states match the eager forward's to float32
+rounding (tests/executor/test_decode_kernel.py).
+
+What it covers, checked once per KV cache (`LlamaDecodeKernel.plan`):
+    - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, LlamaMLP with SiLU, RMSNorm):
+      Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Phi-3; not Gemma or MoE;
+    - every projection a PackedLinear (a GGUF file's own types) of at most MAX_SEGMENTS parts;
+    - float32 activations and a float32 paged cache on the C attention backend, one
+      KV-cache group;
+and per step (`LlamaDecodeKernel.forward`): a decode-only batch (each sequence's one new
+token) of fewer than DEQUANTIZE_FROM_ROWS tokens, not under torch.compile. Anything else
+takes the eager forward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, KernelDecodeGroup
+from pagoda.executor.forward_context import get_forward_context
+from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, kernels_available, load_cpu_kernels
+from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
+from pagoda.executor.layers.activation import SiluAndMul
+from pagoda.executor.layers.norm import RMSNorm
+from pagoda.executor.layers.packed_linear import PackedLinear
+
+MAX_SEGMENTS = 4
+"""csrc/decoder_f32.c: parts of one fused projection in different formats"""
+
+_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class _Segment(ctypes.Structure):
+    _fields_ = [("format", _i64), ("out_features", _i64)] + [(n, _ptr) for n in PLANE_NAMES]
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
+                ("segments", _Segment * MAX_SEGMENTS), ("bias", _ptr)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _ptr), ("post_attention_norm", _ptr), ("q_norm", _ptr),
+                ("k_norm", _ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+                ("down", _Linear), ("kv_cache", _ptr), ("window", _i64), ("scale", _f32)]
+
+
+class _Decoder(ctypes.Structure):
+    _fields_ = [("num_layers", _i64), ("hidden", _i64), ("num_heads", _i64),
+                ("num_kv_heads", _i64), ("head_dim", _i64), ("intermediate", _i64),
+                ("rotary_dim", _i64), ("num_blocks", _i64), ("block_size", _i64), ("eps", _f32),
+                ("cos_cache", _ptr), ("signed_sin_cache", _ptr), ("layers", ctypes.POINTER(_Layer))]
+
+
+def _linear(module: nn.Module) -> _Linear | None:
+    """The C description of a PackedLinear, or None where the kernel cannot take it."""
+    if type(module) is not PackedLinear or len(module.segments) > MAX_SEGMENTS:
+        return None
+    bias = module.bias
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return None
+    linear = _Linear(num_segments=len(module.segments), in_features=module.in_features,
+                     out_features=module.out_features,
+                     bias=None if bias is None else bias.data_ptr())
+    for slot, weight in zip(linear.segments, module.segments):
+        slot.format, slot.out_features = FORMAT_CODES[weight.format], weight.out_features
+        for name in PLANE_NAMES:
+            plane = weight.planes.get(name)
+            setattr(slot, name, None if plane is None else plane.data_ptr())
+    return linear
+
+
+class LlamaDecodeKernel:
+    """Owned by a LlamaModel (`model.decode_kernel`); `enabled = False` turns it off (tests
+    compare both paths)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.enabled = True
+        self.calls = 0  # steps it ran (tests check it was used)
+        self._plan: _Decoder | None = None
+        self._planned_for: object = None  # the first layer's KV cache the plan was made for
+        self._keep: list = []  # the ctypes arrays the plan points into
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        """The residual stream after the last layer (T, hidden) (what the final norm takes),
+        or None where this step or model takes the eager forward."""
+        if not self.enabled or torch.compiler.is_compiling():
+            return None
+        metadata = get_forward_context()
+        groups = getattr(metadata, "backend_data", None)
+        num_tokens = input_ids.shape[0]
+        if (not groups or len(groups) != 1 or not isinstance(groups[0], KernelDecodeGroup)
+                or groups[0].query_token_index is not None
+                or groups[0].num_seqs != num_tokens or num_tokens >= DEQUANTIZE_FROM_ROWS):
+            return None
+        plan = self.plan()
+        if plan is None:
+            return None
+        group = groups[0]
+        hidden = self.model.embed_tokens(input_ids)
+        if hidden.dtype != torch.float32:
+            return None
+        x = hidden.contiguous()  # a fresh tensor: the kernel adds the layers into it
+        positions = positions.to(torch.int64).contiguous()
+        slots = metadata.slot_mapping.to(torch.int64).contiguous()
+        key_lens = group.seq_lens.contiguous()
+        tables = group.block_tables.contiguous()
+        _decode_layers()(
+            ctypes.byref(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
+            tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
+        self.calls += 1
+        return x
+
+    def plan(self) -> _Decoder | None:
+        """The model's C description for its current KV caches, made on first use; None
+        where the model is not one the kernel covers."""
+        layers = self.model.layers
+        first_cache = layers[0].self_attn.attn.kv_cache
+        if first_cache is None:
+            return None
+        if self._planned_for is not first_cache:
+            self._plan = self._describe()
+            self._planned_for = first_cache
+        return self._plan
+
+    def _describe(self) -> _Decoder | None:
+        model = self.model
+        if not kernels_available(torch.float32):
+            return None
+        rotary = model.rotary
+        cos, sin = rotary.cos_cache, rotary.signed_sin_cache
+        if cos.dtype != torch.float32 or cos.device.type != "cpu" or not cos.is_contiguous():
+            return None
+        described = []
+        for layer in model.layers:
+            described.append(self._describe_layer(layer))
+            if described[-1] is None:
+                return None
+        attention = model.layers[0].self_attn
+        kv_cache = attention.attn.kv_cache
+        mlp = getattr(model.layers[0], model.layers[0].mlp_name)
+        layers = (_Layer * len(described))(*described)
+        self._keep = [layers, cos, sin]
+        return _Decoder(
+            num_layers=len(described), hidden=model.norm.weight.shape[0],
+            num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
+            head_dim=attention.head_dim, intermediate=mlp.down_proj.in_features,
+            rotary_dim=rotary.rotary_dim, num_blocks=kv_cache.shape[2],
+            block_size=kv_cache.shape[3], eps=model.norm.eps, cos_cache=cos.data_ptr(),
+            signed_sin_cache=sin.data_ptr(), layers=layers)
+
+    def _describe_layer(self, layer: nn.Module) -> _Layer | None:
+        from pagoda.executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
+
+        attention = layer.self_attn
+        mlp = getattr(layer, layer.mlp_name, None)
+        attn = attention.attn
+        first = self.model.layers[0]
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if attention.q_norm is not None:
+            norms += [attention.q_norm, attention.k_norm]
+        if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
+                or type(mlp) is not LlamaMLP or type(mlp.act) is not SiluAndMul
+                or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
+                       or n.weight.dtype != torch.float32 for n in norms)
+                or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
+                or not isinstance(attn.backend, CpuKernelAttentionBackend)
+                or attn.backend is not first.self_attn.attn.backend or attn.kv_cache_group != 0
+                or type(attn.kv_cache) is not torch.Tensor or attn.kv_cache.dtype != torch.float32
+                or attn.kv_cache.shape != first.self_attn.attn.kv_cache.shape):
+            return None
+        linears = [_linear(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj,
+                                        mlp.down_proj)]
+        if any(linear is None for linear in linears):
+            return None
+        window = attn.sliding_window if attn.sliding_window is not None else attn.backend.sliding_window
+        return _Layer(
+            input_norm=layer.input_layernorm.weight.data_ptr(),
+            post_attention_norm=layer.post_attention_layernorm.weight.data_ptr(),
+            q_norm=None if attention.q_norm is None else attention.q_norm.weight.data_ptr(),
+            k_norm=None if attention.k_norm is None else attention.k_norm.weight.data_ptr(),
+            qkv=linears[0], o=linears[1], gate_up=linears[2], down=linears[3],
+            kv_cache=attn.kv_cache.data_ptr(), window=window or 0, scale=attn.scale)
+
+
+def _decode_layers():
+    """The kernel's entry, its signature declared on first use."""
+    function = load_cpu_kernels().pagoda_decode_layers_f32
+    if function.restype is not None:  # ctypes starts every entry at c_int
+        function.argtypes = [ctypes.POINTER(_Decoder), _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]
+        function.restype = None
+    return function
+

@@ -1,0 +1,100 @@
+"""A decode step of a Llama-family model with packed weights runs its whole decoder stack in
+one C call (pagoda/executor/models/llama_decode_kernel.py, csrc/decoder_f32.c). It must give
+what the eager forward gives: the same greedy tokens and logprobs within float32 rounding,
+through batched decode steps beside chunked prefills, for every layer variant it covers;
+and it must stand aside for the models and steps it does not cover."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+from pagoda import LLM, SamplingParams
+from pagoda.executor.loader.model_files import bundled_model_path
+from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
+from tests.executor.tiny_checkpoints import build_checkpoint
+from tests.executor.tiny_gguf import write_gguf
+
+Q = gguf.GGMLQuantizationType
+PROMPTS = [list(range(3, 40)), [120, 4] * 9, [7, 8]]
+
+def k_quants(name: str):
+    return Q.Q4_K if name.endswith("proj.weight") else (
+        Q.Q8_0 if name.endswith(("embed_tokens.weight", "lm_head.weight")) else None)
+
+def legacy_quants(name: str):
+    """Types for inputs that are not whole 256-weight super-blocks (qwen3's o_proj: 128)."""
+    return Q.Q5_0 if name.endswith("proj.weight") else None
+
+def tiny_gguf(tmp_path, arch: str, types=k_quants, **overrides) -> str:
+    folder = str(tmp_path)
+    build_checkpoint(arch, folder, **{**K_SIZES, **overrides})
+    path = f"{folder}/model.gguf"
+    write_gguf(folder, path, types)
+    return path
+
+def engine_of(path: str, **options) -> LLM:
+    return LLM(model=path, tokenizer=bundled_model_path(), dtype="float32",
+               kv_cache_memory=1 << 21, max_model_len=128, block_size=4,
+               max_num_batched_tokens=16, **options)
+
+def decode_kernel(llm: LLM):
+    return llm.engine.runner.model.model.decode_kernel
+
+def generate_both_ways(llm: LLM, max_tokens: int = 10):
+    """(with the kernel, eager) completions of PROMPTS, greedy, with logprobs; and how many
+    steps the kernel ran."""
+    kernel = decode_kernel(llm)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    results, calls = [], kernel.calls
+    for enabled in (True, False):
+        kernel.enabled = enabled
+        results.append([out.outputs[0] for out in llm.generate(PROMPTS, params, use_tqdm=False)])
+        if enabled:
+            calls = kernel.calls - calls
+    kernel.enabled = True
+    return results[0], results[1], calls
+
+def assert_same_completions(fused, eager) -> None:
+    for ours, theirs in zip(fused, eager, strict=True):
+        assert list(ours.token_ids) == list(theirs.token_ids)
+        for position_ours, position_theirs in zip(ours.logprobs, theirs.logprobs, strict=True):
+            assert position_ours.keys() == position_theirs.keys()
+            for token, logprob in position_ours.items():
+                assert abs(logprob.logprob - position_theirs[token].logprob) < 1e-4
+
+@pytest.mark.parametrize("arch, types, window", [
+    ("llama", mixed_type, None),  # fused qkv and gate-up of several formats (segments)
+    ("llama", k_quants, 8),  # every layer attends its last 8 keys only
+    ("qwen2", k_quants, None),  # qkv bias, tied head
+    ("qwen3", legacy_quants, None),  # q/k norms, head_dim 32 apart from hidden / heads
+    ("phi3", k_quants, None),
+])
+def test_the_decode_kernel_gives_the_eager_forwards_tokens(arch, types, window,
+                                                           tmp_path) -> None:
+    llm = engine_of(tiny_gguf(tmp_path, arch, types))
+    if window is not None:  # a GGUF llama carries no window: set one on both paths
+        for layer in llm.engine.runner.model.attention_layers():
+            layer.sliding_window = window
+    fused, eager, calls = generate_both_ways(llm, max_tokens=16 if window else 10)
+    # decode-only steps: after the prompts' chunked prefills, about one a generated token
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+
+def test_float_weights_and_an_8_bit_cache_take_the_eager_forward(tmp_path) -> None:
+    """The kernel covers packed weights on a float32 cache: a GGUF loaded as float, or a
+    quantized cache, decodes the eager way (and still correctly)."""
+    path = tiny_gguf(tmp_path, "llama")
+    for options in ({"quantization": "none"}, {"kv_cache_dtype": "int8"}):
+        llm = engine_of(path, **options)
+        fused, eager, calls = generate_both_ways(llm, max_tokens=3)
+        assert calls == 0 and decode_kernel(llm).plan() is None
+        assert_same_completions(fused, eager)
+
+def test_a_mixture_of_experts_takes_the_eager_forward(tmp_path) -> None:
+    """Mixtral shares Llama's stack but not its MLP: the kernel stands aside."""
+    from tests.executor.test_model_families import GGUF_SETTINGS
+
+    llm = engine_of(tiny_gguf(tmp_path, "mixtral", legacy_quants, **GGUF_SETTINGS["mixtral"]))
+    _, _, calls = generate_both_ways(llm, max_tokens=3)
+    assert calls == 0 and decode_kernel(llm).plan() is None
