@@ -42,8 +42,9 @@ ALWAYS_INLINE void store_sums(int rows, vf32 acc[GEMM_ROWS][CHUNKS][4], int chai
  *   of x (Q6K: d and d_hi times the sums of x_k (q_k - 32) over each half group).
  * More rows form w = d * q + m once for all of them (their accumulators would not leave
  * registers for the group sums). */
-ALWAYS_INLINE void tile_nibbles(int rows, int f, const float *x, int64_t ldx, const float *xsum,
-                                int64_t groups, planes_t tp, float *y, int64_t ldy) {
+ALWAYS_INLINE void tile_nibbles(int rows, int f, const float *x, const float *x_scaled,
+                                int64_t ldx, const float *xsum, int64_t groups, planes_t tp,
+                                float *y, int64_t ldy) {
     const int chains = CHAINS(rows), factored = rows <= 2;
     vf32 acc[GEMM_ROWS][CHUNKS][4], total[GEMM_ROWS][CHUNKS];
     for (int r = 0; r < rows; r++)
@@ -64,13 +65,14 @@ ALWAYS_INLINE void tile_nibbles(int rows, int f, const float *x, int64_t ldx, co
 #pragma GCC unroll 8
             for (int c = 0; c < GROUP_K / 4; c++) {
                 vi32 codes[CHUNKS][4];
-                for (int v = 0; v < CHUNKS; v++) chunk_codes(f, chunk_words(tp, g, c, v), hw[v], c, codes[v]);
+                for (int v = 0; v < CHUNKS; v++)
+                    chunk_codes_scaled(f, chunk_words(tp, g, c, v), hw[v], c, codes[v]);
+                const float *xc = x_scaled + g * GROUP_K + 4 * c;
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
                     for (int v = 0; v < CHUNKS; v++) {
                         const vf32 q = __builtin_convertvector(codes[v][i], vf32);
-                        for (int r = 0; r < rows; r++)
-                            acc[r][v][i % chains] += xg[r * ldx + 4 * c + i] * q;
+                        for (int r = 0; r < rows; r++) acc[r][v][i % chains] += xc[r * ldx + i] * q;
                     }
                 if (f == FORMAT_Q6K && c == GROUP_K / 8 - 1) { /* first half group done */
                     for (int r = 0; r < rows; r++)
@@ -139,7 +141,7 @@ ALWAYS_INLINE void tile_q8(int rows, const float *x, int64_t ldx, int64_t groups
     store_sums(rows, acc, chains, y, ldy);
 }
 
-#define NIBBLE_TILE(F, R) tile_nibbles(R, F, xr, K, xs, groups, tp, yr, ldy)
+#define NIBBLE_TILE(F, R) tile_nibbles(R, F, xr, x_scaled + m0 * K, K, xs, groups, tp, yr, ldy)
 #define NIBBLE_CASE(F)                                                                    \
     case F:                                                                               \
         switch (rows) {                                                                   \
@@ -159,6 +161,12 @@ void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, i
                              planes_t planes, float *y, int64_t ldy) {
     const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
     float *xsum = NULL; /* (M, groups): sums of x over each group, for the factored form */
+    float *x_scaled = NULL; /* (M, K): x / CODE_SCALE, for the factored form's scaled codes */
+    if (format != FORMAT_Q8) {
+        x_scaled = malloc(sizeof(float) * (size_t)(M * K));
+        if (x_scaled == NULL && M * K > 0) abort();
+        for (int64_t i = 0; i < M * K; i++) x_scaled[i] = x[i] / CODE_SCALE[i % 4];
+    }
     if (has_mins(format)) {
         xsum = malloc(sizeof(float) * (size_t)(M * groups));
         if (xsum == NULL && M * groups > 0) abort();
@@ -188,6 +196,7 @@ void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, i
         }
     }
     free(xsum);
+    free(x_scaled);
 }
 
 void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,

@@ -115,6 +115,33 @@ ALWAYS_INLINE void chunk_codes(int f, vu32 words, const vu32 hw[2], int c, vi32 
         for (int i = 0; i < 4; i++) q[i] -= 32;
 }
 
+/* chunk_codes without the shifts: q[i] comes out times CODE_SCALE[i] (1, 256, 16, 4096: each
+ * code masked where it lies in its word), which the factored matmul cancels by taking x
+ * times 1 / CODE_SCALE (exact: powers of two), so the products are bit for bit those of
+ * chunk_codes. Q6K's come out minus 32, scaled alike. */
+static const float CODE_SCALE[4] = {1.0f, 256.0f, 16.0f, 4096.0f};
+ALWAYS_INLINE void chunk_codes_scaled(int f, vu32 words, const vu32 hw[2], int c, vi32 q[4]) {
+    const int bits = high_bits(f);
+    if (bits == 0) {
+        q[0] = (vi32)(words & 15), q[1] = (vi32)(words & 0xF00);
+        q[2] = (vi32)(words & 0xF0), q[3] = (vi32)(words & 0xF000);
+        return;
+    }
+    vu32 e = words & 0x0F0F, o = words & 0xF0F0;
+    if (bits == 1) {
+        e |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c), 4, 0x1010);
+        o |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c + 1), 8, 0x10100);
+    } else {
+        e |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c), 4, 0x3030);
+        o |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c + 1), 8, 0x30300);
+    }
+    const unsigned field = bits == 1 ? 31 : 63;
+    q[0] = (vi32)(e & field), q[1] = (vi32)(e & (field << 8));
+    q[2] = (vi32)(o & (field << 4)), q[3] = (vi32)(o & (field << 12));
+    if (f == FORMAT_Q6K)
+        for (int i = 0; i < 4; i++) q[i] -= (int32_t)(32.0f * CODE_SCALE[i]);
+}
+
 /* The nibble words of chunk c of group g, lanes v*LANES .. (16 little-endian words a chunk) */
 ALWAYS_INLINE vu32 chunk_words(planes_t tp, int64_t g, int c, int v) {
     return load_u16_widened((const uint16_t *)(tp.codes + g * GROUP_K * TILE_N / 2 + c * 32)
