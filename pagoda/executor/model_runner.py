@@ -14,8 +14,6 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 import os
 import types
 
@@ -24,15 +22,10 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import select_backend
-from pagoda.executor.attention.kv_quant import (
-    SCALE_BYTES,
-    QuantizedKVCache,
-    bytes_per_token_head,
-    code_dtype,
-    is_quantized,
-)
+from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import CachedRequestState, InputBatch
+from pagoda.executor.kv_cache_allocation import allocate_kv_caches, kv_bytes_per_token
 from pagoda.executor.kv_cache_layout import (
     cdiv,
     kv_cache_groups,
@@ -128,11 +121,8 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers and KV heads; an 8-bit cache counts its
         codes and its scales (kv_quant.py)."""
-        if is_quantized(self.kv_cache_dtype):
-            row_bytes = bytes_per_token_head(self.kv_cache_dtype, self.head_dim)
-        else:
-            row_bytes = self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * row_bytes
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
+                                  self.kv_cache_dtype)
 
     def determine_num_blocks(self, max_model_len: int, scheduler_config: SchedulerConfig) -> int:
         """Blocks that fit the configured memory, but no more than the engine could ever use."""
@@ -202,7 +192,10 @@ class ModelRunner:
         self.kv_caches = [None] * len(self.layer_kv_groups)
         for group, (backend, count) in enumerate(zip(self.backends, per_group)):
             layer_ids = [i for i, g in enumerate(self.layer_kv_groups) if g == group]
-            for i, kv_cache in zip(layer_ids, self._allocate_kv_caches(backend, count, len(layer_ids))):
+            shape = backend.kv_cache_shape(count, self.num_kv_heads, self.head_dim)
+            caches = allocate_kv_caches(shape, len(layer_ids), self.dtype, self.device,
+                                        self.kv_cache_dtype)
+            for i, kv_cache in zip(layer_ids, caches):
                 self.kv_caches[i] = kv_cache
         for layer, kv_cache, group in zip(self.model.attention_layers(), self.kv_caches,
                                           self.layer_kv_groups):
@@ -211,49 +204,6 @@ class ModelRunner:
             layer.kv_cache_group = group
         self.num_blocks_per_group = list(per_group)
         self.num_blocks = min(per_group)
-
-    def _allocate_kv_caches(self, backend, num_blocks: int, num_layers: int) -> list:
-        """`num_layers` paged caches of `num_blocks` blocks (one KV-cache group's), zeroed:
-        backends read whole blocks, and the unwritten rows they mask out must hold finite
-        values.
-
-        On CPU all layers share one anonymous mapping, which the kernel zero-fills page by
-        page on first write: memory is taken as blocks are used, not all at start (a one-shot
-        generation of the bundled model touches a few blocks of its cache). Huge pages are
-        declined for it: each (layer, K/V, head) plane would take 2 MiB at its first row."""
-        shape = backend.kv_cache_shape(num_blocks, self.num_kv_heads, self.head_dim)
-        if num_layers == 0:
-            return []
-        if is_quantized(self.kv_cache_dtype):
-            return self._quantized_kv_caches(shape, num_layers)
-        elif self.device.type == "cpu":
-            element_size = torch.empty(0, dtype=self.dtype).element_size()
-            mapping = mmap.mmap(-1, num_layers * math.prod(shape) * element_size)
-            if hasattr(mmap, "MADV_NOHUGEPAGE"):
-                mapping.madvise(mmap.MADV_NOHUGEPAGE)
-            buffer = torch.frombuffer(mapping, dtype=self.dtype)  # keeps `mapping` alive
-            return list(buffer.view(num_layers, *shape).unbind(0))
-        else:
-            return [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                    for _ in range(num_layers)]
-
-    def _quantized_kv_caches(self, shape: tuple, num_layers: int) -> list[QuantizedKVCache]:
-        """One QuantizedKVCache a layer, all in one lazily zero-filled mapping as the float
-        cache is: every layer's codes, then every layer's scales (bfloat16, 2-byte aligned)."""
-        scale_shape = shape[:-1]
-        code_bytes = num_layers * math.prod(shape)
-        num_scales = num_layers * math.prod(scale_shape)
-        scales_at = code_bytes + code_bytes % SCALE_BYTES
-        mapping = mmap.mmap(-1, scales_at + SCALE_BYTES * num_scales)
-        if hasattr(mmap, "MADV_NOHUGEPAGE"):
-            mapping.madvise(mmap.MADV_NOHUGEPAGE)
-        codes = torch.frombuffer(mapping, dtype=code_dtype(self.kv_cache_dtype), count=code_bytes)
-        scales = torch.frombuffer(mapping, dtype=torch.bfloat16, count=num_scales,
-                                  offset=scales_at)
-        return [QuantizedKVCache(layer_codes, layer_scales, self.kv_cache_dtype)
-                for layer_codes, layer_scales in zip(
-                    codes.view(num_layers, *shape).unbind(0),
-                    scales.view(num_layers, *scale_shape).unbind(0))]
 
     # ---- torch.compile ---------------------------------------------------------------------
 

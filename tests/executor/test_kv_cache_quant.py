@@ -27,6 +27,7 @@ from pagoda.executor.attention.kv_quant import (
 )
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
 from pagoda.executor.kernels.ops import paged_attention
+from pagoda.executor.kv_cache_allocation import allocate_kv_caches
 from tests.executor.test_attention_backend import reference_attention
 
 FORMATS = ["int8", "fp8_e4m3", "fp8_e5m2"]
@@ -279,7 +280,8 @@ def test_the_same_memory_holds_about_twice_the_tokens_of_16_bits(fmt) -> None:
 def test_the_allocated_cache_fits_the_memory_it_was_sized_for() -> None:
     runner = fake_runner(torch.float32, "int8", 1 << 20)
     num_blocks = runner.determine_num_blocks(4096, SchedulerConfig())
-    caches = runner._quantized_kv_caches(runner.backend.kv_cache_shape(num_blocks, 3, 64), 30)
+    caches = allocate_kv_caches(runner.backend.kv_cache_shape(num_blocks, 3, 64), 30,
+                                torch.float32, torch.device("cpu"), "int8")
     total = sum(c.codes.numel() + 2 * c.scales.numel() for c in caches)
     assert total <= 1 << 20 and total == num_blocks * runner.block_size * runner.kv_bytes_per_token
     assert caches[0].codes.shape == (2, 3, num_blocks, 16, 64)
