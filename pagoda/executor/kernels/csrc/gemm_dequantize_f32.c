@@ -23,7 +23,7 @@ ALWAYS_INLINE void decode_group(int f, planes_t tp, int64_t g, float *out, int64
 #pragma GCC unroll 8
         for (int c = 0; c < GROUP_K / 4; c++) {
             vi32 codes[4];
-            chunk_codes(f, chunk_words(tp, g, c, v), hw, c, codes);
+            chunk_codes(f, chunk_words(tp, g, c, v), hw, c, 0, codes);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 const vf32 q = __builtin_convertvector(codes[i], vf32);

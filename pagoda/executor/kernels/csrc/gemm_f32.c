@@ -66,7 +66,7 @@ ALWAYS_INLINE void tile_nibbles(int rows, int f, const float *x, const float *x_
             for (int c = 0; c < GROUP_K / 4; c++) {
                 vi32 codes[CHUNKS][4];
                 for (int v = 0; v < CHUNKS; v++)
-                    chunk_codes_scaled(f, chunk_words(tp, g, c, v), hw[v], c, codes[v]);
+                    chunk_codes(f, chunk_words(tp, g, c, v), hw[v], c, 1, codes[v]);
                 const float *xc = x_scaled + g * GROUP_K + 4 * c;
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
@@ -98,7 +98,7 @@ ALWAYS_INLINE void tile_nibbles(int rows, int f, const float *x, const float *x_
                 vf32 w[CHUNKS];
                 for (int v = 0; v < CHUNKS; v++) {
                     vi32 codes[4];
-                    chunk_codes(f, chunk_words(tp, g, c, v), hw[v], c, codes);
+                    chunk_codes(f, chunk_words(tp, g, c, v), hw[v], c, 0, codes);
                     const vf32 q = __builtin_convertvector(codes[i], vf32);
                     if (f == FORMAT_Q6K) w[v] = q * (c < GROUP_K / 8 ? d[v] : d_hi[v]);
                     else w[v] = q * d[v] + m[v];

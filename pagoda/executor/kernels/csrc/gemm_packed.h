@@ -92,54 +92,37 @@ ALWAYS_INLINE void group_high(int f, planes_t tp, int64_t g, int v, vu32 hw[2]) 
  * for input 4c + i, from the nibble word of chunk c (inputs 4c, 4c+2, 4c+1, 4c+3 in bits
  * 0, 4, 8, 12) and the group's high words; Q6K's come out minus 32. The high bits are
  * moved next to their nibbles in two words, e (bits 0-3, 8-11 kept) and o (4-7, 12-15),
- * where each code then takes at most a shift and a mask. */
-ALWAYS_INLINE void chunk_codes(int f, vu32 words, const vu32 hw[2], int c, vi32 q[4]) {
+ * where each code then takes at most a shift and a mask.
+ * `scaled` (a constant): no shifts, each code masked where it lies, so q[i] comes out
+ * times CODE_SCALE[i] (1, 256, 16, 4096); the factored matmul cancels that by taking x
+ * times 1 / CODE_SCALE (exact: powers of two), so its products are bit for bit the same. */
+static const float CODE_SCALE[4] = {1.0f, 256.0f, 16.0f, 4096.0f};
+ALWAYS_INLINE void chunk_codes(int f, vu32 words, const vu32 hw[2], int c, int scaled,
+                               vi32 q[4]) {
     const int bits = high_bits(f);
-    if (bits == 0) {
+    if (bits == 0 && !scaled) {
         q[0] = (vi32)(words & 15), q[1] = (vi32)((words >> 8) & 15);
         q[2] = (vi32)((words >> 4) & 15), q[3] = (vi32)((words >> 12) & 15);
         return;
     }
-    vu32 e = words & 0x0F0F, o = words & 0xF0F0;
+    vu32 e = bits ? words & 0x0F0F : words, o = bits ? words & 0xF0F0 : words;
     if (bits == 1) {
         e |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c), 4, 0x1010);
         o |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c + 1), 8, 0x10100);
-    } else {
+    } else if (bits == 2) {
         e |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c), 4, 0x3030);
         o |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c + 1), 8, 0x30300);
     }
-    const unsigned field = bits == 1 ? 31 : 63;
-    q[0] = (vi32)(e & field), q[1] = (vi32)(e >> 8);
-    q[2] = (vi32)((o >> 4) & field), q[3] = (vi32)(o >> 12);
-    if (f == FORMAT_Q6K)
-        for (int i = 0; i < 4; i++) q[i] -= 32;
-}
-
-/* chunk_codes without the shifts: q[i] comes out times CODE_SCALE[i] (1, 256, 16, 4096: each
- * code masked where it lies in its word), which the factored matmul cancels by taking x
- * times 1 / CODE_SCALE (exact: powers of two), so the products are bit for bit those of
- * chunk_codes. Q6K's come out minus 32, scaled alike. */
-static const float CODE_SCALE[4] = {1.0f, 256.0f, 16.0f, 4096.0f};
-ALWAYS_INLINE void chunk_codes_scaled(int f, vu32 words, const vu32 hw[2], int c, vi32 q[4]) {
-    const int bits = high_bits(f);
-    if (bits == 0) {
-        q[0] = (vi32)(words & 15), q[1] = (vi32)(words & 0xF00);
-        q[2] = (vi32)(words & 0xF0), q[3] = (vi32)(words & 0xF000);
-        return;
-    }
-    vu32 e = words & 0x0F0F, o = words & 0xF0F0;
-    if (bits == 1) {
-        e |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c), 4, 0x1010);
-        o |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c + 1), 8, 0x10100);
+    const unsigned field = bits == 0 ? 15 : bits == 1 ? 31 : 63;
+    if (scaled) {
+        q[0] = (vi32)(e & field), q[1] = (vi32)(e & (field << 8));
+        q[2] = (vi32)(o & (field << 4)), q[3] = (vi32)(o & (field << 12));
     } else {
-        e |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c), 4, 0x3030);
-        o |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c + 1), 8, 0x30300);
+        q[0] = (vi32)(e & field), q[1] = (vi32)(e >> 8);
+        q[2] = (vi32)((o >> 4) & field), q[3] = (vi32)(o >> 12);
     }
-    const unsigned field = bits == 1 ? 31 : 63;
-    q[0] = (vi32)(e & field), q[1] = (vi32)(e & (field << 8));
-    q[2] = (vi32)(o & (field << 4)), q[3] = (vi32)(o & (field << 12));
     if (f == FORMAT_Q6K)
-        for (int i = 0; i < 4; i++) q[i] -= (int32_t)(32.0f * CODE_SCALE[i]);
+        for (int i = 0; i < 4; i++) q[i] -= scaled ? (int32_t)(32.0f * CODE_SCALE[i]) : 32;
 }
 
 /* The nibble words of chunk c of group g, lanes v*LANES .. (16 little-endian words a chunk) */
