@@ -81,6 +81,28 @@ def test_the_decode_kernel_gives_the_eager_forwards_tokens(arch, types, window,
     assert calls >= 8
     assert_same_completions(fused, eager)
 
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_a_float_checkpoint_quantized_at_load_takes_the_kernel(quantization, tmp_path) -> None:
+    """`--quantization int4/int8` of a Hugging Face folder: QuantizedLinear layers on the
+    float32 kernel, described to the decode kernel as one segment each."""
+    folder = str(tmp_path)
+    build_checkpoint("llama", folder, **K_SIZES)  # head_dim 64: the C attention backend
+    llm = engine_of(folder, quantization=quantization)
+    fused, eager, calls = generate_both_ways(llm)
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+
+
+def test_an_awq_folder_takes_the_kernel(tmp_path) -> None:
+    from tests.executor.test_awq_gptq import quantized_checkpoint
+
+    quantized_checkpoint(str(tmp_path), "awq", 32)
+    llm = engine_of(str(tmp_path))
+    fused, eager, calls = generate_both_ways(llm)
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+
+
 def test_float_weights_and_an_8_bit_cache_take_the_eager_forward(tmp_path) -> None:
     """The kernel covers packed weights on a float32 cache: a GGUF loaded as float, or a
     quantized cache, decodes the eager way (and still correctly)."""

@@ -11,7 +11,9 @@ rounding (tests/executor/test_decode_kernel.py).
 What it covers, checked once per KV cache (`LlamaDecodeKernel.plan`):
     - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, LlamaMLP with SiLU, RMSNorm):
       Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Phi-3; not Gemma or MoE;
-    - every projection a PackedLinear (a GGUF file's own types) of at most MAX_SEGMENTS parts;
+    - every projection packed: a PackedLinear (a GGUF file's own types) of at most
+      MAX_SEGMENTS parts, or a QuantizedLinear on the float32 kernel (`--quantization
+      int4/int8`, AWQ / GPTQ folders);
     - float32 activations and a float32 paged cache on the C attention backend, one
       KV-cache group;
 and per step (`LlamaDecodeKernel.forward`): a decode-only batch (each sequence's one new
@@ -33,6 +35,7 @@ from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedLinear
+from pagoda.executor.layers.quantization import QuantizedLinear
 
 MAX_SEGMENTS = 4
 """csrc/decoder_f32.c: parts of one fused projection in different formats"""
@@ -62,20 +65,37 @@ class _Decoder(ctypes.Structure):
                 ("cos_cache", _ptr), ("signed_sin_cache", _ptr), ("layers", ctypes.POINTER(_Layer))]
 
 
+def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:
+    """A linear's weight as (format, out_features, planes) segments in the kernels' formats:
+    a PackedLinear's (a GGUF file's own types), or a QuantizedLinear's one segment
+    (`--quantization int4/int8` of a float checkpoint, AWQ / GPTQ folders) where it runs on
+    Pagoda's float32 kernel without a float copy; None for any other linear."""
+    if type(module) is PackedLinear:
+        return [(w.format, w.out_features, w.planes) for w in module.segments]
+    if (isinstance(module, QuantizedLinear) and module.kernel == "pagoda"
+            and module.dense_weight is None and module.scales.dtype == torch.float16):
+        planes = {"codes": module.codes, "scales": module.scales}
+        if module.mins is not None:
+            planes["mins"] = module.mins
+        return [(module.format, module.out_features, planes)]
+    return None
+
+
 def _linear(module: nn.Module) -> _Linear | None:
-    """The C description of a PackedLinear, or None where the kernel cannot take it."""
-    if type(module) is not PackedLinear or len(module.segments) > MAX_SEGMENTS:
+    """The C description of a linear layer, or None where the kernel cannot take it."""
+    segments = _segments(module)
+    if segments is None or len(segments) > MAX_SEGMENTS:
         return None
     bias = module.bias
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         return None
-    linear = _Linear(num_segments=len(module.segments), in_features=module.in_features,
+    linear = _Linear(num_segments=len(segments), in_features=module.in_features,
                      out_features=module.out_features,
                      bias=None if bias is None else bias.data_ptr())
-    for slot, weight in zip(linear.segments, module.segments):
-        slot.format, slot.out_features = FORMAT_CODES[weight.format], weight.out_features
+    for slot, (format, out_features, planes) in zip(linear.segments, segments):
+        slot.format, slot.out_features = FORMAT_CODES[format], out_features
         for name in PLANE_NAMES:
-            plane = weight.planes.get(name)
+            plane = planes.get(name)
             setattr(slot, name, None if plane is None else plane.data_ptr())
     return linear
 
