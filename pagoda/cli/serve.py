@@ -14,6 +14,7 @@ import logging
 import os
 
 from pagoda.cli.shared_args import add_engine_args, engine_config
+from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,17 @@ def register(subparsers) -> None:
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="do not log every HTTP request")
+    server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="larger request bodies get 413 (default: 16 MiB)")
+    server.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds a request may run before it is stopped with 408 (a "
+                             "stream ends with an error event); default: no limit")
+    server.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                        help="browser origins allowed to call the API (CORS), e.g. "
+                             "https://app.example.com, or '*' for any (default: none)")
+    server.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key")
+    server.add_argument("--ssl-certfile", default=None,
+                        help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
     add_engine_args(parser)
     parser.set_defaults(func=run_serve)
 
@@ -53,6 +65,15 @@ def check_server_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    if args.max_request_bytes <= 0:
+        raise ValueError(f"--max-request-bytes must be > 0, got {args.max_request_bytes}")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both for HTTPS")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
 
 
 def read_chat_template(path: str | None) -> str | None:
@@ -90,15 +111,18 @@ def run_serve(args: argparse.Namespace) -> int:
     state = ServerState(
         engine=async_engine, metrics=metrics, model_name=model_name,
         model_root=engine.model_files.path, api_key=api_key, chat_template=chat_template,
-        tool_call_parser=args.tool_call_parser,
+        tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
+        request_timeout=args.request_timeout, allowed_origins=tuple(args.allowed_origins),
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
+    scheme = "https" if args.ssl_certfile else "http"
     logger.info(
-        "Pagoda %s serving model %r on http://%s:%d (KV cache capacity %d tokens, max_model_len "
-        "%d, API key %s)", pagoda.__version__, model_name, host, args.port,
+        "Pagoda %s serving model %r on %s://%s:%d (KV cache capacity %d tokens, max_model_len "
+        "%d, API key %s)", pagoda.__version__, model_name, scheme, host, args.port,
         engine.kv_capacity_tokens, engine.max_model_len, "required" if api_key else "not required",
     )
     run_server(build_app(state), state, args.host, args.port, args.shutdown_timeout,
-               access_log=args.access_log)
+               access_log=args.access_log, ssl_keyfile=args.ssl_keyfile,
+               ssl_certfile=args.ssl_certfile)
     logger.info("Pagoda server stopped")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,9 +27,12 @@ def free_port() -> int:
 
 class RemoteServer:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 startup_timeout: float = 300.0) -> None:
+                 startup_timeout: float = 300.0, https_ca: str | None = None) -> None:
+        """`https_ca`: the server runs HTTPS (its --ssl-* flags in `args`) with a
+        certificate this file verifies."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.verify = ssl.create_default_context(cafile=https_ca) if https_ca else True
+        self.url = f"{'https' if https_ca else 'http'}://127.0.0.1:{self.port}"
         # Open for the server's lifetime; closed in stop().
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
             "w+", prefix="pagoda-serve-", suffix=".log", delete=False
@@ -47,7 +51,7 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

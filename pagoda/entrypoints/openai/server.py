@@ -8,7 +8,9 @@ Routes
     GET  /version, GET /metrics (Prometheus text, this server's own registry)
 
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
-drains for shutdown. Every error is an OpenAI error body (see errors.py).
+drains for shutdown. Every error is an OpenAI error body (see errors.py). Guards (guards.py):
+a request body cap (413), a per-request deadline (408), CORS for the origins allowed, and
+HTTPS with a key and certificate.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,6 +39,7 @@ from pagoda.entrypoints.openai.errors import (
     install_error_handlers,
     server_error,
 )
+from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -62,6 +66,12 @@ class ServerState:
     chat_template: str | None = None
     tool_call_parser: str = "hermes"
     """The parser of "auto" tool calls (--tool-call-parser)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Larger request bodies get 413 (--max-request-bytes)."""
+    request_timeout: float | None = None
+    """Seconds a generation may run before it is stopped with 408 (--request-timeout)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins allowed by CORS (--allowed-origins; "*" for any); none: no CORS."""
     draining: bool = False
     """Set when shutdown begins: new /v1 requests get 503, in-flight ones finish."""
     created: int = 0
@@ -123,7 +133,14 @@ def build_app(state: ServerState) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pagoda = state
     install_error_handlers(app)
+    completions.request_timeout = chat.request_timeout = state.request_timeout
+    # Outermost last: CORS (answers preflights, which carry no API key), the API-key gate,
+    # then the body cap (so bodies are read only for callers who passed the gate).
+    app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
     app.add_middleware(GateMiddleware, state=state)
+    if state.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins),
+                           allow_methods=["*"], allow_headers=["*"])
 
     @app.post("/v1/completions")
     async def create_completion(raw_request: Request) -> Response:
@@ -238,12 +255,13 @@ class PagodaUvicornServer(uvicorn.Server):
 
 def run_server(
     app: FastAPI, state: ServerState, host: str, port: int, shutdown_timeout: float,
-    access_log: bool = True,
+    access_log: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds."""
+    """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds; HTTPS
+    when a key and certificate are given."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", access_log=access_log,
         timeout_graceful_shutdown=shutdown_timeout + PagodaUvicornServer.CANCEL_MARGIN_S,
-        lifespan="on",
+        lifespan="on", ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
     )
     PagodaUvicornServer(config, state, shutdown_timeout).run()

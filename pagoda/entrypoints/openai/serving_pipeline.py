@@ -50,6 +50,7 @@ from pagoda.entrypoints.openai.errors import (
     server_error,
     server_overloaded,
 )
+from pagoda.entrypoints.openai.guards import RequestTimeout, until_deadline, with_deadline
 from pagoda.entrypoints.openai.protocol import SamplingRequestFields, UsageInfo
 from pagoda.entrypoints.openai.streaming import (
     SSE_DONE,
@@ -139,6 +140,8 @@ class ServingPipeline(ABC):
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
+        self.request_timeout: float | None = None
+        """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
 
     # ---- what each endpoint supplies ---------------------------------------------------------
 
@@ -176,11 +179,14 @@ class ServingPipeline(ABC):
                 self.stream_events(job, streams), on_close=lambda: self.abort(streams)
             )
         try:
-            outputs = await run_until_disconnect(raw_request, final_outputs(streams))
+            outputs = await run_until_disconnect(
+                raw_request, with_deadline(final_outputs(streams), self.request_timeout))
         except ClientDisconnected:
             return Response(status_code=499)
         except (EngineDeadError, EngineStepError) as e:
             raise engine_error(e) from None
+        except RequestTimeout as e:
+            raise e.error() from None
         finally:
             self.abort(streams)
         return JSONResponse(self.response(job, outputs).model_dump())
@@ -323,7 +329,7 @@ class ServingPipeline(ABC):
         try:
             for choice in self.opening_choices(job):
                 yield self.chunk(job, [choice], exclude)
-            async for i, output in merge_streams(streams):
+            async for i, output in until_deadline(merge_streams(streams), self.request_timeout):
                 for completion in output.outputs:
                     state = states[i * n + completion.index]
                     if state.finished:
@@ -340,6 +346,8 @@ class ServingPipeline(ABC):
                 yield self.chunk(job, [], usage=usage)
         except (EngineDeadError, EngineStepError) as e:
             yield sse_error(engine_error(e))
+        except RequestTimeout as e:
+            yield sse_error(e.error())
         finally:
             self.abort(streams)
         yield SSE_DONE
