@@ -28,6 +28,8 @@ from pagoda.structured_outputs import StructuredOutputsParams
 SAMPLING_EPS = 1e-5
 # Most top alternatives a request may ask for per token (vLLM's default ``max_logprobs``).
 MAX_LOGPROBS = 20
+# Most completions one request may ask for (OpenAI's bound on ``n``): each is a sequence.
+MAX_N = 128
 # OpenAI's range for ``logit_bias`` values.
 MAX_LOGIT_BIAS = 100.0
 
@@ -111,8 +113,8 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not _is_int(self.n) or self.n < 1:
-            _fail("n", f"must be an int >= 1, got {self.n!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            _fail("n", f"must be an int in [1, {MAX_N}], got {self.n!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:

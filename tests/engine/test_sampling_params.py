@@ -25,6 +25,7 @@ def test_sampling_params_defaults_and_normalisation() -> None:
     ("kwargs", "field_name"),
     [
         ({"n": 0}, "n"),
+        ({"n": 129}, "n"),  # each completion is a sequence: bounded as OpenAI bounds it
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -2.1}, "frequency_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),

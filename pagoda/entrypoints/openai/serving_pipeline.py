@@ -67,8 +67,6 @@ from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
 from pagoda.structured_outputs import StructuredOutputsParams
 
-MAX_N = 128
-"""Most choices per request (OpenAI's limit for chat)."""
 MIN_LOGPROB = -9999.0
 """JSON has no -inf: logprobs are clamped here (as vLLM does)."""
 
@@ -231,10 +229,7 @@ class ServingPipeline(ABC):
         self, request: SamplingRequestFields, fields: SamplingFields
     ) -> SamplingParams:
         """SamplingParams from the request; errors name the field as this endpoint does."""
-        n = 1 if request.n is None else request.n
-        if n > MAX_N:
-            raise InvalidRequestError.about(fields.name_of("n"),
-                                            f"must be in [1, {MAX_N}], got {n}")
+        n = 1 if request.n is None else request.n  # bounded by SamplingParams (MAX_N)
         logit_bias = None
         if request.logit_bias is not None:
             logit_bias = {}
