@@ -155,14 +155,31 @@ def _add_option(group: argparse._ArgumentGroup, option: ConfigOption) -> None:
 def config_from_kwargs(cls: type, kwargs: Mapping[str, Any]):
     """Build `cls` (sections included) from flat option keywords; the others keep defaults.
     TypeError for a keyword that is no option, naming it and listing the valid ones."""
-    names = [option.name for option in config_options(cls)]
-    unknown = [key for key in kwargs if key not in names]
+    options = {option.name: option for option in config_options(cls)}
+    unknown = [key for key in kwargs if key not in options]
     if unknown:
         raise TypeError(
             f"unexpected keyword argument{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; the engine options are: {', '.join(sorted(names))}"
+            f"{', '.join(map(repr, unknown))}; the engine options are: {', '.join(sorted(options))}"
         )
+    for key, value in kwargs.items():
+        check_option_type(options[key], value)
     return _build(cls, kwargs)
+
+
+def check_option_type(option: ConfigOption, value: Any) -> None:
+    """TypeError naming the option when `value` is not of its type (an int passes for a
+    float; None only where the option allows it). The CLI's values arrive typed by argparse;
+    this is for Python callers (LLM(max_num_seqs="8"))."""
+    if value is None:
+        if option.optional:
+            return
+    elif option.value_type is float and type(value) in (int, float):
+        return
+    elif type(value) is option.value_type:
+        return
+    expected = option.value_type.__name__ + (" or None" if option.optional else "")
+    raise TypeError(f"{option.name} must be {expected}, got {type(value).__name__} {value!r}")
 
 
 def option_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
