@@ -174,9 +174,7 @@ def check_option_type(option: ConfigOption, value: Any) -> None:
     if value is None:
         if option.optional:
             return
-    elif option.value_type is float and type(value) in (int, float):
-        return
-    elif type(value) is option.value_type:
+    elif option.value_type is float and type(value) in (int, float) or type(value) is option.value_type:
         return
     expected = option.value_type.__name__ + (" or None" if option.optional else "")
     raise TypeError(f"{option.name} must be {expected}, got {type(value).__name__} {value!r}")
