@@ -171,10 +171,8 @@ def check_option_type(option: ConfigOption, value: Any) -> None:
     """TypeError naming the option when `value` is not of its type (an int passes for a
     float; None only where the option allows it). The CLI's values arrive typed by argparse;
     this is for Python callers (LLM(max_num_seqs="8"))."""
-    if value is None:
-        if option.optional:
-            return
-    elif option.value_type is float and type(value) in (int, float) or type(value) is option.value_type:
+    accepted = (int, float) if option.value_type is float else (option.value_type,)
+    if (option.optional and value is None) or type(value) in accepted:
         return
     expected = option.value_type.__name__ + (" or None" if option.optional else "")
     raise TypeError(f"{option.name} must be {expected}, got {type(value).__name__} {value!r}")
