@@ -85,3 +85,6 @@ class ModelRunnerOutput:
     """Per request id that asked for logprobs and sampled this step."""
     prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     """Per request id that asked for prompt logprobs: rows for this chunk's prompt positions."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Request id -> why it cannot go on (its logits were not finite): nothing was sampled
+    for it; the engine fails that request alone."""

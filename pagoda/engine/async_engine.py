@@ -344,6 +344,10 @@ class AsyncLLMEngine:
             self._fail_requests(failed, e)
             return
         now = time.time()
+        failed = self.engine.take_failed_requests()
+        if failed:  # their own fault: an error for them alone, not an "abort" output
+            outputs = [o for o in outputs if o.request_id not in failed]
+            self._fail_requests_alone(failed)
         if outputs:
             self._call_in_loop(self._deliver, [(o.request_id, o) for o in outputs])
         if self.metrics is not None:
@@ -363,6 +367,16 @@ class AsyncLLMEngine:
             for request_id in request_ids:
                 self.metrics.forget(request_id)
         self._call_in_loop(self._deliver, [(rid, EngineStepError(message)) for rid in request_ids])
+
+    def _fail_requests_alone(self, failed: dict[str, str]) -> None:
+        """Requests the engine stopped for a fault of their own (the rest of the batch went on)."""
+        for request_id, reason in failed.items():
+            logger.error("request %s failed: %s", request_id, reason)
+            if self.metrics is not None:
+                self.metrics.forget(request_id)
+        self._call_in_loop(self._deliver, [(rid, EngineStepError(f"the engine failed this "
+                                                                 f"request: {reason}"))
+                                           for rid, reason in failed.items()])
 
     def _abort_all_in_engine(self) -> None:
         snapshot = self.engine.snapshot()

@@ -96,6 +96,8 @@ class LLMEngine:
         self._num_structured_requests = 0
         self._batch_sizes: Counter = Counter()
         self._finished_by_reason: Counter = Counter()
+        self._failed_requests: dict[str, str] = {}
+        """Requests the engine stopped for a fault of their own (take_failed_requests)."""
         self._last_step = (0, 0)  # (sequences, tokens)
         self._snapshot = self._take_snapshot()
 
@@ -171,6 +173,8 @@ class LLMEngine:
             raise self._abort_batch(scheduler_output, e) from e
         if scheduler_output.is_empty:
             return []
+        if runner_output.failed:
+            self._fail_sequences(runner_output.failed)
         new_tokens = self._scheduler.update_from_output(scheduler_output, runner_output)
         finished = self._lifecycle.process_step(new_tokens, runner_output, time.time())
         for sequence_id, status in finished:
@@ -184,6 +188,22 @@ class LLMEngine:
         outputs = self._lifecycle.make_outputs()
         self._snapshot = self._take_snapshot()
         return outputs
+
+    def _fail_sequences(self, failed: dict[str, str]) -> None:
+        """Abort the requests whose sequences the runner could not go on with; their reasons
+        wait in take_failed_requests() (the other requests of the step go on)."""
+        for sequence_id, reason in failed.items():
+            parent = self._lifecycle.parent_id(sequence_id)
+            if parent is not None and parent not in self._failed_requests:
+                self._failed_requests[parent] = reason
+                self.abort_request(parent)
+
+    def take_failed_requests(self) -> dict[str, str]:
+        """Requests (add_request ids) failed since the last call, with the reason: aborted
+        by the engine, not by their caller, whose outputs end "abort". Callers report them
+        as errors (AsyncLLMEngine, LLM)."""
+        failed, self._failed_requests = self._failed_requests, {}
+        return failed
 
     def _add_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """Bitmask rows for the sequences under a grammar that sample this step (those whose

@@ -89,7 +89,10 @@ class LLM:
         return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """The finished outputs, in order. RequestFailedError, once the others are done,
+        when the engine stopped some for a fault of their own (non-finite logits)."""
         finished: dict[str, RequestOutput] = {}
+        failed: dict[str, str] = {}
         pending = set(request_ids)
         with tqdm(total=len(request_ids), desc="Processed prompts", unit="req",
                   disable=not use_tqdm) as bar:
@@ -99,7 +102,25 @@ class LLM:
                         finished[output.request_id] = output
                         pending.discard(output.request_id)
                         bar.update(1)
-        return [finished[i] for i in request_ids]
+                for request_id, reason in self.engine.take_failed_requests().items():
+                    if request_id in pending:  # stopped by the engine: no further output
+                        failed[request_id] = reason
+                        pending.discard(request_id)
+                        bar.update(1)
+        outputs = [finished.get(i) for i in request_ids]
+        if failed:
+            raise RequestFailedError(failed, outputs)
+        return outputs
+
+
+class RequestFailedError(RuntimeError):
+    """Some requests of a generate() / chat() call failed on their own (`failed`: request id
+    -> reason); `outputs` holds every request's output in order, None for the failed ones."""
+
+    def __init__(self, failed: dict[str, str], outputs: list[RequestOutput | None]) -> None:
+        reasons = "; ".join(f"request {rid}: {reason}" for rid, reason in failed.items())
+        super().__init__(f"{len(failed)} of {len(outputs)} requests failed: {reasons}")
+        self.failed, self.outputs = failed, outputs
 
 
 def _per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:

@@ -323,6 +323,7 @@ class ModelRunner:
         sample_states = [states[i] for i in sample_rows]
         logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
         logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
+        logits = self._contain_non_finite(logits, sample_states, output)
         metadata = SamplingMetadata.build(
             params=[s.sampling_params for s in sample_states],
             prompt_token_ids=[s.prompt_token_ids for s in sample_states],
@@ -341,6 +342,8 @@ class ModelRunner:
         sampled = self.sampler(logits, metadata)
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
         for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
+            if state.request_id in output.failed:
+                continue
             output.sampled_token_ids[row] = token_id
             batch.append_token(state, token_id)
         if sampled.logprobs is not None:
@@ -353,6 +356,20 @@ class ModelRunner:
                         [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
                     )
         return output
+
+    @staticmethod
+    def _contain_non_finite(logits: torch.Tensor, states, output: ModelRunnerOutput) -> torch.Tensor:
+        """Rows with a NaN or infinite logit fail their request alone (output.failed) and are
+        zeroed so that the sampler sees nothing it cannot handle; the other rows are as they
+        were. One reduction and one host sync a step."""
+        finite = torch.isfinite(logits.float().sum(dim=-1))
+        if bool(finite.all()):
+            return logits
+        for row in (~finite).nonzero().flatten().tolist():
+            output.failed[states[row].request_id] = (
+                "the model produced non-finite logits (NaN or infinity) for this request; "
+                "it was stopped")
+        return logits.masked_fill(~finite[:, None], 0.0)
 
     def _generator(self, state: CachedRequestState) -> torch.Generator | None:
         seed = state.sampling_params.seed

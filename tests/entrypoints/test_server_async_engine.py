@@ -61,6 +61,9 @@ class FakeEngine:
         running = tuple(self.requests)
         return EngineSnapshot(running_request_ids=running, num_running_seqs=len(running))
 
+    def take_failed_requests(self) -> dict[str, str]:
+        return {}  # no request fails on its own here
+
     def step(self):
         self.thread_ids.add(threading.get_ident())
         self.step_gate.wait()

@@ -1,0 +1,89 @@
+"""A fault in one request's step fails that request alone (issue 19, item 3, part): a NaN
+in its logits stops it with a clear error, while the other requests of the same batches
+finish with exactly the tokens they get without the fault, and no KV block stays held."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagoda import SamplingParams
+from pagoda.entrypoints.llm import RequestFailedError
+
+PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time"]
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+VICTIM = 1  # the prompt whose logits turn NaN from its 4th decode step on
+
+
+@pytest.fixture
+def poison_one_request(bundled_llm, monkeypatch):
+    """From the victim's 4th pure decode step on, its row of the logits is NaN."""
+    runner = bundled_llm.engine.runner
+    model = runner.model
+    poisoned_row = {"row": None}
+    decode_steps = {"count": 0}
+    execute, head_logits = runner.execute_model, model.head_logits
+    victim = {"id": None}
+
+    def execute_model(scheduler_output):
+        poisoned_row["row"] = None
+        ids = scheduler_output.request_ids
+        if (victim["id"] in ids and not scheduler_output.new_requests
+                and all(n == 1 for n in scheduler_output.num_scheduled_tokens)):
+            decode_steps["count"] += 1
+            if decode_steps["count"] >= 4:
+                poisoned_row["row"] = ids.index(victim["id"])
+        return execute(scheduler_output)
+
+    def poisoned(hidden):
+        logits = head_logits(hidden)
+        if poisoned_row["row"] is not None:
+            logits = logits.clone()
+            logits[poisoned_row["row"], 7] = float("nan")
+        return logits
+
+    monkeypatch.setattr(runner, "execute_model", execute_model)
+    monkeypatch.setattr(model, "head_logits", poisoned)
+    return victim
+
+
+def test_nan_logits_fail_their_request_alone(bundled_llm, poison_one_request) -> None:
+    reference = bundled_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    engine = bundled_llm.engine
+    poison_one_request["id"] = str(int(reference[-1].request_id) + 1 + VICTIM)  # next ids
+    with pytest.raises(RequestFailedError) as caught:
+        bundled_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    error = caught.value
+    assert list(error.failed) == [poison_one_request["id"]]
+    assert "non-finite logits" in str(error)
+    for index, (ours, theirs) in enumerate(zip(error.outputs, reference, strict=True)):
+        if index == VICTIM:
+            assert ours is None  # stopped: no output after the fault
+        else:
+            assert ours.outputs[0].token_ids == theirs.outputs[0].token_ids
+            assert ours.outputs[0].finish_reason == "length"
+    snapshot = engine.snapshot()
+    assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks  # no block left held
+    assert snapshot.num_running_seqs == 0
+    assert not engine.has_unfinished_requests()
+    assert engine.take_failed_requests() == {}
+    # the engine goes on serving
+    again = bundled_llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)
+    assert again[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
+
+
+def test_the_runner_zeroes_non_finite_rows_for_the_sampler() -> None:
+    from pagoda.executor.model_runner import ModelRunner
+    from pagoda.step_data import ModelRunnerOutput
+
+    class State:
+        def __init__(self, request_id):
+            self.request_id = request_id
+
+    logits = torch.randn(3, 10)
+    logits[2, 4] = float("inf")
+    output = ModelRunnerOutput(request_ids=["a", "b", "c"], sampled_token_ids=[None] * 3)
+    contained = ModelRunner._contain_non_finite(logits, [State("a"), State("b"), State("c")],
+                                                output)
+    assert list(output.failed) == ["c"]
+    assert torch.equal(contained[:2], logits[:2]) and not contained[2].any()
