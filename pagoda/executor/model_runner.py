@@ -362,7 +362,7 @@ class ModelRunner:
         """Rows with a NaN or infinite logit fail their request alone (output.failed) and are
         zeroed so that the sampler sees nothing it cannot handle; the other rows are as they
         were. One reduction and one host sync a step."""
-        finite = torch.isfinite(logits.float().sum(dim=-1))
+        finite = torch.isfinite(logits.sum(dim=-1, dtype=torch.float32))  # no float copy
         if bool(finite.all()):
             return logits
         for row in (~finite).nonzero().flatten().tolist():
