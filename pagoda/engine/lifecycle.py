@@ -6,6 +6,8 @@
     process_step  each new token: logprobs recorded, every stop rule applied in one place
                   (EOS, stop ids, max_tokens, context length: stop_rules.py; stop strings:
                   the detokenizer) -> the sequences that finished, with their status
+    take_failed   the sequences whose own grammar or detokenization raised (each fails
+                  alone: the engine aborts its request and reports it as an error)
     abort         -> the sequences to finish
     make_outputs  one RequestOutput per parent with news, children folded back in index
                   order; a parent whose children all finished is forgotten
@@ -82,6 +84,10 @@ class RequestLifecycle:
         """Parents with news since the last make_outputs (so a step touches only those)."""
         self.num_grammar_sequences = 0
         """Sequences held that follow a grammar (0: a step needs no bitmask)."""
+        self.failed: dict[str, str] = {}
+        """Sequences stopped by a fault of their own (id -> reason): an exception in their
+        grammar or their detokenization. Their tokens are not processed; the engine takes
+        them (take_failed) and aborts their requests, the rest of the batch goes on."""
 
     # ---- start and end -----------------------------------------------------------------------
 
@@ -146,6 +152,14 @@ class RequestLifecycle:
         child = self.children.get(sequence_id)
         return None if child is None else child.parent.request_id
 
+    def take_failed(self) -> dict[str, str]:
+        failed, self.failed = self.failed, {}
+        return failed
+
+    def _fail(self, sequence_id: str, what: str, error: Exception) -> None:
+        logger.exception("sequence %s: %s failed", sequence_id, what)
+        self.failed.setdefault(sequence_id, f"{what} failed: {type(error).__name__}: {error}")
+
     # ---- one step ----------------------------------------------------------------------------
 
     def process_step(
@@ -159,14 +173,18 @@ class RequestLifecycle:
         finished = []
         for sequence, token_id in new_tokens:
             child = self.children.get(sequence.request_id)
-            if child is None:
-                continue  # aborted meanwhile
-            stop_string = self._add_token(
-                child, token_id, runner_output.logprobs.get(sequence.request_id), now
-            )
-            stop = check_stop(sequence, token_id, self.max_model_len)
-            if stop is None and child.matcher is not None:
-                stop = _grammar_stop(child.matcher, token_id)
+            if child is None or sequence.request_id in self.failed:
+                continue  # aborted meanwhile, or failing
+            try:
+                stop_string = self._add_token(
+                    child, token_id, runner_output.logprobs.get(sequence.request_id), now
+                )
+                stop = check_stop(sequence, token_id, self.max_model_len)
+                if stop is None and child.matcher is not None:
+                    stop = _grammar_stop(child.matcher, token_id)
+            except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
+                self._fail(sequence.request_id, "processing its new token", e)
+                continue
             if stop_string is not None:  # a stop string wins: its text is cut there
                 stop = (RequestStatus.FINISHED_STOPPED, stop_string)
             if stop is not None:
@@ -186,8 +204,12 @@ class RequestLifecycle:
         if not constrained:
             return [], None
         bitmask = allocate_bitmask(len(constrained), vocab_size)
-        for row, (_, matcher) in enumerate(constrained):
-            matcher.fill_bitmask(bitmask, row)
+        for row, (sequence_id, matcher) in enumerate(constrained):
+            try:
+                matcher.fill_bitmask(bitmask, row)
+            except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
+                self._fail(sequence_id, "computing its grammar's allowed tokens", e)
+                bitmask[row] = -1  # every token allowed: the sampler needs one; it is dropped
         return [i for i, _ in constrained], bitmask
 
     def _logprob_dicts(self, logprobs: TokenLogprobs) -> list[TokenLogprobDict]:

@@ -180,6 +180,7 @@ class LLMEngine:
         for sequence_id, status in finished:
             self._scheduler.finish_requests([sequence_id], status)
             self._finished_by_reason[status.finish_reason] += 1
+        self._fail_sequences(self._lifecycle.take_failed())  # grammar or detokenizer faults
         self._num_steps += 1
         self._num_generation_tokens += len(new_tokens)
         num_seqs = len(scheduler_output.request_ids)
@@ -190,8 +191,9 @@ class LLMEngine:
         return outputs
 
     def _fail_sequences(self, failed: dict[str, str]) -> None:
-        """Abort the requests whose sequences the runner could not go on with; their reasons
-        wait in take_failed_requests() (the other requests of the step go on)."""
+        """Abort the requests of sequences that failed on their own (the runner: non-finite
+        logits; the lifecycle: an exception in their grammar or detokenization); their
+        reasons wait in take_failed_requests() (the other requests of the step go on)."""
         for sequence_id, reason in failed.items():
             parent = self._lifecycle.parent_id(sequence_id)
             if parent is not None and parent not in self._failed_requests:

@@ -1,5 +1,5 @@
-"""A fault in one request's step fails that request alone (issue 19, item 3, part): a NaN
-in its logits stops it with a clear error, while the other requests of the same batches
+"""A fault in one request's step fails that request alone (issue 19, item 3): a NaN in its
+logits, an exception in its grammar or in its detokenization stops it with a clear error, while the other requests of the same batches
 finish with exactly the tokens they get without the fault, and no KV block stays held."""
 
 from __future__ import annotations
@@ -87,3 +87,71 @@ def test_the_runner_zeroes_non_finite_rows_for_the_sampler() -> None:
                                                 output)
     assert list(output.failed) == ["c"]
     assert torch.equal(contained[:2], logits[:2]) and not contained[2].any()
+
+
+def _assert_victim_failed_alone(llm, prompts, params, victim: int, reference, match: str):
+    """Run `prompts` again: the victim's request fails with `match` in its reason, every
+    other one gets exactly its reference tokens, no KV block stays held, and the engine
+    serves the next request."""
+    engine = llm.engine
+    with pytest.raises(RequestFailedError) as caught:
+        llm.generate(prompts, params, use_tqdm=False)
+    error = caught.value
+    assert len(error.failed) == 1 and match in next(iter(error.failed.values()))
+    for index, (ours, theirs) in enumerate(zip(error.outputs, reference, strict=True)):
+        if index == victim:
+            assert ours is None
+        else:
+            assert ours.outputs[0].token_ids == theirs.outputs[0].token_ids
+    snapshot = engine.snapshot()
+    assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks
+    assert not engine.has_unfinished_requests()
+    first_params = params[0] if isinstance(params, list) else params
+    again = llm.generate(prompts[:1], first_params, use_tqdm=False)
+    assert again[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
+
+
+def test_a_detokenizer_error_fails_its_request_alone(bundled_llm, monkeypatch) -> None:
+    from pagoda.engine.detokenizer import IncrementalDetokenizer
+
+    reference = bundled_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    victim_ids = bundled_llm.get_tokenizer().encode(PROMPTS[VICTIM])
+    init, update = IncrementalDetokenizer.__init__, IncrementalDetokenizer.update
+
+    def marking_init(self, tokenizer, prompt_token_ids, *args):
+        init(self, tokenizer, prompt_token_ids, *args)
+        self.updates_left = 5 if list(prompt_token_ids) == victim_ids else None
+
+    def faulty_update(self, new_token_ids):
+        if self.updates_left is not None:  # the victim's: breaks at its 5th token
+            self.updates_left -= 1
+            if self.updates_left == 0:
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected fault")
+        return update(self, new_token_ids)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "__init__", marking_init)
+    monkeypatch.setattr(IncrementalDetokenizer, "update", faulty_update)
+    _assert_victim_failed_alone(bundled_llm, PROMPTS, PARAMS, VICTIM, reference,
+                                "processing its new token failed: UnicodeDecodeError")
+
+
+def test_a_grammar_error_fails_its_request_alone(bundled_llm, monkeypatch) -> None:
+    from pagoda.engine.grammar import GrammarMatcher
+    from pagoda.structured_outputs import StructuredOutputsParams
+
+    params = [PARAMS, SamplingParams(temperature=0, max_tokens=12,
+                                     structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))]
+    prompts = PROMPTS[:2]
+    reference = bundled_llm.generate(prompts, params, use_tqdm=False)
+    calls = {"count": 0}
+    fill = GrammarMatcher.fill_bitmask
+
+    def faulty_fill(self, bitmask, row):
+        calls["count"] += 1
+        if calls["count"] == 3:
+            raise RuntimeError("injected matcher fault")
+        return fill(self, bitmask, row)
+
+    monkeypatch.setattr(GrammarMatcher, "fill_bitmask", faulty_fill)
+    _assert_victim_failed_alone(bundled_llm, prompts, params, 1, reference,
+                                "computing its grammar's allowed tokens failed: RuntimeError")
