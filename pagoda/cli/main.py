@@ -1,6 +1,6 @@
 """`pagoda generate | chat | serve | bench | env`: the parser and the exit codes.
 
-Exit codes: 0 done; 2 a usage error: a bad flag (argparse) or a ValueError/OSError a user can
+Exit codes: 0 done; 1 the server's engine loop died; 2 a usage error: a bad flag (argparse) or a ValueError/OSError a user can
 cause (a bad path, a bad value; ModelLoadError, InvalidRequestError and BenchError are
 ValueErrors), printed as one line `pagoda: error: ...` on stderr, without a traceback;
 130 interrupted (Ctrl-C).

@@ -4,7 +4,9 @@ Lifecycle: check the flags and build the EngineConfig (a bad value fails before 
 load the model on the engine thread (slow), log the URL, the model and the KV capacity, serve.
 On SIGTERM or SIGINT: refuse new /v1 requests (503; uvicorn also stops accepting connections),
 let in-flight ones finish for up to --shutdown-timeout seconds, cancel (abort) the rest,
-stop the engine thread, exit 0. A second SIGINT quits at once.
+stop the engine thread, exit 0. A second SIGINT quits at once. If the engine loop dies: open
+streams end with an error event, /health says 503, and two seconds later the server shuts
+down and exits 1 (for a supervisor to restart it).
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ def run_serve(args: argparse.Namespace) -> int:
         "%d, API key %s)", pagoda.__version__, model_name, scheme, host, args.port,
         engine.kv_capacity_tokens, engine.max_model_len, "required" if api_key else "not required",
     )
-    run_server(build_app(state), state, args.host, args.port, args.shutdown_timeout,
-               access_log=args.access_log, ssl_keyfile=args.ssl_keyfile,
-               ssl_certfile=args.ssl_certfile)
+    exit_code = run_server(build_app(state), state, args.host, args.port,
+                           args.shutdown_timeout, access_log=args.access_log,
+                           ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     logger.info("Pagoda server stopped")
-    return 0
+    return exit_code

@@ -13,8 +13,9 @@
   before they are queued, so a bad request never reaches the engine thread.
 - Failures are contained: a `step()` that raises fails the requests that were in its
   batch (the engine has aborted them: BatchFailedError), and the loop keeps serving. Only an error in the loop's
-  own bookkeeping kills the thread; then `is_alive` turns False (/health says 503) and every
-  open stream gets `EngineDeadError`.
+  own bookkeeping kills the thread; then `is_alive` turns False (/health says 503), every
+  open stream gets `EngineDeadError`, and `wait_dead()` returns (the server then exits
+  non-zero so that a supervisor restarts it).
 - A stream whose consumer goes away (client disconnect, cancelled task) must be aborted by
   the consumer: `abort(request_id)`, or iterate with `generate()`, which does it in `finally`.
 
@@ -94,6 +95,8 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._prebuilt: tuple[threading.Thread, threading.Event] | None = None
         self.dead_error: BaseException | None = None
+        self._died: asyncio.Event | None = None
+        """Set on the event loop when the engine loop dies of an error (not on shutdown)."""
         # Event-loop side: open streams and the sequences they stand for.
         self._streams: dict[str, RequestStream] = {}
         self.num_unfinished_seqs = 0
@@ -139,6 +142,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             raise RuntimeError("the engine loop is already started")
         self._loop = asyncio.get_running_loop()
+        self._died = asyncio.Event()
         if self._prebuilt is not None:  # the thread that built the engine runs the loop
             self._thread, go = self._prebuilt
             go.set()
@@ -155,6 +159,12 @@ class AsyncLLMEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    async def wait_dead(self) -> BaseException:
+        """Return (with the error) once the engine loop has died of an error; call after
+        `start`, from its event loop. A normal shutdown never returns it."""
+        await self._died.wait()
+        return self.dead_error
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Abort whatever is still running and stop the engine thread."""
@@ -289,6 +299,8 @@ class AsyncLLMEngine:
             self._abort_all_in_engine()
             self._call_in_loop(self._fail_all, EngineDeadError(self.dead_message()))
             self._publish()
+            if self.dead_error is not None:
+                self._call_in_loop(self._died.set)
             if stop is not None:
                 stop.done.set()
 

@@ -27,9 +27,10 @@ def free_port() -> int:
 
 class RemoteServer:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 startup_timeout: float = 300.0, https_ca: str | None = None) -> None:
+                 startup_timeout: float = 300.0, https_ca: str | None = None,
+                 module: str = "pagoda") -> None:
         """`https_ca`: the server runs HTTPS (its --ssl-* flags in `args`) with a
-        certificate this file verifies."""
+        certificate this file verifies. `module`: run as `python -m module serve ...`."""
         self.port = free_port()
         self.verify = ssl.create_default_context(cafile=https_ca) if https_ca else True
         self.url = f"{'https' if https_ca else 'http'}://127.0.0.1:{self.port}"
@@ -37,7 +38,7 @@ class RemoteServer:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
             "w+", prefix="pagoda-serve-", suffix=".log", delete=False
         )
-        command = [sys.executable, "-m", "pagoda", "serve",
+        command = [sys.executable, "-m", module, "serve",
                    "--port", str(self.port), *ENGINE_ARGS, *args]
         self.proc = subprocess.Popen(
             command, stdout=self.log, stderr=subprocess.STDOUT,

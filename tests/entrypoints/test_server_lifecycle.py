@@ -2,7 +2,7 @@
 on SIGTERM: an in-flight request that fits in --shutdown-timeout completes, one that does not
 ends with an error event, and the process exits 0. The server runs two sequences at a time
 and queues none (--max-num-seqs 2 --max-queue 0). The shutdown test ends the server: it runs
-last."""
+last of those on the shared server. The engine-death test runs a server of its own."""
 
 from __future__ import annotations
 
@@ -117,3 +117,30 @@ def test_graceful_shutdown(server):
         httpx.get(server.url + "/health", timeout=5)
     log = server.log_text()
     assert "received SIGTERM" in log and "Traceback" not in log
+
+
+def test_a_dead_engine_loop_ends_streams_fails_health_and_exits_non_zero():
+    """The engine loop dies (an injected fault in its bookkeeping) with a stream open: the
+    stream ends with an error event, /health says 503 within a second, the process exits 1
+    (vLLM's behaviour: a supervisor restarts it)."""
+    from tests.entrypoints.dying_server import KILL_MARKER
+
+    with RemoteServer(["--served-model-name", "tiny"],
+                      module="tests.entrypoints.dying_server") as server:
+        with long_stream(server, 2000) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            killer = httpx.post(server.url + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": f"{KILL_MARKER} now", "max_tokens": 5})
+            died = time.time()
+            health = httpx.get(server.url + "/health", timeout=5)
+            assert health.status_code == 503 and time.time() - died < 1.0
+            assert "engine loop died" in health.json()["error"]["message"]
+            stream_events = events(lines)
+        assert killer.status_code >= 500
+        assert "injected fault" in killer.json()["error"]["message"]
+        assert stream_events[-1] == "[DONE]"
+        error = json.loads(stream_events[-2])["error"]
+        assert error["type"] == "server_error" and "engine loop died" in error["message"]
+        assert server.proc.wait(timeout=30) == 1
+        assert "exiting in 2 s with code 1" in server.log_text()

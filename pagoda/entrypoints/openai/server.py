@@ -4,7 +4,8 @@ Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
     GET  /v1/models                                   (OpenAI)
     POST /tokenize, POST /detokenize                  (vLLM's shapes)
-    GET  /health   200 while the engine loop runs, 503 once it died
+    GET  /health   200 while the engine loop runs, 503 once it died (the process then
+                   exits with code 1 two seconds later)
     GET  /version, GET /metrics (Prometheus text, this server's own registry)
 
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
@@ -15,12 +16,14 @@ HTTPS with a key and certificate.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -55,6 +58,9 @@ from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
 
 logger = logging.getLogger(__name__)
 
+DEAD_ENGINE_EXIT_DELAY_S = 2.0
+"""Seconds between the engine loop's death and the server's exit (health checks see 503)."""
+
 
 @dataclass
 class ServerState:
@@ -75,6 +81,10 @@ class ServerState:
     draining: bool = False
     """Set when shutdown begins: new /v1 requests get 503, in-flight ones finish."""
     created: int = 0
+    exit_code: int = 0
+    """The process's exit code: 1 once the engine loop died (a supervisor restarts it)."""
+    request_exit: Callable[[], None] | None = None
+    """Asks the HTTP server to shut down (set by run_server)."""
 
 
 class GateMiddleware:
@@ -115,6 +125,20 @@ async def parse_body(raw_request: Request, model: type):
     return model.model_validate_json(await raw_request.body())
 
 
+async def exit_when_engine_dies(state: ServerState) -> None:
+    """vLLM's behaviour: once the engine loop died (its streams have already ended with an
+    error event, /health says 503), refuse new work, wait a moment for health checks and
+    open responses, then shut down with exit code 1 so that a supervisor restarts us."""
+    error = await state.engine.wait_dead()
+    state.draining = True
+    state.exit_code = 1
+    logger.error("the engine loop died (%s: %s); exiting in %.0f s with code 1",
+                 type(error).__name__, error, DEAD_ENGINE_EXIT_DELAY_S)
+    await asyncio.sleep(DEAD_ENGINE_EXIT_DELAY_S)
+    if state.request_exit is not None:
+        state.request_exit()
+
+
 def build_app(state: ServerState) -> FastAPI:
     engine = state.engine
     state.created = state.created or int(time.time())
@@ -125,7 +149,9 @@ def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        watch = asyncio.create_task(exit_when_engine_dies(state))
         yield
+        watch.cancel()
         state.draining = True
         await engine.shutdown()
 
@@ -256,12 +282,16 @@ class PagodaUvicornServer(uvicorn.Server):
 def run_server(
     app: FastAPI, state: ServerState, host: str, port: int, shutdown_timeout: float,
     access_log: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
-) -> None:
+) -> int:
     """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds; HTTPS
-    when a key and certificate are given."""
+    when a key and certificate are given. Returns the exit code: 0, or 1 when the engine
+    loop died."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", access_log=access_log,
         timeout_graceful_shutdown=shutdown_timeout + PagodaUvicornServer.CANCEL_MARGIN_S,
         lifespan="on", ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
     )
-    PagodaUvicornServer(config, state, shutdown_timeout).run()
+    server = PagodaUvicornServer(config, state, shutdown_timeout)
+    state.request_exit = lambda: setattr(server, "should_exit", True)
+    server.run()
+    return state.exit_code
