@@ -32,6 +32,9 @@ MAX_LOGPROBS = 20
 MAX_N = 128
 # OpenAI's range for ``logit_bias`` values.
 MAX_LOGIT_BIAS = 100.0
+# ``repetition_penalty`` lies in [1 / MAX, MAX]: beyond, dividing or multiplying float32
+# logits by it can leave a row with no finite probability (found by fuzzing: 5e-324).
+MAX_REPETITION_PENALTY = 1e6
 
 
 def _is_int(value: object) -> bool:
@@ -120,8 +123,10 @@ class SamplingParams:
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 _fail(name, f"must be in [-2, 2], got {value!r}")
         rep = self.repetition_penalty
-        if not _is_number(rep) or not (0.0 < rep < math.inf):
-            _fail("repetition_penalty", f"must be > 0 (and finite), got {rep!r}")
+        if not _is_number(rep) or not (1 / MAX_REPETITION_PENALTY <= rep
+                                       <= MAX_REPETITION_PENALTY):
+            _fail("repetition_penalty", f"must be in [{1 / MAX_REPETITION_PENALTY:g}, "
+                                        f"{MAX_REPETITION_PENALTY:g}], got {rep!r}")
         temp = self.temperature
         if not _is_number(temp) or not temp >= 0.0:
             _fail("temperature", f"must be >= 0, got {temp!r}")

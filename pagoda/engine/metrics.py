@@ -65,6 +65,11 @@ class EngineMetrics:
         self.kv_cache_usage = gauge(
             "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100 percent)."
         )
+        self.num_kv_blocks = gauge("num_kv_blocks", "KV-cache blocks in all.")
+        self.num_kv_blocks_held = gauge(
+            "num_kv_blocks_held", "KV-cache blocks held by requests (0 once the load drains).")
+        self.num_requests_tracked = gauge(
+            "num_requests_tracked", "Requests the engine holds state for (0 once drained).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.prefix_cache_queries = counter(
@@ -158,6 +163,9 @@ class EngineMetrics:
         self.num_requests_running.set(snapshot.num_running_seqs)
         self.num_requests_waiting.set(snapshot.num_waiting_seqs)
         self.kv_cache_usage.set(snapshot.kv_cache_usage)
+        self.num_kv_blocks.set(snapshot.num_kv_blocks)
+        self.num_kv_blocks_held.set(snapshot.num_kv_blocks - snapshot.num_free_kv_blocks)
+        self.num_requests_tracked.set(snapshot.num_tracked_requests)
         self._advance(self.prompt_tokens, "prompt_tokens", snapshot.num_prompt_tokens)
         self._advance(self.generation_tokens, "generation_tokens", snapshot.num_generation_tokens)
         self._advance(self.prefix_cache_queries, "prefix_cache_queries",

@@ -35,6 +35,7 @@ from pagoda.executor.kv_cache_layout import (
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.sampler import (
+    NO_TOKEN,
     Sampler,
     SamplingMetadata,
     compute_token_logprobs,
@@ -45,6 +46,9 @@ from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
+UNSAMPLEABLE = ("its next-token probabilities were not finite after its sampling parameters "
+                "were applied (a repetition penalty or temperature out of usable range?); it "
+                "was stopped")
 CPU_KV_CACHE_FRACTION = 0.2
 """Most of the available RAM the KV cache takes on CPU when no size is given."""
 CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
@@ -342,6 +346,8 @@ class ModelRunner:
         sampled = self.sampler(logits, metadata)
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
         for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
+            if token_id == NO_TOKEN:
+                output.failed.setdefault(state.request_id, UNSAMPLEABLE)
             if state.request_id in output.failed:
                 continue
             output.sampled_token_ids[row] = token_id

@@ -24,7 +24,8 @@ Pipeline, in order (the logits processors of steps 4 and 7 live in logits_proces
     8. sample by inverse CDF: one uniform number per row picks the token where the row's
        cumulative weight passes it (see ``random_sample``); a seeded row draws its number from
        its request's own generator, so its tokens do not depend on the rest of the batch;
-       unseeded rows share one batched draw
+       unseeded rows share one batched draw; a row whose weights are not finite (processing
+       overflowed) gets NO_TOKEN, and the runner fails its request alone
     9. logprobs: for the sampled token its raw logprob and rank, plus the top-N raw logprobs
        (N = the largest number asked for in the batch)
 """
@@ -183,7 +184,8 @@ class SamplerOutput:
     columns) that each request asked for.
     """
 
-    sampled_token_ids: torch.Tensor  # (num_rows,) int64
+    sampled_token_ids: torch.Tensor  # (num_rows,) int64; NO_TOKEN where a row had no
+    # usable probabilities (a penalty or temperature drove its logits out of float range)
     logprob_token_ids: torch.Tensor | None = None  # (num_rows, 1 + N) int64: sampled, top-N
     logprobs: torch.Tensor | None = None  # (num_rows, 1 + N) float32, raw logprobs
     sampled_token_ranks: torch.Tensor | None = None  # (num_rows,) int64, 1 = most likely
@@ -295,6 +297,8 @@ def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
 
 
 CDF_BLOCK = 256  # tokens per block in random_sample's two-level search
+NO_TOKEN = -1
+"""The sampled id of a row that could not be sampled (its probabilities were not finite)."""
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
@@ -333,7 +337,11 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     chosen = probs.gather(1, positions.clamp(max=vocab_size - 1))
     chosen.masked_fill_(positions >= vocab_size, 0.0)  # past the short last block
     token = _first_passing(chosen.double().cumsum(dim=-1), target - before)  # (rows, 1)
-    return (block * CDF_BLOCK + token).squeeze(1)
+    # A row whose weights sum to nothing usable (NaN, infinity or zero: processing went out
+    # of float range) has no token: NO_TOKEN, for the runner to fail that request alone.
+    total = block_cdf[:, -1]
+    usable = torch.isfinite(total) & (total > 0)
+    return torch.where(usable, (block * CDF_BLOCK + token).squeeze(1), NO_TOKEN)
 
 
 def _first_passing(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -155,3 +155,36 @@ def test_a_grammar_error_fails_its_request_alone(bundled_llm, monkeypatch) -> No
     monkeypatch.setattr(GrammarMatcher, "fill_bitmask", faulty_fill)
     _assert_victim_failed_alone(bundled_llm, prompts, params, 1, reference,
                                 "computing its grammar's allowed tokens failed: RuntimeError")
+
+
+def test_a_row_without_finite_probabilities_fails_its_request_alone(bundled_llm,
+                                                                     monkeypatch) -> None:
+    """The sampler finds no finite probability for one row (as a repetition penalty of
+    5e-324 once did, before its range was bounded: found by schemathesis, it sampled an
+    out-of-range token that failed the whole next step): that request fails alone."""
+    from pagoda.executor import logits_processors, sampler
+
+    reference = bundled_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    apply_penalties = logits_processors.apply_penalties
+
+    def overflowing(logits, prompt_ids, output_ids, repetition, *rest):
+        logits = apply_penalties(logits, prompt_ids, output_ids, repetition, *rest)
+        return logits.masked_fill((repetition == 1.5)[:, None], float("inf"))
+
+    monkeypatch.setattr(sampler, "apply_penalties", overflowing)
+    params = [PARAMS, SamplingParams(temperature=1.0, repetition_penalty=1.5, max_tokens=12),
+              PARAMS]
+    _assert_victim_failed_alone(bundled_llm, PROMPTS, params, 1, reference,
+                                "probabilities were not finite")
+
+
+def test_random_sample_gives_no_token_for_a_row_without_finite_weights() -> None:
+    from pagoda.executor.sampler import NO_TOKEN, random_sample
+
+    probs = torch.rand(4, 1000)
+    probs[1, 5] = float("nan")
+    probs[2, 9] = float("inf")
+    probs[3] = 0.0
+    tokens = random_sample(probs, {})
+    assert tokens[1:].tolist() == [NO_TOKEN] * 3
+    assert 0 <= int(tokens[0]) < 1000

@@ -29,6 +29,8 @@ def test_sampling_params_defaults_and_normalisation() -> None:
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -2.1}, "frequency_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 5e-324}, "repetition_penalty"),
+        ({"repetition_penalty": 1e7}, "repetition_penalty"),
         ({"temperature": -1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 0.0}, "top_p"),

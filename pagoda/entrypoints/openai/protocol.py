@@ -24,6 +24,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
+from pagoda.entrypoints.openai.json_shapes import (
+    CHAT_MESSAGE_RULES,
+    MessageContent,
+    Prompt,
+    Stop,
+    bounded,
+)
 from pagoda.entrypoints.openai.structured_fields import StructuredOutputFields
 from pagoda.entrypoints.openai.tool_fields import (
     DeltaToolCall,
@@ -31,6 +38,7 @@ from pagoda.entrypoints.openai.tool_fields import (
     ResponseToolCalls,
     ToolFields,
 )
+from pagoda.sampling_params import MAX_LOGPROBS, MAX_N, MAX_REPETITION_PENALTY
 
 # ---- requests ---------------------------------------------------------------------------------
 
@@ -58,15 +66,15 @@ class SamplingRequestFields(StructuredOutputFields, StrictModel):
     structured_fields.py."""
 
     model: str | None = None
-    n: int | None = 1
-    temperature: float | None = None
+    n: int | None = bounded(1, minimum=1, maximum=MAX_N)
+    temperature: float | None = bounded(None, minimum=0)
     """Default 1.0, as OpenAI."""
-    top_p: float | None = None
-    stop: Any = None
+    top_p: float | None = bounded(None, exclusiveMinimum=0, maximum=1)
+    stop: Stop = None
     """A string or a list of strings."""
     seed: int | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = bounded(0.0, minimum=-2, maximum=2)
+    frequency_penalty: float | None = bounded(0.0, minimum=-2, maximum=2)
     logit_bias: dict[str, float] | None = None
     """Token id (a JSON object key, so a string) -> bias in [-100, 100]."""
     user: str | None = None
@@ -77,10 +85,11 @@ class SamplingRequestFields(StructuredOutputFields, StrictModel):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     # vLLM's extra sampling parameters.
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = 0
+    top_k: int | None = bounded(None, minimum=-1)
+    min_p: float | None = bounded(None, minimum=0, maximum=1)
+    repetition_penalty: float | None = bounded(None, minimum=1 / MAX_REPETITION_PENALTY,
+                                               maximum=MAX_REPETITION_PENALTY)
+    min_tokens: int | None = bounded(0, minimum=0)
     ignore_eos: bool | None = False
     priority: int | None = 0
     """Lower runs first when the server uses --scheduling-policy priority."""
@@ -122,11 +131,11 @@ def _check_prompt(value: Any) -> Any:
 
 
 class CompletionRequest(SamplingRequestFields):
-    prompt: Any
+    prompt: Prompt
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
-    max_tokens: int | None = 16
+    max_tokens: int | None = bounded(16, minimum=1)
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: int | None = bounded(None, minimum=0, maximum=MAX_LOGPROBS)
     """Logprobs of the sampled token and this many alternatives, in [0, 20]."""
     suffix: str | None = None
     """Not supported (insertion needs a fill-in-the-middle model); refused when set."""
@@ -172,8 +181,10 @@ def _check_content(value: Any) -> Any:
 
 
 class ChatMessage(MessageToolFields, StrictModel):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=CHAT_MESSAGE_RULES)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Any = None
+    content: MessageContent = None
     """A string, or a list of text parts (joined with newlines)."""
     name: str | None = None
     refusal: str | None = None
@@ -194,11 +205,11 @@ class ChatMessage(MessageToolFields, StrictModel):
 
 class ChatCompletionRequest(ToolFields, SamplingRequestFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
+    max_tokens: int | None = bounded(None, minimum=1)
     """Deprecated by OpenAI in favour of max_completion_tokens; either works."""
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = bounded(None, minimum=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = bounded(None, minimum=0, maximum=MAX_LOGPROBS)
     """Alternatives per token in [0, 20]; needs logprobs true."""
     # Accepted by the parser only to be refused with a clear message.
     functions: list[Any] | None = None
@@ -384,6 +395,10 @@ class TokenizeResponse(ResponseModel):
 
 class DetokenizeResponse(ResponseModel):
     prompt: str
+
+
+class VersionResponse(ResponseModel):
+    version: str
 
 
 class ErrorInfo(ResponseModel):

@@ -7,6 +7,7 @@ Routes
     GET  /health   200 while the engine loop runs, 503 once it died (the process then
                    exits with code 1 two seconds later)
     GET  /version, GET /metrics (Prometheus text, this server's own registry)
+    GET  /openapi.json   the OpenAPI document of all of these (openapi.py)
 
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
 drains for shutdown. Every error is an OpenAI error body (see errors.py). Guards (guards.py):
@@ -43,6 +44,7 @@ from pagoda.entrypoints.openai.errors import (
     server_error,
 )
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
+from pagoda.entrypoints.openai.openapi import openapi_document
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,6 +54,7 @@ from pagoda.entrypoints.openai.protocol import (
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    VersionResponse,
 )
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -156,7 +159,9 @@ def build_app(state: ServerState) -> FastAPI:
         await engine.shutdown()
 
     app = FastAPI(title="Pagoda", version=pagoda.__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    document = openapi_document(app.title, app.version, state.api_key is not None)
+    app.openapi = lambda: document  # FastAPI serves it at openapi_url
     app.state.pagoda = state
     install_error_handlers(app)
     completions.request_timeout = chat.request_timeout = state.request_timeout
@@ -226,7 +231,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version() -> JSONResponse:
-        return JSONResponse({"version": pagoda.__version__})
+        return JSONResponse(VersionResponse(version=pagoda.__version__).model_dump())
 
     @app.get("/metrics")
     async def metrics() -> Response:

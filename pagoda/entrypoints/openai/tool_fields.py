@@ -17,6 +17,8 @@ from pydantic import (
     model_serializer,
 )
 
+from pagoda.entrypoints.openai.json_shapes import ToolChoice
+
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """OpenAI's rule for function names."""
 
@@ -73,7 +75,7 @@ class ToolFields(_Strict):
     """Mixed into protocol.ChatCompletionRequest."""
 
     tools: list[ToolDefinition] | None = None
-    tool_choice: Any = None
+    tool_choice: ToolChoice = None
     """"none" | "auto" | "required" | NamedToolChoice; default "auto" with tools, else
     "none"."""
     parallel_tool_calls: bool | None = None
