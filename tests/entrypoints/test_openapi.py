@@ -53,15 +53,16 @@ def test_schemathesis_finds_nothing_and_the_server_stays_healthy(tmp_path) -> No
     assert st is not None, "schemathesis is a test dependency (pyproject.toml [test])"
     seed = os.environ.get("PAGODA_FUZZ_SEED", "19")
     examples = os.environ.get("PAGODA_FUZZ_EXAMPLES", "25")
-    # A short context and a deadline bound what one generated request can cost.
-    with RemoteServer(["--max-model-len", "256", "--request-timeout", "20", "--api-key",
-                       API_KEY, "--no-access-log"]) as server:
+    # A short context, a small batch and a deadline bound what one generated request can
+    # cost (schemathesis tries n = 128 and the largest max_tokens): about 3 minutes in all.
+    with RemoteServer(["--max-model-len", "128", "--max-num-seqs", "16", "--request-timeout",
+                       "10", "--api-key", API_KEY, "--no-access-log"]) as server:
         run = subprocess.run(
             [st, "run", f"{server.url}/openapi.json", "--checks", CHECKS,
              "--max-examples", examples, "--seed", seed, "--request-timeout", "60",
              "--max-response-time", "30", "--header", f"Authorization: Bearer {API_KEY}",
              "--workers", "2", "--no-color", "--report-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=900,
+            check=False, capture_output=True, text=True, timeout=900,
         )
         summary = run.stdout[-6000:]
         assert run.returncode == 0, f"schemathesis failed (seed {seed}):\n{summary}"
