@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from pagoda.cli import bench_serve
+from pagoda.cli import bench_serve, bench_soak
 from pagoda.cli.bench_args import check_workload_args
 from pagoda.cli.shared_args import add_engine_args, engine_kwargs
 
@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: serving, offline throughput, latency")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_serve.register(sub)
+    bench_soak.register(sub)
 
     throughput = sub.add_parser("throughput", help="offline engine throughput on a fixed workload",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -89,6 +89,8 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from prometheus_client import ProcessCollector
+
     import pagoda
     from pagoda.engine.async_engine import AsyncLLMEngine
     from pagoda.engine.builder import build_engine
@@ -109,6 +111,8 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = async_engine.engine
     model_name = args.served_model_name or engine.model_files.name
     metrics = EngineMetrics(model_name)
+    # process_resident_memory_bytes, CPU seconds, open fds (as vLLM): what a soak watches
+    ProcessCollector(registry=metrics.registry)
     async_engine.metrics = metrics  # used by the loop from start() on
     state = ServerState(
         engine=async_engine, metrics=metrics, model_name=model_name,

@@ -1,0 +1,81 @@
+"""`pagoda bench soak` (issue 19, item 2), the short version: a mixed load (both endpoints,
+streams and not, n > 1, stops, logprobs, disconnects and cancels, long and short prompts) on
+a server whose KV cache is too small for it, so that requests are preempted. Every greedy
+choice equals its reference, every request ends cleanly, nothing stays held or tracked, RSS
+does not grow after the warm-up. The long version is benchmarks/soak.sh."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pagoda.bench.soak import SoakReport, greedy_templates, soak_workload
+from tests.entrypoints.server_helpers import RemoteServer
+from tests.entrypoints.test_cli import assert_one_line_error, run_cli
+
+SMALL_CACHE = ["--max-model-len", "1024", "--kv-cache-memory", str(64 * 10**6),
+               "--no-access-log"]
+
+
+@pytest.mark.slow
+def test_a_short_soak_loses_nothing_and_leaks_nothing(tmp_path) -> None:
+    report_path, plot_path = tmp_path / "soak.json", tmp_path / "rss.png"
+    with RemoteServer(SMALL_CACHE) as server:
+        run = subprocess.run(
+            [sys.executable, "-m", "pagoda", "bench", "soak", "--base-url", server.url,
+             "--num-requests", "80", "--max-concurrency", "8", "--sample-every", "1",
+             "--output", str(report_path), "--plot", str(plot_path)],
+            check=False, capture_output=True, text=True, timeout=900,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "Traceback" not in server.log_text()
+    report = json.loads(report_path.read_text())
+    assert report["problems"] == []
+    assert report["outcomes"]["done"] + report["outcomes"].get("aborted", 0) \
+        + report["outcomes"].get("error", 0) == 80
+    assert report["outcomes"]["aborted"] > 0  # disconnects and cancels happened
+    assert report["num_preemptions"] > 0  # the cache was too small, as meant
+    assert report["num_greedy_checked"] >= 30 and report["greedy_mismatches"] == []
+    assert report["after_drain"]["num_kv_blocks_held"] == 0
+    assert len(report["rss_samples"]) >= 5 and abs(report["rss_growth"]) < 0.05
+    assert plot_path.stat().st_size > 10_000
+
+
+def test_the_workload_mixes_what_it_promises() -> None:
+    templates = greedy_templates(seed=3)
+    workload = soak_workload(400, 3, templates)
+    assert workload == soak_workload(400, 3, templates)  # seeded
+    assert {r.endpoint for r in workload} == {"completions", "chat"}
+    assert {r.fate for r in workload} == {"complete", "disconnect", "cancel"}
+    assert all(r.stream for r in workload if r.fate == "disconnect")
+    assert {True, False} <= {r.stream for r in workload}
+    assert max(r.n for r in workload) > 1 and any(r.logprobs for r in workload)
+    assert any(r.stop for r in workload) and any(len(r.prompt) > 1000 for r in workload)
+    greedy = [r for r in workload if r.template is not None]
+    assert 0.3 < len(greedy) / len(workload) < 0.7
+    assert all(r.temperature == 0 for r in greedy)
+    assert all(r.seed is not None and r.temperature > 0 for r in workload if r.template is None)
+
+
+def test_each_check_can_fail() -> None:
+    clean = SoakReport(10, outcomes={"done": 10}, rss_after_warmup=100.0, rss_after_drain=104.0,
+                       after_drain={"num_kv_blocks_held": 0.0})
+    assert clean.problems() == []
+    assert SoakReport(10, outcomes={"done": 9, "hung": 1}).problems() == ["1 request(s) hung"]
+    assert SoakReport(10, outcomes={"broken": 2}).problems() == ["2 request(s) broken"]
+    leaked = SoakReport(10, after_drain={"num_kv_blocks_held": 3.0})
+    assert leaked.problems() == ["num_kv_blocks_held is 3 after the drain"]
+    grown = SoakReport(10, rss_after_warmup=100.0, rss_after_drain=106.0)
+    assert grown.problems() == ["RSS grew 6.0% after the warm-up (limit 5%)"]
+    differs = SoakReport(10, greedy_mismatches=[{"request": 1}])
+    assert differs.problems() == ["1 greedy choice(s) differ from their reference"]
+
+
+def test_bad_soak_flags_are_one_line_errors() -> None:
+    result = run_cli("bench", "soak", "--num-requests", "0")
+    assert_one_line_error(result, "--num-requests must be positive")
+    result = run_cli("bench", "soak", "--warmup-fraction", "1.5")
+    assert_one_line_error(result, "--warmup-fraction must be in (0, 1)")
