@@ -120,3 +120,26 @@ def test_https_with_a_key_and_certificate() -> None:
 ])
 def test_bad_guard_flags_are_one_line_errors(flags, fragment) -> None:
     assert_one_line_error(run_cli("serve", *flags), fragment)
+
+
+def test_no_request_makes_the_server_read_a_file(http, tmp_path) -> None:
+    """A request's chat_template is template text: a path in it is just text, and Jinja's
+    include, import and extends cannot reach the file system."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    messages = [{"role": "user", "content": "Hi"}]
+
+    def tokenize(template: str) -> httpx.Response:
+        return http.post("/tokenize", json={"messages": messages, "chat_template": template,
+                                            "return_token_strs": True})
+
+    as_text = tokenize(str(secret))
+    assert as_text.status_code == 200
+    assert "".join(as_text.json()["token_strs"]).replace("Ġ", " ") == str(secret)
+    for statement in ("include", "import", "extends"):
+        response = tokenize(f"{{% {statement} '{secret}' %}}")
+        assert response.status_code == 400, response.text
+        assert "TOP-SECRET" not in response.text
+    chat = http.post("/v1/chat/completions", headers=AUTH, json={
+        "messages": messages, "chat_template": f"{{% include '{secret}' %}}", "max_tokens": 2})
+    assert chat.status_code == 400 and "TOP-SECRET" not in chat.text

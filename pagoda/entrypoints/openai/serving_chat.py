@@ -81,6 +81,10 @@ class OpenAIServingChat(ServingPipeline):
         except (ValueError, jinja2.TemplateError) as e:
             raise InvalidRequestError(f"messages: cannot apply the chat template: {e}",
                                       "messages") from None
+        except Exception as e:  # noqa: BLE001 -- a template is code the request may supply
+            # (e.g. `{% include %}`, which has no loader here: TypeError): its error, a 400
+            raise InvalidRequestError(f"messages: cannot apply the chat template: "
+                                      f"{type(e).__name__}: {e}", "messages") from None
 
     # ---- what chat supplies to the pipeline --------------------------------------------------
 
