@@ -188,3 +188,36 @@ def test_random_sample_gives_no_token_for_a_row_without_finite_weights() -> None
     tokens = random_sample(probs, {})
     assert tokens[1:].tolist() == [NO_TOKEN] * 3
     assert 0 <= int(tokens[0]) < 1000
+
+
+def test_a_forward_that_raises_fails_its_batch_and_the_engine_serves_on(bundled_llm,
+                                                                       monkeypatch) -> None:
+    """The model forward raises at the third step: the step's requests are aborted (their
+    KV blocks freed) and reported in BatchFailedError; a request added afterwards runs to
+    exactly its reference tokens."""
+    from pagoda.engine.llm_engine import BatchFailedError
+
+    reference = bundled_llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0]
+    engine = bundled_llm.engine
+    runner = engine.runner
+    execute, calls = runner.execute_model, {"count": 0}
+
+    def exploding(scheduler_output):
+        calls["count"] += 1
+        if calls["count"] == 3:
+            raise RuntimeError("injected kernel fault")
+        return execute(scheduler_output)
+
+    monkeypatch.setattr(runner, "execute_model", exploding)
+    for index, prompt in enumerate(PROMPTS):
+        engine.add_request(f"batch-{index}", prompt, PARAMS)
+    engine.step()
+    engine.step()
+    with pytest.raises(BatchFailedError, match="injected kernel fault") as caught:
+        engine.step()
+    assert sorted(caught.value.request_ids) == [f"batch-{i}" for i in range(len(PROMPTS))]
+    snapshot = engine.snapshot()
+    assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks
+    assert not engine.has_unfinished_requests()
+    again = bundled_llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == reference.outputs[0].token_ids
