@@ -123,10 +123,10 @@ def test_a_dead_engine_loop_ends_streams_fails_health_and_exits_non_zero():
     """The engine loop dies (an injected fault in its bookkeeping) with a stream open: the
     stream ends with an error event, /health says 503 within a second, the process exits 1
     (vLLM's behaviour: a supervisor restarts it)."""
-    from tests.entrypoints.dying_server import KILL_MARKER
+    from tests.entrypoints.fault_server import KILL_MARKER
 
     with RemoteServer(["--served-model-name", "tiny"],
-                      module="tests.entrypoints.dying_server") as server:
+                      module="tests.entrypoints.fault_server") as server:
         with long_stream(server, 2000) as stream:
             lines = stream.iter_lines()
             assert next(lines).startswith("data: ")
@@ -144,3 +144,44 @@ def test_a_dead_engine_loop_ends_streams_fails_health_and_exits_non_zero():
         assert error["type"] == "server_error" and "engine loop died" in error["message"]
         assert server.proc.wait(timeout=30) == 1
         assert "exiting in 2 s with code 1" in server.log_text()
+
+
+def test_a_request_that_faults_fails_alone_over_http():
+    """Two requests whose detokenization raises (an injected fault), one streamed and one
+    not, run in the same batches as two healthy ones: the faulty ones get a 500 and an
+    error event; the healthy ones get exactly the tokens they get alone."""
+    import asyncio
+
+    from tests.entrypoints.fault_server import POISON_MARKER
+
+    healthy = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 24,
+               "temperature": 0, "ignore_eos": True}
+    poisoned = {**healthy, "prompt": f"Tell me a story. {POISON_MARKER}"}
+
+    async def post(client, body, stream=False):
+        if not stream:
+            return await client.post("/v1/completions", json=body)
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            return [line async for line in r.aiter_lines() if line]
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            alone = await post(client, healthy)
+            together = await asyncio.gather(
+                post(client, healthy), post(client, poisoned), post(client, healthy, True),
+                post(client, poisoned, True))
+            return alone, together
+
+    with RemoteServer(["--served-model-name", "tiny"],
+                      module="tests.entrypoints.fault_server") as server:
+        alone, (whole, failed, streamed, failed_stream) = asyncio.run(main(server.url))
+        assert httpx.get(server.url + "/health").status_code == 200
+        assert server.metric("num_kv_blocks_held") == 0
+    text = alone.json()["choices"][0]["text"]
+    assert whole.status_code == 200 and whole.json()["choices"][0]["text"] == text
+    chunks = [json.loads(line[6:]) for line in streamed[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
+    assert failed.status_code == 500
+    assert "injected detokenizer fault" in failed.json()["error"]["message"]
+    assert failed_stream[-1] == "data: [DONE]"
+    assert "injected detokenizer fault" in json.loads(failed_stream[-2][6:])["error"]["message"]
