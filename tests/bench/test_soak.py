@@ -16,7 +16,8 @@ from pagoda.bench.soak import SoakReport, greedy_templates, soak_workload
 from tests.entrypoints.server_helpers import RemoteServer
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 
-SMALL_CACHE = ["--max-model-len", "1024", "--kv-cache-memory", str(64 * 10**6),
+# About 1,100 tokens of KV cache: two long prompts at once already preempt.
+SMALL_CACHE = ["--max-model-len", "1024", "--kv-cache-memory", str(52 * 10**6),
                "--no-access-log"]
 
 
