@@ -34,6 +34,7 @@ from pagoda.executor.kv_cache_layout import (
 )
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
+from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
 from pagoda.executor.sampler import (
     NO_TOKEN,
     Sampler,
@@ -46,9 +47,6 @@ from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
-UNSAMPLEABLE = ("its next-token probabilities were not finite after its sampling parameters "
-                "were applied (a repetition penalty or temperature out of usable range?); it "
-                "was stopped")
 CPU_KV_CACHE_FRACTION = 0.2
 """Most of the available RAM the KV cache takes on CPU when no size is given."""
 CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
@@ -327,7 +325,7 @@ class ModelRunner:
         sample_states = [states[i] for i in sample_rows]
         logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
         logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
-        logits = self._contain_non_finite(logits, sample_states, output)
+        logits = contain_non_finite(logits, sample_states, output)
         metadata = SamplingMetadata.build(
             params=[s.sampling_params for s in sample_states],
             prompt_token_ids=[s.prompt_token_ids for s in sample_states],
@@ -347,7 +345,7 @@ class ModelRunner:
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
         for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
             if token_id == NO_TOKEN:
-                output.failed.setdefault(state.request_id, UNSAMPLEABLE)
+                fail_unsampleable(state, output)
             if state.request_id in output.failed:
                 continue
             output.sampled_token_ids[row] = token_id
@@ -362,20 +360,6 @@ class ModelRunner:
                         [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
                     )
         return output
-
-    @staticmethod
-    def _contain_non_finite(logits: torch.Tensor, states, output: ModelRunnerOutput) -> torch.Tensor:
-        """Rows with a NaN or infinite logit fail their request alone (output.failed) and are
-        zeroed so that the sampler sees nothing it cannot handle; the other rows are as they
-        were. One reduction and one host sync a step."""
-        finite = torch.isfinite(logits.sum(dim=-1, dtype=torch.float32))  # no float copy
-        if bool(finite.all()):
-            return logits
-        for row in (~finite).nonzero().flatten().tolist():
-            output.failed[states[row].request_id] = (
-                "the model produced non-finite logits (NaN or infinity) for this request; "
-                "it was stopped")
-        return logits.masked_fill(~finite[:, None], 0.0)
 
     def _generator(self, state: CachedRequestState) -> torch.Generator | None:
         seed = state.sampling_params.seed

@@ -73,7 +73,7 @@ def test_nan_logits_fail_their_request_alone(bundled_llm, poison_one_request) ->
 
 
 def test_the_runner_zeroes_non_finite_rows_for_the_sampler() -> None:
-    from pagoda.executor.model_runner import ModelRunner
+    from pagoda.executor.request_faults import contain_non_finite
     from pagoda.step_data import ModelRunnerOutput
 
     class State:
@@ -83,8 +83,7 @@ def test_the_runner_zeroes_non_finite_rows_for_the_sampler() -> None:
     logits = torch.randn(3, 10)
     logits[2, 4] = float("inf")
     output = ModelRunnerOutput(request_ids=["a", "b", "c"], sampled_token_ids=[None] * 3)
-    contained = ModelRunner._contain_non_finite(logits, [State("a"), State("b"), State("c")],
-                                                output)
+    contained = contain_non_finite(logits, [State("a"), State("b"), State("c")], output)
     assert list(output.failed) == ["c"]
     assert torch.equal(contained[:2], logits[:2]) and not contained[2].any()
 
