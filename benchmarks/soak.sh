@@ -26,7 +26,7 @@ done
 set +e  # a failed check still stops the server and reports
 $PAGODA bench soak --base-url "http://127.0.0.1:$PORT" --num-requests "$NUM_REQUESTS" \
   --max-concurrency 16 --sample-every 10 --output "$OUT/soak.json" --plot "$OUT/rss.png" \
-  2>&1 | grep -v '^soak:' | tee "$OUT/soak.txt"
+  --no-progress 2>&1 | tee "$OUT/soak.txt"
 status=${PIPESTATUS[0]}
 set -e
 kill -TERM $SERVER; wait $SERVER || true

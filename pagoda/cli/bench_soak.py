@@ -34,6 +34,8 @@ def register(bench_subparsers) -> None:
                       help="seconds between RSS samples")
     soak.add_argument("--output", default=None, help="write the report (JSON) here")
     soak.add_argument("--plot", default=None, help="write the RSS curve (PNG) here")
+    soak.add_argument("--no-progress", dest="progress", action="store_false",
+                      help="no progress bar")
     soak.set_defaults(func=run_bench_soak)
 
 
@@ -55,7 +57,8 @@ def run_bench_soak(args: argparse.Namespace) -> int:
 
     check_soak_args(args)
     base_url = args.base_url.rstrip("/").removesuffix("/v1")
-    with tqdm(total=args.num_requests, desc="soak", unit="req") as bar:
+    with tqdm(total=args.num_requests, desc="soak", unit="req",
+              disable=not args.progress) as bar:
         report = asyncio.run(run_soak(
             base_url, args.num_requests, args.max_concurrency, args.seed, args.model,
             args.api_key, args.timeout, args.warmup_fraction, args.sample_every,
