@@ -52,11 +52,11 @@ def test_schemathesis_finds_nothing_and_the_server_stays_healthy(tmp_path) -> No
     st = shutil.which("st", path=os.path.dirname(sys.executable))
     assert st is not None, "schemathesis is a test dependency (pyproject.toml [test])"
     seed = os.environ.get("PAGODA_FUZZ_SEED", "19")
-    examples = os.environ.get("PAGODA_FUZZ_EXAMPLES", "25")
+    examples = os.environ.get("PAGODA_FUZZ_EXAMPLES", "12")
     # A short context, a small batch and a deadline bound what one generated request can
-    # cost (schemathesis tries n = 128 and the largest max_tokens): about 3 minutes in all.
+    # cost (schemathesis tries n = 128 and the largest max_tokens): 2-3 minutes in all.
     with RemoteServer(["--max-model-len", "128", "--max-num-seqs", "16", "--request-timeout",
-                       "10", "--api-key", API_KEY, "--no-access-log"]) as server:
+                       "5", "--api-key", API_KEY, "--no-access-log"]) as server:
         run = subprocess.run(
             [st, "run", f"{server.url}/openapi.json", "--checks", CHECKS,
              "--max-examples", examples, "--seed", seed, "--request-timeout", "60",
