@@ -176,7 +176,8 @@ async def run_request(client: httpx.AsyncClient, base_url: str, request: SoakReq
         if cancel:
             return Outcome(request.index, "aborted")  # the connection is closed: a disconnect
         return Outcome(request.index, "hung", detail=f"no answer within {timeout:.0f}s")
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        # a dropped connection, or a body that is not the OpenAI shape (bad JSON included)
         return Outcome(request.index, "broken", detail=f"{type(e).__name__}: {e}")
 
 

@@ -80,3 +80,27 @@ def test_bad_soak_flags_are_one_line_errors() -> None:
     assert_one_line_error(result, "--num-requests must be positive")
     result = run_cli("bench", "soak", "--warmup-fraction", "1.5")
     assert_one_line_error(result, "--warmup-fraction must be in (0, 1)")
+
+
+def test_a_malformed_answer_counts_as_broken_not_a_crash() -> None:
+    import asyncio
+
+    import httpx
+
+    from pagoda.bench.soak import SoakRequest, run_request
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if b'"stream": true' in request.content or b'"stream":true' in request.content:
+            return httpx.Response(200, text="data: {not json\n\n")
+        return httpx.Response(200, json={"no": "choices"})
+
+    async def main():
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(transport=transport) as client:
+            return [await run_request(client, "http://test", SoakRequest(
+                index=i, endpoint="completions", prompt="Hi", max_tokens=4, stream=stream),
+                None, 10.0) for i, stream in enumerate((False, True))]
+
+    outcomes = asyncio.run(main())
+    assert [o.status for o in outcomes] == ["broken", "broken"]
+    assert "KeyError" in outcomes[0].detail and "JSONDecodeError" in outcomes[1].detail
