@@ -14,8 +14,20 @@ pagoda/executor/input_batch.py):
         finished ids (drop their state), preempted ids (drop; they come back as new)
         and, for requests under a structured-output grammar that sample this step, their
         rows of the token bitmask (the engine advances the grammars, the runner applies)
+        and, with speculative decoding, the proposed tokens each request verifies this step
     never
         the sampled tokens: the runner sampled them, it appends them itself.
+
+Speculative decoding (pagoda/executor/spec_decode/): the runner's output carries new
+proposals per request; the scheduler schedules them after the request's last token (within
+the budget) and hands them back in spec_token_ids; the runner verifies them in the step's
+forward and reports how many it accepted. A request that verifies k proposals computes
+1 + k tokens and emits between 1 and k + 1:
+
+    positions   ... T-1 | T  ...  T+k-1        (T = tokens before the step)
+    tokens      last    | d1 ...  dk           logits at each predict the next
+    emitted     d1..da accepted, then the sampled token (correction, or bonus if a = k)
+    computed    T + a afterwards: the KV of d(a+1)..dk is rolled back (slots freed)
 """
 
 from __future__ import annotations
@@ -64,7 +76,11 @@ class SchedulerOutput:
     """Requests that sample this step under a structured-output grammar."""
     grammar_bitmask: np.ndarray | None = None
     """(len(grammar_request_ids), ceil(vocab / 32)) int32, aligned with grammar_request_ids:
-    bit t of row i set = token t allowed for that request's next token."""
+    bit t of row i set = token t allowed for that request's next token. A request that
+    verifies k proposals has k + 1 consecutive rows (its id repeated), one per position."""
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Proposed tokens each request verifies this step (scheduled after its last token; they
+    count in num_scheduled_tokens). Requests without proposals are absent."""
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -85,6 +101,11 @@ class ModelRunnerOutput:
     """Per request id that asked for logprobs and sampled this step."""
     prompt_logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     """Per request id that asked for prompt logprobs: rows for this chunk's prompt positions."""
+    num_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    """Per request that verified proposals: how many of them it accepted (a prefix); they
+    come before its sampled token in its output."""
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """New proposals per request, for the next step (absent: none)."""
     failed: dict[str, str] = field(default_factory=dict)
     """Request id -> why it cannot go on (its logits were not finite): nothing was sampled
     for it; the engine fails that request alone."""

@@ -11,6 +11,10 @@ really gave to them. A single-turn workload is conversations of one turn.
                  the server's prefix cache should make all but the first prefill of a prefix
                  cheap.
 - multi-turn:    conversations of `num_turns` turns that grow turn by turn.
+- grounded:      a passage of `input_len` tokens of English prose (pagoda/bench/prose.py),
+                 different for every request, then an instruction to copy from it (repeat
+                 it, quote its first sentences, copy it with a word replaced): the output
+                 copies the input, the workload where prompt-lookup speculation shines.
 - a file:        JSON (a list) or JSONL of {"prompt": str}, {"messages": [...]} or
                  ShareGPT {"conversations": [{"from": "human"|"gpt"|"system", "value": str}]};
                  an entry may set "output_len" (or "max_tokens").
@@ -27,9 +31,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagoda.bench import BenchError
+from pagoda.bench.prose import passage
 
-BUILTIN_DATASETS = ("random", "shared-prefix", "multi-turn")
+BUILTIN_DATASETS = ("random", "shared-prefix", "multi-turn", "grounded")
+DEFAULT_INPUT_LEN = 128
+DEFAULT_GROUNDED_PASSAGE_LEN = 400
 DEFAULT_OUTPUT_LEN = 128
+
+COPY_INSTRUCTIONS = (
+    "Repeat the text above word for word.",
+    "Quote the first three sentences of the text above exactly.",
+    "Copy the text above, replacing every 'the' with 'a'.",
+    "Copy the last paragraph of the text above exactly, without changing a word.",
+    "Repeat the text above word for word, one sentence per line.",
+)
+"""The grounded workload's instructions, request i getting number i modulo their count."""
 
 
 @dataclass
@@ -154,6 +170,25 @@ def multi_turn_dataset(
         turns = [random_text(tokenizer, rng, vocab_ids, input_len) for _ in range(count)]
         conversations.append(Conversation(turns=turns, output_lens=[output_len] * count))
         remaining -= count
+    return conversations
+
+
+def grounded_dataset(
+    tokenizer, num_requests: int, passage_len: int, output_len: int, range_ratio: float,
+    seed: int,
+) -> list[Conversation]:
+    """Prompts of a fresh passage of about `passage_len` tokens (at least that, less than one
+    sentence more), a blank line and a copy instruction (COPY_INSTRUCTIONS in turn).
+    `range_ratio` spreads passage and output lengths as it does for the random workload."""
+    rng = np.random.default_rng(seed)
+    passage_lens = sample_lengths(rng, passage_len, range_ratio, num_requests)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_requests)
+    conversations = []
+    for i, (n_in, n_out) in enumerate(zip(passage_lens, output_lens)):
+        instruction = COPY_INSTRUCTIONS[i % len(COPY_INSTRUCTIONS)]
+        prompt = passage(tokenizer, rng, n_in) + "\n\n" + instruction
+        conversations.append(Conversation(turns=[prompt], output_lens=[n_out],
+                                          prompt_lens=[len(tokenizer.encode(prompt))]))
     return conversations
 
 

@@ -3,7 +3,8 @@
 Result files share one envelope: {"kind": "serve" | "throughput" | "latency", "engine",
 "date", "host", "config", ...}; a serve result holds "runs" (one per request rate or
 concurrency of a sweep), each with its "summary" and raw "requests"; the offline kinds hold
-one "summary". `bench compare` reads any mix of them.
+one "summary". `bench compare` reads any mix of them. A serve run's summary has
+"spec_decode" (pagoda/bench/server_metrics.py) only when the server reported drafts.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def format_serve_summary(summary: dict, title: str) -> str:
         row(f"Goodput (req/s) [{bounds}]:", f"{summary['goodput']:.2f}")
     if summary.get("num_missing_usage"):
         row("Responses without usage (counted 0 tokens):", summary["num_missing_usage"])
+    if "spec_decode" in summary:
+        row("Spec decode acceptance rate:", f"{summary['spec_decode']['acceptance_rate']:.1%}")
+        row("Mean accepted length:", f"{summary['spec_decode']['mean_accepted_length']:.2f}")
     lines.append("-" * width)
     lines.append(f"{'Latency (ms)':<12}" + "".join(f"{k:>9}" for k in STAT_KEYS))
     for name, key in LATENCY_ROWS:
@@ -145,6 +149,9 @@ def format_sweep(runs: Sequence[dict]) -> str:
     has_goodput = any("goodput" in r["summary"] for r in runs)
     if has_goodput:
         header.append("goodput req/s")
+    has_spec_decode = any("spec_decode" in r["summary"] for r in runs)
+    if has_spec_decode:
+        header.append("accepted len")
     rows = []
     for run in runs:
         s = run["summary"]
@@ -154,6 +161,9 @@ def format_sweep(runs: Sequence[dict]) -> str:
                _ms(s["tpot_s"]["median"]), _ms(s["tpot_s"]["p99"]), _ms(s["e2el_s"]["median"])]
         if has_goodput:
             row.append(f"{s['goodput']:.2f}" if "goodput" in s else "-")
+        if has_spec_decode:
+            row.append(f"{s['spec_decode']['mean_accepted_length']:.2f}"
+                       if "spec_decode" in s else "-")
         rows.append(row)
     return markdown_table(header, rows)
 
@@ -200,6 +210,8 @@ COMPARE_ROWS: list[tuple[str, tuple[str, ...], int]] = [
     ("E2E mean ms", ("e2el_s", "mean"), 1),
     ("E2E P99 ms", ("e2el_s", "p99"), 1),
     ("decode tokens/s", ("decode_tokens_per_s", "mean"), 1),
+    ("spec acceptance rate", ("spec_decode", "acceptance_rate"), 3),
+    ("mean accepted length", ("spec_decode", "mean_accepted_length"), 2),
 ]
 _MS_ROWS = {"ttft_s", "tpot_s", "itl_s", "e2el_s"}
 

@@ -12,7 +12,12 @@ import math
 import os
 import sys
 
-from pagoda.bench.datasets import BUILTIN_DATASETS, DEFAULT_OUTPUT_LEN
+from pagoda.bench.datasets import (
+    BUILTIN_DATASETS,
+    DEFAULT_GROUNDED_PASSAGE_LEN,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+)
 from pagoda.cli.bench_args import check_workload_args, parse_extra_body, traffic_sweep
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -42,14 +47,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"{', '.join(BUILTIN_DATASETS)}, or a JSON/JSONL file of prompts "
                         "(prompt, messages or ShareGPT conversations)")
     w.add_argument("--num-requests", type=int, default=64, help="requests (turns) in all")
-    w.add_argument("--input-len", type=int, default=128,
-                   help="prompt tokens (random); question / user-turn tokens (shared-prefix, "
-                        "multi-turn)")
+    w.add_argument("--input-len", type=int, default=None,
+                   help=f"prompt tokens (random); question / user-turn tokens (shared-prefix, "
+                        f"multi-turn); default {DEFAULT_INPUT_LEN}. grounded: tokens of the "
+                        f"passage to copy from, default {DEFAULT_GROUNDED_PASSAGE_LEN}")
     w.add_argument("--output-len", type=int, default=None,
                    help=f"max_tokens of every request (default {DEFAULT_OUTPUT_LEN}; for a file: "
                         "its own lengths)")
     w.add_argument("--range-ratio", type=float, default=0.0,
-                   help="random: lengths uniform in [len*(1-r), len*(1+r)]")
+                   help="random, grounded: lengths uniform in [len*(1-r), len*(1+r)]")
     w.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: system prompts")
     w.add_argument("--prefix-len", type=int, default=512,
                    help="shared-prefix: tokens of each system prompt")
@@ -93,6 +99,11 @@ def load_bench_tokenizer(path: str | None):
     return load_tokenizer(resolve_model_files(path))
 
 
+def default_input_len(dataset: str) -> int:
+    """--input-len when not given: the grounded passage is longer than the other prompts."""
+    return DEFAULT_GROUNDED_PASSAGE_LEN if dataset == "grounded" else DEFAULT_INPUT_LEN
+
+
 def build_workload(args: argparse.Namespace, tokenizer, seed: int):
     from pagoda.bench import datasets
 
@@ -106,6 +117,9 @@ def build_workload(args: argparse.Namespace, tokenizer, seed: int):
     if args.dataset == "multi-turn":
         return datasets.multi_turn_dataset(tokenizer, args.num_requests, args.num_turns or 4,
                                            args.input_len, output_len, seed)
+    if args.dataset == "grounded":
+        return datasets.grounded_dataset(tokenizer, args.num_requests, args.input_len,
+                                         output_len, args.range_ratio, seed)
     return datasets.load_file_dataset(args.dataset, args.num_requests, args.output_len,
                                       args.num_turns or 1, seed, tokenizer)
 
@@ -126,6 +140,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo) if args.slo is not None else None
     sweep = traffic_sweep(args)
     check_workload_args(args)
+    if args.input_len is None:
+        args.input_len = default_input_len(args.dataset)  # recorded in the result's config
     extra_body = parse_extra_body(args.extra_body)
     if args.dataset not in BUILTIN_DATASETS and not os.path.isfile(args.dataset):
         raise ValueError(f"--dataset {args.dataset}: no such file (or use one of "
@@ -163,8 +179,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 
 async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
     from pagoda.bench import report
-    from pagoda.bench.metrics import summarize
-    from pagoda.bench.serve import run_traffic, warm_up
+    from pagoda.bench.serve import warm_up
 
     if args.num_warmups > 0:
         await warm_up(base_url, options, args.num_warmups, args.api_key)
@@ -176,12 +191,8 @@ async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
         run = {"request_rate": "inf" if math.isinf(traffic.request_rate) else traffic.request_rate,
                "burstiness": traffic.burstiness, "max_concurrency": traffic.max_concurrency,
                "workload_seed": args.seed + i}
-        records, duration = await run_traffic(
-            base_url, conversations, options, traffic, api_key=args.api_key,
-            description=report.run_label(run), show_progress=args.progress,
-        )
-        run["summary"] = summarize(records, duration, slo)
-        run["requests"] = [r.to_json() for r in records]
+        run["summary"], run["requests"] = await _measured_run(
+            args, base_url, conversations, options, traffic, slo, report.run_label(run))
         result["runs"].append(run)
         print(report.format_serve_summary(run["summary"], f"{report.run_label(run)}"))
         if run["summary"]["failed"]:
@@ -189,3 +200,23 @@ async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
     if len(result["runs"]) > 1:
         print(report.format_sweep(result["runs"]))
     return result
+
+
+async def _measured_run(args, base_url, conversations, options, traffic, slo, description):
+    """One run's summary and request records. The server's /metrics is read before and after
+    the traffic; the summary gets "spec_decode" when drafts were made in between."""
+    from pagoda.bench.metrics import summarize
+    from pagoda.bench.serve import run_traffic
+    from pagoda.bench.server_metrics import scrape_spec_decode_counters, spec_decode_figures
+
+    before = await scrape_spec_decode_counters(base_url, args.api_key)
+    records, duration = await run_traffic(
+        base_url, conversations, options, traffic, api_key=args.api_key,
+        description=description, show_progress=args.progress,
+    )
+    after = await scrape_spec_decode_counters(base_url, args.api_key)
+    summary = summarize(records, duration, slo)
+    spec_decode = spec_decode_figures(before, after)
+    if spec_decode is not None:
+        summary["spec_decode"] = spec_decode
+    return summary, [r.to_json() for r in records]

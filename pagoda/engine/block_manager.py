@@ -203,6 +203,23 @@ class BlockManager:
                     block.block_hash = None
                 self.free_blocks[block.block_id] = block
 
+    def rollback_slots(self, request: Request) -> None:
+        """Free the blocks past request.num_computed_tokens (speculative decoding: slots
+        allocated for proposals that were rejected). They are fresh blocks, unhashed (only
+        blocks full of the request's real tokens, all computed, are hashed), and go back to
+        the front of the free list, tail first: the held blocks and the free list are then
+        as if the slots had never been allocated."""
+        held = self.request_blocks.get(request.request_id)
+        if not held:
+            return
+        keep = self.num_blocks_needed(request.num_computed_tokens)
+        while len(held) > keep:
+            block = held.pop()
+            assert block.ref_count == 1 and block.block_hash is None, block
+            block.ref_count = 0
+            self.free_blocks[block.block_id] = block
+            self.free_blocks.move_to_end(block.block_id, last=False)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible while no request holds blocks."""
         if self.num_free_blocks != self.num_blocks:

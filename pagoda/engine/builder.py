@@ -34,6 +34,7 @@ from pagoda.executor.loader.model_loader import (
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
 from pagoda.executor.model_runner import ModelRunner
 from pagoda.executor.models.registry import resolve_model_class
+from pagoda.executor.spec_decode.builder import build_spec_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         logger.info(describe_run(dtype, weight_formats(model), runner.backend.name))
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
+    if config.speculative is not None:
+        runner.spec_decoder = build_spec_decoder(config, runner, tokenizer, files)
     if config.model.compile:
         start = time.perf_counter()
         sizes = runner.compile_model()

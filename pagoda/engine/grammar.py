@@ -161,6 +161,34 @@ class GrammarMatcher:
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, row)
 
+    def num_valid(self, token_ids: list[int]) -> int:
+        """How many of `token_ids`, from the first, the grammar accepts without completing
+        (a token that ends the grammar is left out: no position may follow it). Changes
+        nothing."""
+        num_valid = self._matcher.validate_tokens(token_ids)
+        num_consumed = 0
+        for token_id in token_ids[:num_valid]:
+            self._matcher.consume_token(token_id)
+            num_consumed += 1
+            if self._matcher.is_stopped():
+                num_valid = num_consumed - 1
+                break
+        if num_consumed:
+            self._matcher.rollback(num_consumed)
+        return num_valid
+
+    def fill_bitmask_rows(self, bitmask: np.ndarray, first_row: int, proposals: list[int]) -> None:
+        """Rows first_row .. first_row + len(proposals): the allowed next tokens now, then
+        after each proposal in turn (speculative decoding: one row per verified position).
+        The proposals must be valid (num_valid); the matcher ends where it started."""
+        self.fill_bitmask(bitmask, first_row)
+        for offset, token_id in enumerate(proposals, start=1):
+            accepted = self._matcher.consume_token(token_id)
+            assert accepted, f"proposal {token_id} refused: {self.error}"
+            self.fill_bitmask(bitmask, first_row + offset)
+        if proposals:
+            self._matcher.rollback(len(proposals))
+
 
 def allocate_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:
     """(num_rows, ceil(vocab_size / 32)) int32, all tokens refused until filled."""

@@ -120,6 +120,18 @@ class SlidingWindowBlockManager:
             if block_id is not None:
                 self.free_block_ids.append(block_id)
 
+    def rollback_slots(self, request: Request) -> None:
+        """Free the blocks past request.num_computed_tokens, back to the front of the pool
+        (as BlockManager.rollback_slots)."""
+        held = self.request_blocks.get(request.request_id)
+        if not held:
+            return
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        while len(held) > keep:
+            block_id = held.pop()
+            if block_id is not None:
+                self.free_block_ids.appendleft(block_id)
+
 
 class HybridBlockManager:
     """The block manager of a model with sliding-window layers: one pool per KV-cache group
@@ -183,6 +195,10 @@ class HybridBlockManager:
     def free(self, request: Request) -> None:
         for group in self.groups:
             group.free(request)
+
+    def rollback_slots(self, request: Request) -> None:
+        for group in self.groups:
+            group.rollback_slots(request)
 
     def reset_prefix_cache(self) -> bool:
         return self.num_free_blocks == self.num_blocks

@@ -171,15 +171,21 @@ class RequestLifecycle:
         for sequence_id, logprobs in runner_output.prompt_logprobs.items():
             self._add_prompt_logprobs(sequence_id, logprobs)
         finished = []
+        stopped: set[str] = set()
+        num_seen: dict[str, int] = {}  # tokens of each sequence met so far this step
         for sequence, token_id in new_tokens:
-            child = self.children.get(sequence.request_id)
-            if child is None or sequence.request_id in self.failed:
-                continue  # aborted meanwhile, or failing
+            sequence_id = sequence.request_id
+            index = num_seen[sequence_id] = num_seen.get(sequence_id, -1) + 1
+            child = self.children.get(sequence_id)
+            if child is None or sequence_id in self.failed or sequence_id in stopped:
+                continue  # aborted meanwhile, failing, or stopped by an earlier token
             try:
                 stop_string = self._add_token(
-                    child, token_id, runner_output.logprobs.get(sequence.request_id), now
+                    child, token_id, _position(runner_output.logprobs.get(sequence_id), index),
+                    now,
                 )
-                stop = check_stop(sequence, token_id, self.max_model_len)
+                stop = check_stop(sequence, token_id, self.max_model_len,
+                                  len(child.completion.token_ids))
                 if stop is None and child.matcher is not None:
                     stop = _grammar_stop(child.matcher, token_id)
             except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
@@ -192,25 +198,48 @@ class RequestLifecycle:
                 child.completion.finish_reason = status.finish_reason
                 child.completion.stop_reason = stop_reason
                 finished.append((sequence.request_id, status))
+                stopped.add(sequence.request_id)
         return finished
 
     def fill_grammar_bitmask(
-        self, sequence_ids: list[str], vocab_size: int
+        self, sequence_ids: list[str], vocab_size: int,
+        spec_token_ids: dict[str, list[int]] | None = None,
     ) -> tuple[list[str], np.ndarray | None]:
         """The bitmask rows of those of `sequence_ids` that follow a grammar (sequences about
-        to sample), in order: (their ids, (len(ids), words) int32), or ([], None)."""
+        to sample), in order: (their ids, (len(ids), words) int32), or ([], None). A
+        sequence verifying k proposals (`spec_token_ids`, grammar-valid: see
+        grammar_valid_proposals) gets k + 1 rows, its id repeated: the allowed tokens after
+        each prefix of its proposals."""
+        spec_token_ids = spec_token_ids or {}
         constrained = [(i, self.children[i].matcher) for i in sequence_ids
                        if i in self.children and self.children[i].matcher is not None]
         if not constrained:
             return [], None
-        bitmask = allocate_bitmask(len(constrained), vocab_size)
-        for row, (sequence_id, matcher) in enumerate(constrained):
+        row_ids = [i for i, _ in constrained for _ in range(1 + len(spec_token_ids.get(i, ())))]
+        bitmask = allocate_bitmask(len(row_ids), vocab_size)
+        row = 0
+        for sequence_id, matcher in constrained:
+            proposals = spec_token_ids.get(sequence_id, [])
             try:
-                matcher.fill_bitmask(bitmask, row)
+                matcher.fill_bitmask_rows(bitmask, row, proposals)
             except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
                 self._fail(sequence_id, "computing its grammar's allowed tokens", e)
-                bitmask[row] = -1  # every token allowed: the sampler needs one; it is dropped
-        return [i for i, _ in constrained], bitmask
+                # every token allowed: the sampler needs one; the rows are dropped
+                bitmask[row : row + 1 + len(proposals)] = -1
+            row += 1 + len(proposals)
+        return row_ids, bitmask
+
+    def grammar_valid_proposals(self, sequence_id: str, proposals: list[int]) -> list[int]:
+        """The longest prefix of a sequence's proposals its grammar allows (all of them
+        without a grammar); a proposal the grammar refuses would only be rejected."""
+        child = self.children.get(sequence_id)
+        if child is None or child.matcher is None or not proposals:
+            return proposals
+        try:
+            return proposals[: child.matcher.num_valid(proposals)]
+        except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
+            self._fail(sequence_id, "checking proposals against its grammar", e)
+            return []
 
     def _logprob_dicts(self, logprobs: TokenLogprobs) -> list[TokenLogprobDict]:
         result = []
@@ -314,6 +343,15 @@ def _snapshot(completion: CompletionOutput) -> CompletionOutput:
         delta_token_ids=list(completion.delta_token_ids),
         delta_logprobs=completion.delta_logprobs,
     )
+
+
+def _position(logprobs: TokenLogprobs | None, index: int) -> TokenLogprobs | None:
+    """The logprobs of a step's index-th token of a sequence (a step that verified
+    proposals emits several)."""
+    if logprobs is None or (index == 0 and len(logprobs.ranks) == 1):
+        return logprobs
+    return TokenLogprobs([logprobs.token_ids[index]], [logprobs.logprobs[index]],
+                         [logprobs.ranks[index]])
 
 
 def _grammar_stop(matcher: GrammarMatcher, token_id: int) -> tuple[RequestStatus, None] | None:

@@ -28,7 +28,7 @@ from pagoda.engine.kv_cache_groups import make_block_manager
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.request import RequestStatus
 from pagoda.engine.scheduler import Scheduler
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
@@ -99,6 +99,7 @@ class LLMEngine:
         self._failed_requests: dict[str, str] = {}
         """Requests the engine stopped for a fault of their own (take_failed_requests)."""
         self._last_step = (0, 0)  # (sequences, tokens)
+        self._spec_stats = SpecDecodeStats()
         self._snapshot = self._take_snapshot()
 
     @property
@@ -175,11 +176,14 @@ class LLMEngine:
             return []
         if runner_output.failed:
             self._fail_sequences(runner_output.failed)
+        self._spec_stats.record(scheduler_output.spec_token_ids, runner_output.num_accepted_tokens)
         new_tokens = self._scheduler.update_from_output(scheduler_output, runner_output)
         finished = self._lifecycle.process_step(new_tokens, runner_output, time.time())
         for sequence_id, status in finished:
             self._scheduler.finish_requests([sequence_id], status)
             self._finished_by_reason[status.finish_reason] += 1
+        if runner_output.spec_token_ids and self._lifecycle.num_grammar_sequences:
+            self._keep_grammar_valid_proposals(runner_output.spec_token_ids)
         self._fail_sequences(self._lifecycle.take_failed())  # grammar or detokenizer faults
         self._num_steps += 1
         self._num_generation_tokens += len(new_tokens)
@@ -200,6 +204,15 @@ class LLMEngine:
                 self._failed_requests[parent] = reason
                 self.abort_request(parent)
 
+    def _keep_grammar_valid_proposals(self, proposals: dict[str, list[int]]) -> None:
+        """Cut each sequence's new proposals to what its grammar allows (after this step's
+        tokens advanced it): proposals are masked by the grammar too."""
+        for sequence_id in proposals:
+            request = self._scheduler.requests.get(sequence_id)
+            if request is not None and request.spec_token_ids:
+                request.spec_token_ids = self._lifecycle.grammar_valid_proposals(
+                    sequence_id, request.spec_token_ids)
+
     def take_failed_requests(self) -> dict[str, str]:
         """Requests (add_request ids) failed since the last call, with the reason: aborted
         by the engine, not by their caller, whose outputs end "abort". Callers report them
@@ -209,14 +222,15 @@ class LLMEngine:
 
     def _add_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """Bitmask rows for the sequences under a grammar that sample this step (those whose
-        scheduled tokens reach their end)."""
+        scheduled tokens reach their end, proposals included), one per verified position."""
+        spec = scheduler_output.spec_token_ids
         sampling = [
             request_id for request_id, num in zip(
                 scheduler_output.request_ids, scheduler_output.num_scheduled_tokens)
             if (request := self._scheduler.requests[request_id]).num_computed_tokens + num
-            == request.num_tokens
+            == request.num_tokens + len(spec.get(request_id, ()))
         ]
-        ids, bitmask = self._lifecycle.fill_grammar_bitmask(sampling, self.vocab_size)
+        ids, bitmask = self._lifecycle.fill_grammar_bitmask(sampling, self.vocab_size, spec)
         scheduler_output.grammar_request_ids = ids
         scheduler_output.grammar_bitmask = bitmask
 
@@ -265,4 +279,5 @@ class LLMEngine:
                 self.grammar_compiler.compile_seconds if self.grammar_compiler else 0.0),
             batch_sizes=self._batch_sizes,
             finished_by_reason=self._finished_by_reason,
+            spec_decode=self._spec_stats.frozen(),
         )

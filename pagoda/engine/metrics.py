@@ -13,7 +13,10 @@ follow its running totals, so nothing is counted twice however often `update` ru
                 pagoda:num_preemptions_total, pagoda:request_success_total{finished_reason}
                 (per sequence: a request with n=2 counts twice, as in vLLM v1),
                 pagoda:structured_output_requests_total (requests with a JSON schema, regex,
-                choice or grammar), pagoda:grammar_compile_seconds_total (compiling them)
+                choice or grammar), pagoda:grammar_compile_seconds_total (compiling them),
+                pagoda:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
+                ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total{position}
+                (speculative decoding, as vLLM's)
     histograms  pagoda:time_to_first_token_seconds, pagoda:inter_token_latency_seconds,
                 pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds
 """
@@ -84,6 +87,17 @@ class EngineMetrics:
         )
         self.grammar_compile_seconds = counter(
             "grammar_compile_seconds", "Time spent compiling structured-output grammars."
+        )
+        self.spec_decode_num_drafts = counter(
+            "spec_decode_num_drafts", "Requests' proposals verified (one per request per step).")
+        self.spec_decode_num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Proposed tokens verified.")
+        self.spec_decode_num_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Proposed tokens accepted.")
+        self._spec_decode_accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by position in the draft (0 = first).",
+            labels + ["position"], registry=self.registry,
         )
         self._request_success = Counter(
             PREFIX + "request_success", "Finished sequences, by finish reason.",
@@ -176,6 +190,14 @@ class EngineMetrics:
                       snapshot.num_structured_requests)
         self._advance(self.grammar_compile_seconds, "grammar_compile_seconds",
                       snapshot.grammar_compile_seconds)
+        spec = snapshot.spec_decode
+        self._advance(self.spec_decode_num_drafts, "spec_drafts", spec.num_drafts)
+        self._advance(self.spec_decode_num_draft_tokens, "spec_draft_tokens", spec.num_draft_tokens)
+        self._advance(self.spec_decode_num_accepted_tokens, "spec_accepted_tokens",
+                      spec.num_accepted_tokens)
+        for position, total in enumerate(spec.accepted_per_position):
+            self._advance(self._spec_decode_accepted_per_pos.labels(self.model_name, str(position)),
+                          f"spec_accepted_{position}", total)
         for reason, total in snapshot.finished_by_reason.items():
             previous = self._finished_by_reason.get(reason, 0)
             if total > previous:

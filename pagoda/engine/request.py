@@ -64,6 +64,8 @@ class Request:
         self.block_hashes: list[int] = []
         """Chained content hashes of this request's full blocks, filled by the block manager."""
         self.first_scheduled_time: float | None = None
+        self.spec_token_ids: list[int] = []
+        """Proposed next tokens (speculative decoding), verified when next scheduled."""
 
     @property
     def num_tokens(self) -> int:

@@ -105,6 +105,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        request.spec_token_ids = []
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -123,6 +124,8 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            spec_ids = self._spec_to_verify(request, num_new, budget)
+            num_new += len(spec_ids)
             if num_new <= 0:
                 scheduled_ids.add(request.request_id)
                 index += 1
@@ -145,6 +148,8 @@ class Scheduler:
             output.num_scheduled_tokens.append(num_new)
             if new_block_ids:
                 output.new_block_ids[request.request_id] = new_block_ids
+            if spec_ids:
+                output.spec_token_ids[request.request_id] = spec_ids
             scheduled_ids.add(request.request_id)
             budget -= num_new
             index += 1
@@ -197,16 +202,30 @@ class Scheduler:
         self.finished_request_ids = []
         return output
 
+    def _spec_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The request's proposals that run this step: only after its last token (a
+        decode), within the budget left, and never past max_tokens (the step emits up to one
+        token more than it verifies) or max_model_len."""
+        if not request.spec_token_ids or request.num_computed_tokens + num_new != request.num_tokens:
+            return []
+        room = min(budget - num_new, self.max_model_len - request.num_tokens)
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        return request.spec_token_ids[: max(room, 0)]
+
     # ---- after the forward -----------------------------------------------------------------
 
     def update_from_output(
         self, output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[tuple[Request, int]]:
         """Advance computed counts and append the sampled tokens; returns the (request, new
-        token) pairs for the lifecycle to check against the stop rules.
+        token) pairs, in order, for the lifecycle to check against the stop rules.
 
         A request's sampled token is None when its step ended inside its prompt (a partial
-        prefill chunk). Requests finished (aborted) while their step ran are skipped."""
+        prefill chunk). Requests finished (aborted) while their step ran are skipped. A
+        request that verified proposals gains its accepted ones, then the sampled token; the
+        KV of the rejected ones is rolled back (not computed, their blocks freed). Each
+        request takes its new proposals for the next step."""
         new_tokens = []
         for request_id, num_tokens, token_id in zip(
             output.request_ids, output.num_scheduled_tokens, runner_output.sampled_token_ids
@@ -214,9 +233,15 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += num_tokens
+            spec_ids = output.spec_token_ids.get(request_id, ())
+            num_accepted = runner_output.num_accepted_tokens.get(request_id, 0)
+            request.num_computed_tokens += num_tokens - (len(spec_ids) - num_accepted)
+            if num_accepted < len(spec_ids):
+                self.block_manager.rollback_slots(request)
+            request.spec_token_ids = runner_output.spec_token_ids.get(request_id, [])
             if token_id is None:
                 continue
-            request.append_output_token(token_id)
-            new_tokens.append((request, token_id))
+            for new_token_id in [*spec_ids[:num_accepted], token_id]:
+                request.append_output_token(new_token_id)
+                new_tokens.append((request, new_token_id))
         return new_tokens

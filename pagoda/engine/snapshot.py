@@ -20,6 +20,51 @@ def _frozen(mapping: Mapping) -> Mapping:
 
 
 @dataclass(frozen=True)
+class SpecDecodeTotals:
+    """Speculative decoding since start, as vLLM counts it: a draft is one request's
+    proposals verified in one step."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    """Drafts whose proposal at position i (0 = first) was accepted."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens a verifying request gains per step: 1 + accepted per draft (vLLM's)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+class SpecDecodeStats:
+    """The engine's running spec-decode counts (it publishes SpecDecodeTotals copies)."""
+
+    def __init__(self) -> None:
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_position: list[int] = []
+
+    def record(self, spec_token_ids: Mapping[str, list[int]],
+               num_accepted_tokens: Mapping[str, int]) -> None:
+        for request_id, proposals in spec_token_ids.items():
+            num_accepted = num_accepted_tokens.get(request_id, 0)
+            self.num_drafts += 1
+            self.num_draft_tokens += len(proposals)
+            self.num_accepted_tokens += num_accepted
+            if len(self.accepted_per_position) < len(proposals):
+                self.accepted_per_position += [0] * (len(proposals) - len(self.accepted_per_position))
+            for position in range(num_accepted):
+                self.accepted_per_position[position] += 1
+
+    def frozen(self) -> SpecDecodeTotals:
+        return SpecDecodeTotals(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                tuple(self.accepted_per_position))
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     # ---- gauges: the state after the step -------------------------------------------------
     running_request_ids: tuple[str, ...] = ()
@@ -63,6 +108,8 @@ class EngineSnapshot:
     """Sequences per step -> number of steps."""
     finished_by_reason: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
     """Finished sequences by reason: stop, length, abort."""
+    spec_decode: SpecDecodeTotals = field(default_factory=SpecDecodeTotals)
+    """Speculative decoding counts (all zero when it is off)."""
 
     def __post_init__(self) -> None:
         # a read-only copy: the engine goes on counting in its own mappings

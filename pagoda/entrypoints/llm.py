@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 
 from tqdm import tqdm
@@ -23,7 +24,9 @@ class LLM:
         """`model`: a GGUF file or Hugging Face folder (None: the bundled model). The keywords
         are the fields of pagoda.config's dataclasses, by name (`dtype="float32"`,
         `max_num_seqs=8`, ...), the same options as the CLI's engine flags; an unknown one
-        raises TypeError listing the valid ones."""
+        raises TypeError listing the valid ones. `speculative_config` may be a dict."""
+        if isinstance(engine_kwargs.get("speculative_config"), dict):
+            engine_kwargs["speculative_config"] = json.dumps(engine_kwargs["speculative_config"])
         config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
         self.engine = build_engine(config)
         self._request_counter = itertools.count()

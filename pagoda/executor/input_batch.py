@@ -110,6 +110,21 @@ class InputBatch:
         self.num_tokens[row] = position + 1
         state.output_token_ids.append(token_id)
 
+    def write_proposals(self, state: CachedRequestState, token_ids) -> int:
+        """Put proposals to verify after the request's tokens, uncounted (the tokens the
+        request then emits overwrite them). Returns how many."""
+        row, start = state.row, int(self.num_tokens[state.row])
+        self._fit(start + len(token_ids), 0)
+        self.token_ids[row, start : start + len(token_ids)] = token_ids
+        return len(token_ids)
+
+    def roll_back(self, state: CachedRequestState, num_rejected: int, block_size: int) -> None:
+        """Forget the KV of rejected proposals: num_computed goes back, and the blocks past
+        it leave the table (the scheduler freed them: BlockManager.rollback_slots)."""
+        row = state.row
+        self.num_computed[row] -= num_rejected
+        self.num_blocks[row] = -(-int(self.num_computed[row]) // block_size)
+
     # ---- growth ------------------------------------------------------------------------------
 
     def _grow_rows(self) -> None:

@@ -35,6 +35,8 @@ from pagoda.executor.kv_cache_layout import (
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
+from pagoda.executor.spec_decode.decoder import SpecDecoder
+from pagoda.executor.spec_decode.verify import verify_proposals
 from pagoda.executor.sampler import (
     NO_TOKEN,
     Sampler,
@@ -100,6 +102,8 @@ class ModelRunner:
         self.num_blocks = 0
         """Blocks of the smallest group (what a scratch forward may use)."""
         self.num_blocks_per_group: list[int] = []
+        self.spec_decoder: SpecDecoder | None = None
+        """Proposes tokens for the next step (speculative decoding); set by the builder."""
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -284,8 +288,12 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self.input_batch.remove(request_id)
             self.generators.pop(request_id, None)
+            if self.spec_decoder is not None:
+                self.spec_decoder.remove(request_id)
         for request_id in scheduler_output.preempted_request_ids:
             self.input_batch.remove(request_id)
+            if self.spec_decoder is not None:
+                self.spec_decoder.remove(request_id, preempted=True)
         for new in scheduler_output.new_requests:
             self.input_batch.remove(new.request_id)  # dropped when preempted: a no-op then
             self.input_batch.add(new)
@@ -309,10 +317,14 @@ class ModelRunner:
         query_start = np.cumsum(num_scheduled) - num_scheduled
         positions = np.arange(int(num_scheduled.sum())) + np.repeat(num_computed - query_start,
                                                                     num_scheduled)
+        # Proposals to verify sit after each request's tokens (not counted in num_tokens).
+        spec = scheduler_output.spec_token_ids
+        num_spec = np.array([batch.write_proposals(state, spec.get(state.request_id, ()))
+                             for state in states], dtype=np.int64) if spec else 0
         input_ids = batch.token_ids[np.repeat(rows, num_scheduled), positions]
         max_blocks = int(batch.num_blocks[rows].max())
         block_tables = [table[rows, :max_blocks] for table in batch.block_tables]
-        reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows]
+        reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows] + num_spec
         batch.num_computed[rows] = num_computed + num_scheduled
 
         hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
@@ -322,25 +334,28 @@ class ModelRunner:
         sample_rows = np.nonzero(reaches_end)[0]
         if len(sample_rows) == 0:
             return output
+        if spec:
+            verify_proposals(self, states, sample_rows, query_end, hidden, scheduler_output,
+                             output)
+        else:
+            self._sample(states, sample_rows, query_end, hidden, scheduler_output, output)
+        if self.spec_decoder is not None:
+            output.spec_token_ids = self.spec_decoder.propose(
+                [states[i] for i in sample_rows if states[i].request_id not in output.failed],
+                batch)
+        return output
+
+    def _sample(self, states, sample_rows, query_end, hidden, scheduler_output, output) -> None:
+        """One token for each request whose step reaches its end: the last position's logits
+        through the sampler; appended to the batch record and to `output`."""
+        batch = self.input_batch
         sample_states = [states[i] for i in sample_rows]
         logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
         logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
         logits = contain_non_finite(logits, sample_states, output)
-        metadata = SamplingMetadata.build(
-            params=[s.sampling_params for s in sample_states],
-            prompt_token_ids=[s.prompt_token_ids for s in sample_states],
-            output_token_ids=[s.output_token_ids for s in sample_states],
-            generators=[self._generator(s) for s in sample_states],
-            eos_token_ids=self.eos_token_ids,
-            vocab_size=logits.shape[-1],
-            device=self.device,
-        )
-        if scheduler_output.grammar_bitmask is not None:
-            row_of = {state.request_id: row for row, state in enumerate(sample_states)}
-            rows = [row_of[request_id] for request_id in scheduler_output.grammar_request_ids]
-            metadata.grammar_row_ids = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            bitmask = torch.from_numpy(scheduler_output.grammar_bitmask).to(self.device)
-            metadata.grammar_allowed = unpack_bitmask(bitmask, logits.shape[-1])
+        metadata = self.sampling_metadata(
+            sample_states, [s.output_token_ids for s in sample_states], logits.shape[-1],
+            scheduler_output, first_row_of={s.request_id: i for i, s in enumerate(sample_states)})
         sampled = self.sampler(logits, metadata)
         sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
         for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
@@ -359,7 +374,33 @@ class ModelRunner:
                     output.logprobs[state.request_id] = TokenLogprobs(
                         [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
                     )
-        return output
+
+    def sampling_metadata(
+        self, row_states: list[CachedRequestState], row_output_token_ids: list[list[int]],
+        vocab_size: int, scheduler_output: SchedulerOutput, first_row_of: dict[str, int],
+    ) -> SamplingMetadata:
+        """The sampler's metadata, one row per entry of row_states (a request verifying
+        proposals has several rows, each with the output it would follow). Grammar bitmask
+        rows go to their request's rows in order, from first_row_of[request id]."""
+        metadata = SamplingMetadata.build(
+            params=[s.sampling_params for s in row_states],
+            prompt_token_ids=[s.prompt_token_ids for s in row_states],
+            output_token_ids=row_output_token_ids,
+            generators=[self._generator(s) for s in row_states],
+            eos_token_ids=self.eos_token_ids,
+            vocab_size=vocab_size,
+            device=self.device,
+        )
+        if scheduler_output.grammar_bitmask is not None:
+            num_seen: dict[str, int] = {}
+            rows = []
+            for request_id in scheduler_output.grammar_request_ids:
+                offset = num_seen[request_id] = num_seen.get(request_id, -1) + 1
+                rows.append(first_row_of[request_id] + offset)
+            metadata.grammar_row_ids = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            bitmask = torch.from_numpy(scheduler_output.grammar_bitmask).to(self.device)
+            metadata.grammar_allowed = unpack_bitmask(bitmask, vocab_size)
+        return metadata
 
     def _generator(self, state: CachedRequestState) -> torch.Generator | None:
         seed = state.sampling_params.seed

@@ -204,6 +204,26 @@ class Sampler(torch.nn.Module):
         # logits (num_rows, vocab_size) in any float dtype
         if metadata.only_argmax:
             return SamplerOutput(sampled_token_ids=_argmax(logits))  # exact in any dtype
+        logits, raw_logprobs = self.process(logits, metadata)
+        sampled = _sample(logits, metadata)  # 5.-8.
+
+        if raw_logprobs is None:
+            return SamplerOutput(sampled_token_ids=sampled)
+        token_ids, logprobs, ranks = gather_logprobs(  # 9.
+            raw_logprobs, sampled, metadata.max_num_logprobs
+        )
+        return SamplerOutput(
+            sampled_token_ids=sampled,
+            logprob_token_ids=token_ids,
+            logprobs=logprobs,
+            sampled_token_ranks=ranks,
+        )
+
+    def process(
+        self, logits: torch.Tensor, metadata: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Steps 1-4: (float32 logits with grammar, bias, min_tokens and penalties applied,
+        raw logprobs or None). The logits are modified in place (or a buffer copy is)."""
         logits = self._as_float32(logits)  # modified in place from step 2 on
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -230,20 +250,7 @@ class Sampler(torch.nn.Module):
                 metadata.presence_penalties,
                 metadata.vocab_size,
             )
-
-        sampled = _sample(logits, metadata)  # 5.-8.
-
-        if raw_logprobs is None:
-            return SamplerOutput(sampled_token_ids=sampled)
-        token_ids, logprobs, ranks = gather_logprobs(  # 9.
-            raw_logprobs, sampled, metadata.max_num_logprobs
-        )
-        return SamplerOutput(
-            sampled_token_ids=sampled,
-            logprob_token_ids=token_ids,
-            logprobs=logprobs,
-            sampled_token_ranks=ranks,
-        )
+        return logits, raw_logprobs
 
     def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 logits: the tensor itself when it is float32, else a copy in the reused
@@ -281,6 +288,16 @@ def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         greedy_tokens = _argmax(logits)  # 5.
         if metadata.all_greedy:
             return greedy_tokens
+    probs = probabilities(logits, metadata)
+    random_tokens = random_sample(probs, metadata.generators)  # 8.
+    if greedy_tokens is None:
+        return random_tokens
+    return torch.where(metadata.greedy_mask, greedy_tokens, random_tokens)
+
+
+def probabilities(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Steps 6-7 on processed float32 logits, in place: the distribution random rows sample
+    from, unnormalised (num_rows, vocab_size). Greedy rows come out at temperature 1."""
     if metadata.temperature is not None:
         logits.div_(metadata.temperature.unsqueeze(1))  # 6.
     if metadata.top_k is not None or metadata.top_p is not None:  # 7.
@@ -290,10 +307,7 @@ def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     probs = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
     if metadata.min_p is not None:
         probs = apply_min_p(probs, metadata.min_p)
-    random_tokens = random_sample(probs, metadata.generators)  # 8.
-    if greedy_tokens is None:
-        return random_tokens
-    return torch.where(metadata.greedy_mask, greedy_tokens, random_tokens)
+    return probs
 
 
 CDF_BLOCK = 256  # tokens per block in random_sample's two-level search
@@ -317,12 +331,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     """
     num_rows, vocab_size = probs.shape
     device = probs.device
-    if len(generators) < num_rows:
-        u = torch.rand(num_rows, dtype=torch.float64, device=device)
-    else:
-        u = torch.empty(num_rows, dtype=torch.float64, device=device)
-    for row, generator in generators.items():
-        u[row] = torch.rand((), dtype=torch.float64, generator=generator, device=device)
+    u = draw_uniforms(num_rows, generators, device)
     # block sums, (rows, num_blocks); a vocabulary off the block grid ends in a short block
     # (no padded copy of probs: that would be a whole (rows, vocab_size) copy a step)
     whole = vocab_size - vocab_size % CDF_BLOCK
@@ -342,6 +351,20 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     total = block_cdf[:, -1]
     usable = torch.isfinite(total) & (total > 0)
     return torch.where(usable, (block * CDF_BLOCK + token).squeeze(1), NO_TOKEN)
+
+
+def draw_uniforms(
+    num_rows: int, generators: dict[int, torch.Generator], device: torch.device
+) -> torch.Tensor:
+    """(num_rows,) float64 ~ U[0, 1): seeded rows from their own generator, the others from
+    one shared draw."""
+    if len(generators) < num_rows:
+        u = torch.rand(num_rows, dtype=torch.float64, device=device)
+    else:
+        u = torch.empty(num_rows, dtype=torch.float64, device=device)
+    for row, generator in generators.items():
+        u[row] = torch.rand((), dtype=torch.float64, generator=generator, device=device)
+    return u
 
 
 def _first_passing(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

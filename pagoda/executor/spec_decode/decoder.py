@@ -1,0 +1,63 @@
+"""The runner's speculative-decoding side: after each step, proposals for the requests that
+sampled (those the adaptive switch lets propose); before verification, the distributions
+the proposals were drawn from.
+
+The proposer is n-gram lookup (over the runner's own token record) or a draft model
+(draft_proposer.py); the engine never sees which.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagoda.config import SpeculativeConfig
+from pagoda.executor.input_batch import CachedRequestState, InputBatch
+from pagoda.executor.spec_decode.adaptive import AdaptiveSwitch
+from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, draft_proposer=None) -> None:
+        """draft_proposer: a DraftModelProposer for method "draft_model", else None."""
+        self.config = config
+        self.adaptive = AdaptiveSwitch(config.adaptive)
+        self.draft_proposer = draft_proposer
+        self.ngram_proposer = None
+        if config.method == "ngram":
+            self.ngram_proposer = NgramProposer(config.num_speculative_tokens,
+                                                config.prompt_lookup_min, config.prompt_lookup_max)
+
+    def propose(self, states: list[CachedRequestState], batch: InputBatch) -> dict[str, list[int]]:
+        """Request id -> proposed next tokens (requests without proposals left out)."""
+        states = [s for s in states if self.adaptive.should_propose(s.request_id)]
+        if not states:
+            return {}
+        if self.ngram_proposer is not None:
+            proposals = {}
+            for state in states:
+                tokens = self.ngram_proposer.propose(
+                    batch.token_ids[state.row, : batch.num_tokens[state.row]])
+                if tokens:
+                    proposals[state.request_id] = tokens
+            return proposals
+        return self.draft_proposer.propose(states, batch)
+
+    def draft_probs(self, request_id: str, num_proposals: int) -> torch.Tensor | None:
+        """(num_proposals, vocab) float32: what the request's proposals were drawn from, or
+        None when they were chosen deterministically (n-gram lookup, a greedy request)."""
+        if self.draft_proposer is None:
+            return None
+        return self.draft_proposer.draft_probs(request_id, num_proposals)
+
+    def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        self.adaptive.record(request_id, num_proposed, num_accepted)
+        if self.draft_proposer is not None:
+            self.draft_proposer.accepted(request_id, num_accepted)
+
+    def remove(self, request_id: str, preempted: bool = False) -> None:
+        """A request finished (forget it) or was preempted (it returns as new: its draft
+        state is recomputed, its acceptance record kept)."""
+        if not preempted:
+            self.adaptive.remove(request_id)
+        if self.draft_proposer is not None:
+            self.draft_proposer.remove(request_id)
