@@ -7,6 +7,9 @@ What it does is steered by markers in the prompt (the last user message for chat
     [[nodone]]     all chunks and usage, but no `data: [DONE]`
     [[error]]      one chunk, then an error event
 otherwise it streams `max_tokens` one-word chunks, `delay` seconds apart, then usage.
+
+GET /metrics exists only when `metrics_texts` is given: it answers them in order, the last
+one for every later call (e.g. spec-decode counters before and after a run).
 """
 
 from __future__ import annotations
@@ -19,16 +22,24 @@ import time
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 MODEL = "fake-model"
 
 
-def build_app(delay: float = 0.0) -> FastAPI:
+def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None) -> FastAPI:
     app = FastAPI()
     app.state.requests = []
     app.state.in_flight = 0
     app.state.max_in_flight = 0
+    app.state.metrics_scrapes = 0
+
+    if metrics_texts:
+        @app.get("/metrics")
+        async def metrics():
+            index = min(app.state.metrics_scrapes, len(metrics_texts) - 1)
+            app.state.metrics_scrapes += 1
+            return PlainTextResponse(metrics_texts[index])
 
     @app.get("/v1/models")
     async def models():
@@ -95,12 +106,12 @@ def build_app(delay: float = 0.0) -> FastAPI:
 
 
 class FakeServer:
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, metrics_texts: list[str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = build_app(delay)
+        self.app = build_app(delay, metrics_texts)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
