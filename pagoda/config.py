@@ -197,7 +197,7 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
         except json.JSONDecodeError as e:
             raise ValueError(f"speculative_config is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        raise ValueError(f"speculative_config must be a JSON object, got {value!r}")  # noqa: TRY004
     unknown = sorted(set(value) - set(SPECULATIVE_KEYS))
     if unknown:
         raise ValueError(f"speculative_config has unknown keys {unknown}; the keys are "

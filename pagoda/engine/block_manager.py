@@ -203,6 +203,12 @@ class BlockManager:
                     block.block_hash = None
                 self.free_blocks[block.block_id] = block
 
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's full blocks whose tokens are all computed (speculative
+        decoding: accepted proposals become tokens after their KV was written)."""
+        if self.enable_prefix_caching and request.request_id in self.request_blocks:
+            self._cache_full_blocks(request, request.num_computed_tokens)
+
     def rollback_slots(self, request: Request) -> None:
         """Free the blocks past request.num_computed_tokens (speculative decoding: slots
         allocated for proposals that were rejected). They are fresh blocks, unhashed (only

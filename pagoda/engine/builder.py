@@ -72,7 +72,7 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
     if config.speculative is not None:
-        runner.spec_decoder = build_spec_decoder(config, runner, tokenizer, files)
+        runner.spec_decoder = build_spec_decoder(config, runner, tokenizer, max_model_len)
     if config.model.compile:
         start = time.perf_counter()
         sizes = runner.compile_model()

@@ -196,6 +196,9 @@ class HybridBlockManager:
         for group in self.groups:
             group.free(request)
 
+    def cache_computed_blocks(self, request: Request) -> None:
+        """No prefix caching here."""
+
     def rollback_slots(self, request: Request) -> None:
         for group in self.groups:
             group.rollback_slots(request)

@@ -244,4 +244,8 @@ class Scheduler:
             for new_token_id in [*spec_ids[:num_accepted], token_id]:
                 request.append_output_token(new_token_id)
                 new_tokens.append((request, new_token_id))
+            if num_accepted:
+                # accepted proposals were not the request's tokens when its blocks were
+                # registered: blocks they filled are cached now
+                self.block_manager.cache_computed_blocks(request)
         return new_tokens

@@ -35,8 +35,6 @@ from pagoda.executor.kv_cache_layout import (
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
-from pagoda.executor.spec_decode.decoder import SpecDecoder
-from pagoda.executor.spec_decode.verify import verify_proposals
 from pagoda.executor.sampler import (
     NO_TOKEN,
     Sampler,
@@ -44,6 +42,8 @@ from pagoda.executor.sampler import (
     compute_token_logprobs,
     unpack_bitmask,
 )
+from pagoda.executor.spec_decode.decoder import SpecDecoder
+from pagoda.executor.spec_decode.verify import verify_proposals
 from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 

@@ -1,0 +1,151 @@
+"""Speculative decoding's executor parts without the engine: n-gram lookup, the adaptive
+switch, and rejection sampling, whose emitted tokens must follow the target's distribution
+(a chi-square test over real logits of a tiny random target and draft) and not the
+draft's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from pagoda.executor.sampler import Sampler, SamplingMetadata
+from pagoda.executor.spec_decode.adaptive import MIN_ACCEPTANCE_RATE, PAUSE_STEPS, AdaptiveSwitch
+from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
+from pagoda.executor.spec_decode.rejection_sampler import rejection_sample
+from pagoda.sampling_params import SamplingParams
+
+# ---- n-gram lookup ----------------------------------------------------------------------
+
+
+def test_ngram_proposes_what_followed_the_most_recent_longest_match():
+    proposer = NgramProposer(3, prompt_lookup_min=1, prompt_lookup_max=3)
+    tokens = np.array([5, 6, 7, 1, 2, 9, 9, 6, 7, 3, 4, 8, 8, 6, 7])
+    # "6 7" is the longest suffix seen before (3-gram "8 6 7" is not); its latest match
+    # is followed by 3 4 8
+    assert proposer.propose(tokens) == [3, 4, 8]
+
+
+def test_ngram_respects_min_length_and_the_end_of_the_tokens():
+    assert NgramProposer(3, 2, 3).propose(np.array([1, 2, 3, 4, 3])) == []  # only "3" repeats
+    assert NgramProposer(4, 1, 2).propose(np.array([1, 2, 3, 4, 3])) == [4, 3]
+    assert NgramProposer(2, 1, 5).propose(np.array([7])) == []
+
+
+# ---- adaptive switch --------------------------------------------------------------------
+
+
+def test_poor_acceptance_pauses_a_request_and_good_acceptance_keeps_it():
+    switch = AdaptiveSwitch()
+    switch.record("good", 4, 3)
+    switch.record("bad", 4, 0)
+    switch.record("bad", 4, 0)
+    assert switch.should_propose("good")
+    paused = [switch.should_propose("bad") for _ in range(PAUSE_STEPS + 1)]
+    assert paused == [False] * PAUSE_STEPS + [True]
+    switch.record("bad", 4, 0)  # one more poor verification: a longer pause
+    assert not any(switch.should_propose("bad") for _ in range(2 * PAUSE_STEPS))
+    assert switch.should_propose("bad")
+    off = AdaptiveSwitch(enabled=False)
+    for _ in range(5):
+        off.record("r", 4, 0)
+    assert off.should_propose("r") and MIN_ACCEPTANCE_RATE > 0
+
+
+# ---- rejection sampling -----------------------------------------------------------------
+
+
+def _metadata(params: list[SamplingParams], vocab_size: int) -> SamplingMetadata:
+    rows = len(params)
+    return SamplingMetadata.build(params, [[0]] * rows, [[] for _ in range(rows)],
+                                  [None] * rows, [1], vocab_size, torch.device("cpu"))
+
+
+def test_greedy_rows_accept_while_the_argmax_agrees():
+    vocab = 6
+    logits = torch.full((6, vocab), -1.0)
+    # request 0: proposals 3, 4, 5; the target's argmax per row is 3, 4, 0, 2
+    for row, best in enumerate([3, 4, 0, 2]):
+        logits[row, best] = 5.0
+    # request 1: no proposals, argmax 1; request 2: proposal 2, argmax 0 then 5
+    logits[4, 1] = 5.0
+    logits[5, 0] = 5.0
+    logits = torch.cat([logits, torch.full((1, vocab), -1.0)])
+    logits[6, 5] = 5.0
+    params = [SamplingParams(temperature=0.0)] * 7
+    result = rejection_sample(Sampler(), logits, _metadata(params, vocab),
+                              [[3, 4, 5], [], [2]], [None, None, None])
+    assert result.num_accepted == [2, 0, 0]
+    assert result.token_ids == [[3, 4, 0], [1], [0]]
+
+
+@pytest.fixture(scope="module")
+def tiny_distributions() -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logits of a tiny random target and a tiny random draft (vocab 16) after
+    the same prompt: their softmaxes differ markedly."""
+    logits = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        config = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_(0, 0.3)
+            logits.append(model(torch.tensor([[1, 5, 9, 3]])).logits[0, -1])
+    return logits[0], logits[1]
+
+
+def _chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's test of observed counts against expected probabilities (cells with an
+    expected count under 5 pooled)."""
+    expected = probs.double() * counts.sum()
+    small = expected < 5
+    observed = torch.cat([counts[~small].double(), counts[small].double().sum().reshape(1)])
+    expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
+    keep = expected > 0
+    statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         statistic / 2))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_first_emitted_token_follows_the_target_not_the_draft(tiny_distributions, temperature):
+    target_logits, draft_logits = tiny_distributions
+    vocab, num_requests = 16, 20000
+    p = torch.softmax(target_logits / temperature, dim=-1)
+    q = torch.softmax(draft_logits / temperature, dim=-1)
+    generator = torch.Generator().manual_seed(0)
+    proposals = torch.multinomial(q, num_requests, replacement=True, generator=generator)
+    # each request: one proposal drawn from q, rows [target after prompt, target after it]
+    logits = target_logits.repeat(2 * num_requests, 1)
+    params = [SamplingParams(temperature=temperature)] * (2 * num_requests)
+    torch.manual_seed(1)
+    result = rejection_sample(Sampler(), logits, _metadata(params, vocab),
+                              [[t] for t in proposals.tolist()], [q[None, :]] * num_requests)
+    first = torch.tensor([tokens[0] for tokens in result.token_ids])
+    counts = torch.bincount(first, minlength=vocab)
+    assert _chi_square_p_value(counts, p) > 1e-3
+    assert _chi_square_p_value(counts, q) < 1e-9
+    # the draft really was wrong often: acceptance is the overlap sum(min(p, q))
+    acceptance = sum(result.num_accepted) / num_requests
+    assert acceptance == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.02)
+    assert acceptance < 0.9
+
+
+def test_deterministic_proposals_are_one_hot_drafts(tiny_distributions):
+    """n-gram proposals (no draft distribution): accepted with probability p(token)."""
+    target_logits, _ = tiny_distributions
+    p = torch.softmax(target_logits, dim=-1)
+    token = int(p.argmax())
+    num_requests = 20000
+    logits = target_logits.repeat(2 * num_requests, 1)
+    params = [SamplingParams(temperature=1.0)] * (2 * num_requests)
+    torch.manual_seed(2)
+    result = rejection_sample(Sampler(), logits, _metadata(params, 16),
+                              [[token]] * num_requests, [None] * num_requests)
+    first = torch.tensor([tokens[0] for tokens in result.token_ids])
+    assert _chi_square_p_value(torch.bincount(first, minlength=16), p) > 1e-3
+    assert sum(result.num_accepted) / num_requests == pytest.approx(float(p[token]), abs=0.02)
