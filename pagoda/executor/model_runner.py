@@ -43,7 +43,7 @@ from pagoda.executor.sampler import (
     unpack_bitmask,
 )
 from pagoda.executor.spec_decode.decoder import SpecDecoder
-from pagoda.executor.spec_decode.verify import verify_proposals
+from pagoda.executor.spec_decode.verify import one_row_per_token, verify_proposals
 from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
@@ -327,7 +327,11 @@ class ModelRunner:
         reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows] + num_spec
         batch.num_computed[rows] = num_computed + num_scheduled
 
-        hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
+        if spec:  # verifications attend one token a row: a decode-shaped step
+            hidden = self._forward(input_ids, *one_row_per_token(
+                num_computed, num_scheduled, block_tables, num_scheduled == 1 + num_spec))
+        else:
+            hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
 
         query_end = query_start + num_scheduled
         self._prompt_logprobs(states, num_computed, num_scheduled, query_end, hidden, output)

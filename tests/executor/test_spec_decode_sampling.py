@@ -11,7 +11,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pagoda.executor.sampler import Sampler, SamplingMetadata
-from pagoda.executor.spec_decode.adaptive import MIN_ACCEPTANCE_RATE, PAUSE_STEPS, AdaptiveSwitch
+from pagoda.executor.spec_decode.adaptive import (
+    MIN_ACCEPTANCE_RATE,
+    PAUSE_STEPS,
+    AdaptiveSwitch,
+    best_num_proposals,
+)
 from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
 from pagoda.executor.spec_decode.rejection_sampler import rejection_sample
 from pagoda.sampling_params import SamplingParams
@@ -38,19 +43,29 @@ def test_ngram_respects_min_length_and_the_end_of_the_tokens():
 
 def test_poor_acceptance_pauses_a_request_and_good_acceptance_keeps_it():
     switch = AdaptiveSwitch()
-    switch.record("good", 4, 3)
+    switch.record("good", 4, 4)
     switch.record("bad", 4, 0)
     switch.record("bad", 4, 0)
-    assert switch.should_propose("good")
-    paused = [switch.should_propose("bad") for _ in range(PAUSE_STEPS + 1)]
-    assert paused == [False] * PAUSE_STEPS + [True]
+    assert switch.num_to_propose("good", 4) == 4
+    assert switch.num_to_propose("new", 4) == 4
+    paused = [switch.num_to_propose("bad", 4) for _ in range(PAUSE_STEPS + 1)]
+    assert paused[:PAUSE_STEPS] == [0] * PAUSE_STEPS and paused[-1] >= 1
     switch.record("bad", 4, 0)  # one more poor verification: a longer pause
-    assert not any(switch.should_propose("bad") for _ in range(2 * PAUSE_STEPS))
-    assert switch.should_propose("bad")
+    assert not any(switch.num_to_propose("bad", 4) for _ in range(2 * PAUSE_STEPS))
+    assert switch.num_to_propose("bad", 4) >= 1
     off = AdaptiveSwitch(enabled=False)
     for _ in range(5):
         off.record("r", 4, 0)
-    assert off.should_propose("r") and MIN_ACCEPTANCE_RATE > 0
+    assert off.num_to_propose("r", 4) == 4
+
+
+def test_middling_acceptance_proposes_fewer_tokens():
+    assert best_num_proposals(1.0, 8) == 8
+    assert best_num_proposals(MIN_ACCEPTANCE_RATE, 8) == 1
+    assert 1 < best_num_proposals(0.7, 8) < 8
+    switch = AdaptiveSwitch()
+    switch.record("r", 4, 1)  # rate 1 -> 0.625
+    assert switch.num_to_propose("r", 8) == best_num_proposals(0.625, 8) < 8
 
 
 # ---- rejection sampling -----------------------------------------------------------------

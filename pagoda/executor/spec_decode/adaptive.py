@@ -1,11 +1,15 @@
-"""Per-request switch-off: speculation costs a wider forward for every proposed token, so a
-request whose proposals keep being rejected (a non-repetitive text for n-gram lookup, a
-draft that disagrees with the target) should stop proposing, and try again later.
+"""Per request, how many tokens to propose: speculation costs a wider forward for every
+proposed token, so a request whose proposals are mostly accepted should propose many, one
+whose proposals keep being rejected (a non-repetitive text for n-gram lookup, a draft that
+disagrees with the target) few or none, and try again later.
 
-Each request keeps an exponential moving average of its acceptance rate (accepted /
-proposed per verification, starting at 1). When it falls below MIN_ACCEPTANCE_RATE, the
-request pauses for PAUSE_STEPS decoding steps, then proposes again with the average reset
-to the threshold, so one more poor verification pauses it again, for twice as long (up to
+Each request keeps an exponential moving average `rate` of its acceptance (accepted /
+proposed per verification, starting at 1). With acceptance rate a per token, k proposals
+yield 1 + a + ... + a^k tokens for a forward that costs about 1 + VERIFY_COST * k one-token
+steps; the request proposes the k (up to the configured number) that maximises the ratio.
+When `rate` falls below MIN_ACCEPTANCE_RATE (where even k = 1 gains nothing) the request
+pauses for PAUSE_STEPS decoding steps, then proposes again with the average reset to the
+threshold, so one more poor verification pauses it again, for twice as long (up to
 MAX_PAUSE_STEPS); a good one lifts it back.
 """
 
@@ -13,13 +17,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+VERIFY_COST = 0.3
+"""Cost of one more token in a decode step, in one-token steps: measured on an AVX2 CPU with
+the bundled model (a 4-token step ~13 ms, a 1-token step ~7 ms; BENCHMARKS.md section 15).
+Cheaper elsewhere (wider vectors, GPUs), where proposing more would pay: this is cautious."""
 MIN_ACCEPTANCE_RATE = 0.3
-"""Below this the verification of k proposals costs more than their accepted tokens save
-(on CPU a k+1-token forward costs about as much as 1.5 one-token steps: BENCHMARKS.md)."""
+"""Below it one proposal costs more than it returns: (1 + a) / (1 + VERIFY_COST) < 1."""
 SMOOTHING = 0.5
 """Weight of the latest verification in the moving average."""
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
+
+
+def best_num_proposals(rate: float, max_proposals: int) -> int:
+    """The k in 1..max_proposals with the most expected tokens per unit of step cost."""
+    def gain(k: int) -> float:
+        return sum(rate**i for i in range(k + 1)) / (1 + VERIFY_COST * k)
+
+    return max(range(1, max_proposals + 1), key=gain)
 
 
 @dataclass
@@ -35,13 +50,16 @@ class AdaptiveSwitch:
         self.enabled = enabled
         self._requests: dict[str, _RequestAcceptance] = {}
 
-    def should_propose(self, request_id: str) -> bool:
-        """Asked once per decoding step of the request (counts down a pause)."""
+    def num_to_propose(self, request_id: str, max_proposals: int) -> int:
+        """Asked once per decoding step of the request (counts down a pause): 0 while
+        paused, else how many tokens to propose."""
         state = self._requests.get(request_id)
-        if state is None or state.pause_steps == 0:
-            return True
-        state.pause_steps -= 1
-        return False
+        if state is None or not self.enabled:
+            return max_proposals
+        if state.pause_steps > 0:
+            state.pause_steps -= 1
+            return 0
+        return best_num_proposals(state.rate, max_proposals)
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """One verification of the request's proposals."""

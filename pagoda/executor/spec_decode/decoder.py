@@ -29,7 +29,9 @@ class SpecDecoder:
 
     def propose(self, states: list[CachedRequestState], batch: InputBatch) -> dict[str, list[int]]:
         """Request id -> proposed next tokens (requests without proposals left out)."""
-        states = [s for s in states if self.adaptive.should_propose(s.request_id)]
+        k = self.config.num_speculative_tokens
+        wanted = {s.request_id: self.adaptive.num_to_propose(s.request_id, k) for s in states}
+        states = [s for s in states if wanted[s.request_id]]
         if not states:
             return {}
         if self.ngram_proposer is not None:
@@ -38,9 +40,12 @@ class SpecDecoder:
                 tokens = self.ngram_proposer.propose(
                     batch.token_ids[state.row, : batch.num_tokens[state.row]])
                 if tokens:
-                    proposals[state.request_id] = tokens
+                    proposals[state.request_id] = tokens[: wanted[state.request_id]]
             return proposals
-        return self.draft_proposer.propose(states, batch)
+        # (the draft runs all k steps for the batch; a request wanting fewer is cut)
+        proposals = self.draft_proposer.propose(states, batch)
+        return {request_id: tokens[: wanted[request_id]]
+                for request_id, tokens in proposals.items()}
 
     def draft_probs(self, request_id: str, num_proposals: int) -> torch.Tensor | None:
         """(num_proposals, vocab) float32: what the request's proposals were drawn from, or

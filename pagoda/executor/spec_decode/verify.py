@@ -18,6 +18,31 @@ from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 
+def one_row_per_token(
+    num_computed: np.ndarray, num_scheduled: np.ndarray, block_tables: list[np.ndarray],
+    split: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Attention rows for a step that verifies proposals: each token of a sequence marked in
+    `split` (a decode or a verification) becomes a row of its own, one query token over its
+    causal prefix in the sequence's blocks; the others (prefill chunks) stay one row each.
+    Token order is unchanged, so the forward's output is too. A verifying step then has the
+    shape of a decode step, which the CPU kernels run whole (the attention kernel writes the
+    step's keys before any row attends).
+
+        sequence   computed 9, scheduled 3      ->  rows (9, 1) (10, 1) (11, 1)
+                   its block table row          ->  the same row three times
+
+    Returns (num_computed, num_scheduled, block_tables) per row."""
+    rows_per_seq = np.where(split, num_scheduled, 1)
+    seq_of_row = np.repeat(np.arange(len(num_scheduled)), rows_per_seq)
+    first_row = np.cumsum(rows_per_seq) - rows_per_seq
+    offset = np.arange(int(rows_per_seq.sum())) - first_row[seq_of_row]
+    split_row = split[seq_of_row]
+    row_computed = num_computed[seq_of_row] + np.where(split_row, offset, 0)
+    row_scheduled = np.where(split_row, 1, num_scheduled[seq_of_row])
+    return row_computed, row_scheduled, [table[seq_of_row] for table in block_tables]
+
+
 def verify_proposals(
     runner, states, sample_rows: np.ndarray, query_end: np.ndarray, hidden: torch.Tensor,
     scheduler_output: SchedulerOutput, output: ModelRunnerOutput,

@@ -88,16 +88,25 @@ void pagoda_paged_attention_f32(
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
+        if (new_k != NULL) {
+            /* Every new key and value is in place before any token attends (the barrier
+             * ending this loop): a token may attend to another of this step (verifying
+             * speculative proposals, each as its own query row). */
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < T * Hkv; task++) {
+                const int64_t t = task / Hkv, h = task % Hkv;
+                memcpy(kv_cache + h * head_stride + slots[t] * D, new_k + t * k_stride + h * D,
+                       D * sizeof(float));
+                memcpy(v_cache + h * head_stride + slots[t] * D, new_v + t * v_stride + h * D,
+                       D * sizeof(float));
+            }
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < T * Hkv; task++) {
             const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
             const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
             const int64_t *table = block_tables + query_seq[t] * table_width;
             float *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
-            if (new_k != NULL) {
-                memcpy(k_head + slots[t] * D, new_k + t * k_stride + h * D, D * sizeof(float));
-                memcpy(v_head + slots[t] * D, new_v + t * v_stride + h * D, D * sizeof(float));
-            }
             const float *q_rows = query + (t * H + h * G) * D;
             float *out_rows = out + (t * H + h * G) * D;
             if (D == 64) {
@@ -259,6 +268,18 @@ void pagoda_paged_attention_q8_f32(
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
+        if (new_k != NULL) {  /* all written before any token attends: see above */
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < T * Hkv; task++) {
+                const int64_t t = task / Hkv, h = task % Hkv;
+                quantize_row(format, new_k + t * k_stride + h * D, D,
+                             kv_codes + (h * head_rows + slots[t]) * D,
+                             kv_scales + h * head_rows + slots[t]);
+                quantize_row(format, new_v + t * v_stride + h * D, D,
+                             v_codes + (h * head_rows + slots[t]) * D,
+                             v_scales_all + h * head_rows + slots[t]);
+            }
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < T * Hkv; task++) {
             const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
@@ -266,12 +287,6 @@ void pagoda_paged_attention_q8_f32(
             const int64_t *table = block_tables + query_seq[t] * table_width;
             uint8_t *k_head = kv_codes + h * head_rows * D, *v_head = v_codes + h * head_rows * D;
             uint16_t *k_scales = kv_scales + h * head_rows, *v_scales = v_scales_all + h * head_rows;
-            if (new_k != NULL) {
-                quantize_row(format, new_k + t * k_stride + h * D, D, k_head + slots[t] * D,
-                             k_scales + slots[t]);
-                quantize_row(format, new_v + t * v_stride + h * D, D, v_head + slots[t] * D,
-                             v_scales + slots[t]);
-            }
             const float *q_rows = query + (t * H + h * G) * D;
             float *out_rows = out + (t * H + h * G) * D;
             if (format == KV_INT8) {

@@ -315,16 +315,25 @@ void pagoda_paged_attention_bf16(
 #pragma omp parallel
     {
         float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + 16)));
+        if (new_k != NULL) {
+            /* Every new key and value is in place before any token attends (the barrier
+             * ending this loop): a token may attend to another of this step (verifying
+             * speculative proposals, each as its own query row). */
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < T * Hkv; task++) {
+                const int64_t t = task / Hkv, h = task % Hkv;
+                memcpy(kv_cache + h * head_stride + slots[t] * D, new_k + t * k_stride + h * D,
+                       D * sizeof(uint16_t));
+                memcpy(v_cache + h * head_stride + slots[t] * D, new_v + t * v_stride + h * D,
+                       D * sizeof(uint16_t));
+            }
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < T * Hkv; task++) {
             const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
             const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
             const int64_t *table = block_tables + query_seq[t] * table_width;
             uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
-            if (new_k != NULL) {
-                memcpy(k_head + slots[t] * D, new_k + t * k_stride + h * D, D * sizeof(uint16_t));
-                memcpy(v_head + slots[t] * D, new_v + t * v_stride + h * D, D * sizeof(uint16_t));
-            }
             const uint16_t *q_rows = query + (t * H + h * G) * D;
             uint16_t *out_rows = out + (t * H + h * G) * D;
             if (D == 64) {
