@@ -84,6 +84,8 @@ class RequestLifecycle:
         """Parents with news since the last make_outputs (so a step touches only those)."""
         self.num_grammar_sequences = 0
         """Sequences held that follow a grammar (0: a step needs no bitmask)."""
+        self.num_output_tokens = 0
+        """Tokens recorded as output since start (a step's tokens after a stop are not)."""
         self.failed: dict[str, str] = {}
         """Sequences stopped by a fault of their own (id -> reason): an exception in their
         grammar or their detokenization. Their tokens are not processed; the engine takes
@@ -275,6 +277,7 @@ class RequestLifecycle:
         metrics.last_token_time = now
         completion.token_ids.append(token_id)
         completion.delta_token_ids.append(token_id)
+        self.num_output_tokens += 1
         if logprobs is not None and completion.logprobs is not None:
             dicts = self._logprob_dicts(logprobs)
             completion.logprobs.extend(dicts)

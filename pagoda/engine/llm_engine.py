@@ -92,7 +92,6 @@ class LLMEngine:
                                            grammar_compiler)
         self._num_steps = 0
         self._num_prompt_tokens = 0
-        self._num_generation_tokens = 0
         self._num_structured_requests = 0
         self._batch_sizes: Counter = Counter()
         self._finished_by_reason: Counter = Counter()
@@ -186,7 +185,6 @@ class LLMEngine:
             self._keep_grammar_valid_proposals(runner_output.spec_token_ids)
         self._fail_sequences(self._lifecycle.take_failed())  # grammar or detokenizer faults
         self._num_steps += 1
-        self._num_generation_tokens += len(new_tokens)
         num_seqs = len(scheduler_output.request_ids)
         self._batch_sizes[num_seqs] += 1
         self._last_step = (num_seqs, scheduler_output.total_num_scheduled_tokens)
@@ -270,7 +268,7 @@ class LLMEngine:
             num_steps=self._num_steps,
             num_prompt_tokens=self._num_prompt_tokens,
             num_computed_prompt_tokens=scheduler.num_computed_prompt_tokens,
-            num_generation_tokens=self._num_generation_tokens,
+            num_generation_tokens=lifecycle.num_output_tokens,
             prefix_cache_queries=blocks.prefix_cache_queries,
             prefix_cache_hits=blocks.prefix_cache_hits,
             num_preemptions=scheduler.num_preemptions,

@@ -24,7 +24,7 @@ from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import select_backend
 from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
-from pagoda.executor.input_batch import CachedRequestState, InputBatch
+from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kv_cache_allocation import allocate_kv_caches, kv_bytes_per_token
 from pagoda.executor.kv_cache_layout import (
     cdiv,
@@ -34,17 +34,16 @@ from pagoda.executor.kv_cache_layout import (
 )
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
-from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
 from pagoda.executor.sampler import (
-    NO_TOKEN,
     Sampler,
-    SamplingMetadata,
-    compute_token_logprobs,
-    unpack_bitmask,
 )
 from pagoda.executor.spec_decode.decoder import SpecDecoder
 from pagoda.executor.spec_decode.verify import one_row_per_token, verify_proposals
-from pagoda.outputs import TokenLogprobs
+from pagoda.executor.step_sampling import (
+    SeededGenerators,
+    prompt_logprobs,
+    sample_last_positions,
+)
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ class ModelRunner:
             )
         self.set_kv_cache_groups()
         self.sampler = Sampler()
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators = SeededGenerators(device)
         """Seeded requests' generators, kept across preemption until the request finishes."""
         self.kv_caches: list[torch.Tensor | QuantizedKVCache] = []
         self.num_blocks = 0
@@ -287,7 +286,7 @@ class ModelRunner:
         preempted one returns as new), add new ones, extend block tables."""
         for request_id in scheduler_output.finished_request_ids:
             self.input_batch.remove(request_id)
-            self.generators.pop(request_id, None)
+            self.generators.forget(request_id)
             if self.spec_decoder is not None:
                 self.spec_decoder.remove(request_id)
         for request_id in scheduler_output.preempted_request_ids:
@@ -334,7 +333,8 @@ class ModelRunner:
             hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
 
         query_end = query_start + num_scheduled
-        self._prompt_logprobs(states, num_computed, num_scheduled, query_end, hidden, output)
+        prompt_logprobs(self.model, self.device, states, num_computed, num_scheduled, query_end,
+                        hidden, output)
         sample_rows = np.nonzero(reaches_end)[0]
         if len(sample_rows) == 0:
             return output
@@ -342,102 +342,13 @@ class ModelRunner:
             verify_proposals(self, states, sample_rows, query_end, hidden, scheduler_output,
                              output)
         else:
-            self._sample(states, sample_rows, query_end, hidden, scheduler_output, output)
+            sample_last_positions(self, states, sample_rows, query_end, hidden, scheduler_output,
+                                  output)
         if self.spec_decoder is not None:
             output.spec_token_ids = self.spec_decoder.propose(
                 [states[i] for i in sample_rows if states[i].request_id not in output.failed],
                 batch)
         return output
-
-    def _sample(self, states, sample_rows, query_end, hidden, scheduler_output, output) -> None:
-        """One token for each request whose step reaches its end: the last position's logits
-        through the sampler; appended to the batch record and to `output`."""
-        batch = self.input_batch
-        sample_states = [states[i] for i in sample_rows]
-        logits_index = torch.from_numpy(query_end[sample_rows] - 1).to(self.device)
-        logits = self.model.head_logits(hidden[logits_index])  # (num_sampled, vocab)
-        logits = contain_non_finite(logits, sample_states, output)
-        metadata = self.sampling_metadata(
-            sample_states, [s.output_token_ids for s in sample_states], logits.shape[-1],
-            scheduler_output, first_row_of={s.request_id: i for i, s in enumerate(sample_states)})
-        sampled = self.sampler(logits, metadata)
-        sampled_ids = sampled.sampled_token_ids.tolist()  # the step's one host sync
-        for row, state, token_id in zip(sample_rows.tolist(), sample_states, sampled_ids):
-            if token_id == NO_TOKEN:
-                fail_unsampleable(state, output)
-            if state.request_id in output.failed:
-                continue
-            output.sampled_token_ids[row] = token_id
-            batch.append_token(state, token_id)
-        if sampled.logprobs is not None:
-            ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
-            ranks = sampled.sampled_token_ranks.tolist()
-            for i, state in enumerate(sample_states):
-                num = state.sampling_params.logprobs
-                if num is not None:
-                    output.logprobs[state.request_id] = TokenLogprobs(
-                        [ids[i][: 1 + num]], [values[i][: 1 + num]], [ranks[i]]
-                    )
-
-    def sampling_metadata(
-        self, row_states: list[CachedRequestState], row_output_token_ids: list[list[int]],
-        vocab_size: int, scheduler_output: SchedulerOutput, first_row_of: dict[str, int],
-    ) -> SamplingMetadata:
-        """The sampler's metadata, one row per entry of row_states (a request verifying
-        proposals has several rows, each with the output it would follow). Grammar bitmask
-        rows go to their request's rows in order, from first_row_of[request id]."""
-        metadata = SamplingMetadata.build(
-            params=[s.sampling_params for s in row_states],
-            prompt_token_ids=[s.prompt_token_ids for s in row_states],
-            output_token_ids=row_output_token_ids,
-            generators=[self._generator(s) for s in row_states],
-            eos_token_ids=self.eos_token_ids,
-            vocab_size=vocab_size,
-            device=self.device,
-        )
-        if scheduler_output.grammar_bitmask is not None:
-            num_seen: dict[str, int] = {}
-            rows = []
-            for request_id in scheduler_output.grammar_request_ids:
-                offset = num_seen[request_id] = num_seen.get(request_id, -1) + 1
-                rows.append(first_row_of[request_id] + offset)
-            metadata.grammar_row_ids = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            bitmask = torch.from_numpy(scheduler_output.grammar_bitmask).to(self.device)
-            metadata.grammar_allowed = unpack_bitmask(bitmask, vocab_size)
-        return metadata
-
-    def _generator(self, state: CachedRequestState) -> torch.Generator | None:
-        seed = state.sampling_params.seed
-        if seed is None:
-            return None
-        generator = self.generators.get(state.request_id)
-        if generator is None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(seed)
-            self.generators[state.request_id] = generator
-        return generator
-
-    def _prompt_logprobs(self, states, num_computed, num_scheduled, query_end, hidden, output):
-        """Logprobs of prompt tokens 1.. under the positions before them, chunk by chunk."""
-        for i, state in enumerate(states):
-            num_top = state.sampling_params.prompt_logprobs
-            start = int(num_computed[i])
-            num_prompt_tokens = len(state.prompt_token_ids)
-            if num_top is None or start >= num_prompt_tokens:
-                continue
-            # Positions start .. end-1 of this chunk predict prompt tokens start+1 .. end.
-            end = min(start + int(num_scheduled[i]), num_prompt_tokens - 1)
-            if end <= start:
-                continue
-            first_row = int(query_end[i] - num_scheduled[i])
-            rows = hidden[first_row : first_row + (end - start)]
-            targets = torch.tensor(state.prompt_token_ids[start + 1 : end + 1], device=self.device)
-            ids, values, ranks = compute_token_logprobs(
-                self.model.compute_logits(rows), targets, num_top
-            )
-            output.prompt_logprobs[state.request_id] = TokenLogprobs(
-                ids.tolist(), values.tolist(), ranks.tolist()
-            )
 
 
 def _private_forward(module: torch.nn.Module):

@@ -29,7 +29,7 @@ def assert_idle(engine: LLMEngine) -> None:
     assert not snapshot.has_unfinished_requests and snapshot.num_tracked_requests == 0
     assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks
     assert snapshot.kv_cache_usage == 0.0
-    assert engine.runner.generators == {} and engine.runner.input_batch.requests == {}
+    assert len(engine.runner.generators) == 0 and engine.runner.input_batch.requests == {}
 
 
 def greedy(max_tokens: int = 16) -> SamplingParams:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from prometheus_client import generate_latest
 from transformers import AutoTokenizer
 
@@ -173,3 +174,36 @@ def test_spec_decode_counters_reach_metrics(ngram_llm):
             f'{float(totals.num_accepted_tokens)}') in text
     assert (f'pagoda:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="0"}} '
             f'{float(totals.accepted_per_position[0])}') in text
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "mistral"])
+def test_sliding_window_models_roll_back_in_every_kv_group(arch, tmp_path):
+    """Windowed layers keep a block pool per KV-cache group: proposals (from a one-layer
+    draft of the same family, so that many are rejected) are verified and rolled back there
+    too, and the output is still transformers' greedy one."""
+    from tests.executor.test_model_families import greedy_reference
+
+    overrides = {"sliding_window": 8} if arch == "mistral" else {}
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    reference = build_checkpoint(arch, str(target), **overrides)
+    draft_model = build_checkpoint(arch, str(draft), num_hidden_layers=1, **overrides)
+    torch.manual_seed(1)  # other weights than the target's (build_checkpoint seeds with 0)
+    with torch.no_grad():
+        for param in draft_model.parameters():
+            param.normal_(0, 0.2)
+    draft_model.save_pretrained(str(draft), safe_serialization=True)
+    _bundled_tokenizer().save_pretrained(str(draft))
+    llm = LLM(model=str(target), tokenizer=bundled_model_path(), dtype="float32",
+              kv_cache_memory=1 << 20, max_model_len=128, block_size=4,
+              max_num_batched_tokens=16, speculative_config={
+                  "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+                  "adaptive": False})
+    prompts = [[120, 4] * 9, list(range(3, 30)), [7, 8]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        assert list(out.outputs[0].token_ids) == greedy_reference(reference, prompt, 12)[0]
+    snapshot = llm.engine.snapshot()
+    assert snapshot.spec_decode.num_draft_tokens > 0
+    if arch == "mistral":  # (tiny random Gemmas, tied and soft-capped, agree with any draft)
+        assert snapshot.spec_decode.num_draft_tokens > snapshot.spec_decode.num_accepted_tokens
+    assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks

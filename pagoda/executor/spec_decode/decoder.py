@@ -55,9 +55,9 @@ class SpecDecoder:
         return self.draft_proposer.draft_probs(request_id, num_proposals)
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        """One verification (the draft model needs no word of it: its next proposal
+        compares what it fed with the request's real tokens)."""
         self.adaptive.record(request_id, num_proposed, num_accepted)
-        if self.draft_proposer is not None:
-            self.draft_proposer.accepted(request_id, num_accepted)
 
     def remove(self, request_id: str, preempted: bool = False) -> None:
         """A request finished (forget it) or was preempted (it returns as new: its draft

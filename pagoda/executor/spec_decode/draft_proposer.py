@@ -13,7 +13,7 @@ Per request the proposer remembers the tokens whose KV its cache holds (`fed`). 
 Greedy requests take the draft's argmax (deterministic: the verifier treats them as
 one-hot); sampled ones draw from softmax(draft logits / temperature), and those
 distributions are kept for the rejection sampler (`draft_probs`). Seeded requests draw
-from a generator of their own, seeded like the target's.
+from a generator of their own (seed + DRAFT_SEED_SALT: independent of the verifier's).
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ from pagoda.executor.input_batch import CachedRequestState, InputBatch
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from pagoda.executor.loader.tokenizer import load_tokenizer
+from pagoda.executor.step_sampling import SeededGenerators
 from pagoda.sampling_params import SAMPLING_EPS
 
 logger = logging.getLogger(__name__)
+
+DRAFT_SEED_SALT = 0x5EED_D4AF7
+"""Added to a seeded request's seed for the draft's draws: the same numbers as the
+verifier's would correlate the proposals with their acceptance tests."""
 
 
 @dataclass
@@ -52,7 +57,7 @@ class DraftModelProposer:
         self.requests: dict[str, _DraftRequest] = {}
         self.probs: dict[str, torch.Tensor] = {}
         """Sampled requests' draft distributions of their last proposals, (k, vocab)."""
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators = SeededGenerators(runner.device, salt=DRAFT_SEED_SALT)
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -61,10 +66,7 @@ class DraftModelProposer:
         if state is not None:
             self.free_block_ids.extend(state.block_ids)
         self.probs.pop(request_id, None)
-        self.generators.pop(request_id, None)
-
-    def accepted(self, request_id: str, num_accepted: int) -> None:
-        """Nothing to do: the next proposal compares `fed` with the real tokens."""
+        self.generators.forget(request_id)
 
     def draft_probs(self, request_id: str, num_proposals: int) -> torch.Tensor | None:
         probs = self.probs.get(request_id)
@@ -139,19 +141,9 @@ class DraftModelProposer:
             if temperature < SAMPLING_EPS:
                 continue
             q = torch.softmax(logits[row] / temperature, dim=-1)
-            tokens[row] = int(torch.multinomial(q, 1, generator=self._generator(state)))
+            tokens[row] = int(torch.multinomial(q, 1, generator=self.generators.get(state)))
             probs[row].append(q)
         return tokens
-
-    def _generator(self, state: CachedRequestState) -> torch.Generator | None:
-        seed = state.sampling_params.seed
-        if seed is None:
-            return None
-        generator = self.generators.get(state.request_id)
-        if generator is None:
-            generator = self.generators[state.request_id] = torch.Generator(self.runner.device)
-            generator.manual_seed(seed)
-        return generator
 
 
 def load_draft_proposer(

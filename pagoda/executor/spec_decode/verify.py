@@ -14,6 +14,7 @@ import torch
 from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
 from pagoda.executor.sampler import NO_TOKEN
 from pagoda.executor.spec_decode.rejection_sampler import rejection_sample
+from pagoda.executor.step_sampling import sampling_metadata
 from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
@@ -64,8 +65,8 @@ def verify_proposals(
     logits = contain_non_finite(logits, row_states, output)
     row_outputs = [s.output_token_ids + p[:j] for s, p in zip(sample_states, proposals)
                    for j in range(1 + len(p))]
-    metadata = runner.sampling_metadata(
-        row_states, row_outputs, logits.shape[-1], scheduler_output,
+    metadata = sampling_metadata(
+        runner, row_states, row_outputs, logits.shape[-1], scheduler_output,
         first_row_of={s.request_id: int(r) for s, r in zip(sample_states, first_rows)})
     draft_probs = [runner.spec_decoder.draft_probs(s.request_id, len(p)) if p else None
                    for s, p in zip(sample_states, proposals)]
