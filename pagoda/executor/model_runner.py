@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import types
 
 import numpy as np
@@ -326,9 +327,11 @@ class ModelRunner:
         reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows] + num_spec
         batch.num_computed[rows] = num_computed + num_scheduled
 
+        decode_shaped = num_scheduled == 1 + num_spec  # a decode or a verification
+        started = time.perf_counter()
         if spec:  # verifications attend one token a row: a decode-shaped step
             hidden = self._forward(input_ids, *one_row_per_token(
-                num_computed, num_scheduled, block_tables, num_scheduled == 1 + num_spec))
+                num_computed, num_scheduled, block_tables, decode_shaped))
         else:
             hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
 
@@ -345,6 +348,9 @@ class ModelRunner:
             sample_last_positions(self, states, sample_rows, query_end, hidden, scheduler_output,
                                   output)
         if self.spec_decoder is not None:
+            if decode_shaped.all():  # (the sampling's host sync has waited for the device)
+                self.spec_decoder.observe_step(int(num_scheduled.sum()),
+                                               time.perf_counter() - started)
             output.spec_token_ids = self.spec_decoder.propose(
                 [states[i] for i in sample_rows if states[i].request_id not in output.failed],
                 batch)

@@ -31,7 +31,7 @@ PROMPTS = [
     "def fibonacci(n):",
 ]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-         "prompt_lookup_min": 2}
+         "prompt_lookup_min": 2, "adaptive": False}  # every proposal verified: the paths run
 ENGINE = {"dtype": "float32", "kv_cache_memory": 64 * 1024 * 1024, "max_model_len": 1024}
 
 
@@ -207,3 +207,22 @@ def test_sliding_window_models_roll_back_in_every_kv_group(arch, tmp_path):
     if arch == "mistral":  # (tiny random Gemmas, tied and soft-capped, agree with any draft)
         assert snapshot.spec_decode.num_draft_tokens > snapshot.spec_decode.num_accepted_tokens
     assert snapshot.num_free_kv_blocks == snapshot.num_kv_blocks
+
+
+def test_adaptive_switch_stops_poor_proposals(plain_llm):
+    """Free writing with 1-gram lookup: proposals are mostly wrong. With the adaptive switch
+    (the default) requests pause and verify far fewer of them; output is the same either
+    way."""
+    prompts = ["Write a short story about a dragon who learns to bake bread.",
+               "Explain how a bicycle works to a child.", "List some ideas for a garden."]
+    lookup = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+              "prompt_lookup_max": 1}
+    expected = _token_ids(plain_llm, prompts, _greedy(max_tokens=48))
+    rejected = {}
+    for adaptive in (False, True):
+        llm = LLM(speculative_config={**lookup, "adaptive": adaptive}, **ENGINE)
+        assert _token_ids(llm, prompts, _greedy(max_tokens=48)) == expected
+        totals = llm.engine.snapshot().spec_decode
+        rejected[adaptive] = totals.num_draft_tokens - totals.num_accepted_tokens
+    assert rejected[False] > 20
+    assert rejected[True] < 0.6 * rejected[False]  # fewer wrong proposals verified

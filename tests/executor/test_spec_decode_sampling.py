@@ -1,5 +1,5 @@
 """Speculative decoding's executor parts without the engine: n-gram lookup, the adaptive
-switch, and rejection sampling, whose emitted tokens must follow the target's distribution
+switch and the step-cost model that size proposals, and rejection sampling, whose emitted tokens must follow the target's distribution
 (a chi-square test over real logits of a tiny random target and draft) and not the
 draft's."""
 
@@ -11,14 +11,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pagoda.executor.sampler import Sampler, SamplingMetadata
-from pagoda.executor.spec_decode.adaptive import (
-    MIN_ACCEPTANCE_RATE,
-    PAUSE_STEPS,
-    AdaptiveSwitch,
-    best_num_proposals,
-)
+from pagoda.executor.spec_decode.adaptive import MIN_ACCEPTANCE_RATE, PAUSE_STEPS, AdaptiveSwitch
 from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
 from pagoda.executor.spec_decode.rejection_sampler import rejection_sample
+from pagoda.executor.spec_decode.step_cost import (
+    VERIFY_COST,
+    StepCostModel,
+    allocate_proposals,
+)
 from pagoda.sampling_params import SamplingParams
 
 # ---- n-gram lookup ----------------------------------------------------------------------
@@ -44,28 +44,58 @@ def test_ngram_respects_min_length_and_the_end_of_the_tokens():
 def test_poor_acceptance_pauses_a_request_and_good_acceptance_keeps_it():
     switch = AdaptiveSwitch()
     switch.record("good", 4, 4)
+    switch.record("middling", 4, 2)  # 1 + 2 accepted of 1 + 2 + 1 rejection: 0.75
+    assert switch.rate("good") == 1.0 and switch.rate("new") == 1.0
+    assert switch.rate("middling") == pytest.approx((0.5 + 2) / (0.5 + 3))
     switch.record("bad", 4, 0)
-    switch.record("bad", 4, 0)
-    assert switch.num_to_propose("good", 4) == 4
-    assert switch.num_to_propose("new", 4) == 4
-    paused = [switch.num_to_propose("bad", 4) for _ in range(PAUSE_STEPS + 1)]
-    assert paused[:PAUSE_STEPS] == [0] * PAUSE_STEPS and paused[-1] >= 1
+    switch.record("bad", 4, 0)  # accepted 0.25 of attempts 1.75: below the threshold
+    paused = [switch.rate("bad") for _ in range(PAUSE_STEPS + 1)]
+    assert paused[:PAUSE_STEPS] == [None] * PAUSE_STEPS
+    assert paused[-1] == pytest.approx(MIN_ACCEPTANCE_RATE)
     switch.record("bad", 4, 0)  # one more poor verification: a longer pause
-    assert not any(switch.num_to_propose("bad", 4) for _ in range(2 * PAUSE_STEPS))
-    assert switch.num_to_propose("bad", 4) >= 1
+    assert all(switch.rate("bad") is None for _ in range(2 * PAUSE_STEPS))
+    assert switch.rate("bad") is not None
     off = AdaptiveSwitch(enabled=False)
     for _ in range(5):
         off.record("r", 4, 0)
-    assert off.num_to_propose("r", 4) == 4
+    assert off.rate("r") == 1.0
 
 
-def test_middling_acceptance_proposes_fewer_tokens():
-    assert best_num_proposals(1.0, 8) == 8
-    assert best_num_proposals(MIN_ACCEPTANCE_RATE, 8) == 1
-    assert 1 < best_num_proposals(0.7, 8) < 8
-    switch = AdaptiveSwitch()
-    switch.record("r", 4, 1)  # rate 1 -> 0.625
-    assert switch.num_to_propose("r", 8) == best_num_proposals(0.625, 8) < 8
+def test_the_step_cost_is_learned_from_the_steps_seen():
+    cost = StepCostModel()
+    a, b = cost.coefficients()
+    assert b / a == pytest.approx(VERIFY_COST / (1 - VERIFY_COST))  # the prior
+    for _ in range(20):
+        for tokens in (1, 4, 8):
+            cost.observe(tokens, 0.010 + 0.002 * tokens)
+    assert cost.coefficients() == pytest.approx((0.010, 0.002), rel=1e-6)
+    flat = StepCostModel()
+    for _ in range(10):
+        flat.observe(4, 0.02)  # one size only: the prior's shape, scaled to the times seen
+    assert flat.step_seconds(4) == pytest.approx(0.02)
+
+
+def _cost(a: float, b: float) -> StepCostModel:
+    cost = StepCostModel()
+    for tokens in (1, 2, 3, 4) * 5:
+        cost.observe(tokens, a + b * tokens)
+    return cost
+
+
+def test_proposals_go_where_they_pay_for_the_wider_step():
+    cheap, dear = _cost(0.010, 0.0005), _cost(0.0001, 0.020)
+    # a near-free token: every proposal of a likely request is worth verifying
+    assert allocate_proposals([0.95], [8], cheap) == [8]
+    # a step that costs per token, nearly nothing per step: nothing pays
+    assert allocate_proposals([0.95], [8], dear) == [0]
+    # between: the likelier request gets more, the unlikely one none, and a big batch
+    # (whose step is already wide) gets fewer than a lone request
+    middle = _cost(0.010, 0.003)
+    counts = allocate_proposals([0.9, 0.3], [6, 6], middle)
+    assert counts[0] > counts[1] == 0
+    assert sum(allocate_proposals([0.9], [6], middle, num_plain=15)) < \
+        sum(allocate_proposals([0.9], [6], middle))
+    assert allocate_proposals([1.0, 1.0], [2, 3], cheap) == [2, 3]  # never above the caps
 
 
 # ---- rejection sampling -----------------------------------------------------------------

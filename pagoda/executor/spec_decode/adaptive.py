@@ -1,14 +1,14 @@
-"""Per request, how many tokens to propose: speculation costs a wider forward for every
-proposed token, so a request whose proposals are mostly accepted should propose many, one
-whose proposals keep being rejected (a non-repetitive text for n-gram lookup, a draft that
-disagrees with the target) few or none, and try again later.
+"""Per request, whether to propose and how well its proposals fare: speculation costs a
+wider forward for every proposed token, so a request whose proposals keep being rejected (a
+non-repetitive text for n-gram lookup, a draft that disagrees with the target) should stop
+proposing, and try again later; how many a proposing request verifies is decided for the
+whole step from these rates (step_cost.allocate_proposals).
 
-Each request keeps an exponential moving average `rate` of its acceptance (accepted /
-proposed per verification, starting at 1). With acceptance rate a per token, k proposals
-yield 1 + a + ... + a^k tokens for a forward that costs about 1 + VERIFY_COST * k one-token
-steps; the request proposes the k (up to the configured number) that maximises the ratio.
-When `rate` falls below MIN_ACCEPTANCE_RATE (where even k = 1 gains nothing) the request
-pauses for PAUSE_STEPS decoding steps, then proposes again with the average reset to the
+Each request estimates its acceptance rate r, the chance that its next proposal is
+accepted given the ones before it were (so that its j-th proposal pays off with r^j): the
+accepted proposals over the accepted ones plus the rejections (one per verification that
+stopped short), both as moving averages. When r falls below MIN_ACCEPTANCE_RATE the
+request pauses for PAUSE_STEPS decoding steps, then proposes again from r at the
 threshold, so one more poor verification pauses it again, for twice as long (up to
 MAX_PAUSE_STEPS); a good one lifts it back.
 """
@@ -17,32 +17,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-VERIFY_COST = 0.3
-"""Cost of one more token in a decode step, in one-token steps: measured on an AVX2 CPU with
-the bundled model (a 4-token step ~13 ms, a 1-token step ~7 ms; BENCHMARKS.md section 15).
-Cheaper elsewhere (wider vectors, GPUs), where proposing more would pay: this is cautious."""
-MIN_ACCEPTANCE_RATE = 0.3
-"""Below it one proposal costs more than it returns: (1 + a) / (1 + VERIFY_COST) < 1."""
-SMOOTHING = 0.5
-"""Weight of the latest verification in the moving average."""
+MIN_ACCEPTANCE_RATE = 0.2
+"""Below it a request pauses: even where one more token in a step is nearly free, proposals
+that are four times out of five wrong are not worth looking up or drafting."""
+DECAY = 0.5
+"""Weight the moving averages keep of the verifications before the latest."""
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 
 
-def best_num_proposals(rate: float, max_proposals: int) -> int:
-    """The k in 1..max_proposals with the most expected tokens per unit of step cost."""
-    def gain(k: int) -> float:
-        return sum(rate**i for i in range(k + 1)) / (1 + VERIFY_COST * k)
-
-    return max(range(1, max_proposals + 1), key=gain)
-
-
 @dataclass
 class _RequestAcceptance:
-    rate: float = 1.0
+    accepted: float = 1.0
+    """Moving average of accepted proposals (a prior of one accepted, none rejected)."""
+    attempts: float = 1.0
+    """Moving average of accepted proposals plus rejections."""
     pause_steps: int = 0
     """Steps left before the request proposes again."""
     next_pause: int = PAUSE_STEPS
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.attempts
 
 
 class AdaptiveSwitch:
@@ -50,27 +46,29 @@ class AdaptiveSwitch:
         self.enabled = enabled
         self._requests: dict[str, _RequestAcceptance] = {}
 
-    def num_to_propose(self, request_id: str, max_proposals: int) -> int:
-        """Asked once per decoding step of the request (counts down a pause): 0 while
-        paused, else how many tokens to propose."""
+    def rate(self, request_id: str) -> float | None:
+        """The request's acceptance rate (1 before any verification), or None while it is
+        paused; asked once per decoding step of the request (counts a pause down)."""
         state = self._requests.get(request_id)
         if state is None or not self.enabled:
-            return max_proposals
+            return 1.0
         if state.pause_steps > 0:
             state.pause_steps -= 1
-            return 0
-        return best_num_proposals(state.rate, max_proposals)
+            return None
+        return state.rate
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """One verification of the request's proposals."""
         if not self.enabled or num_proposed == 0:
             return
         state = self._requests.setdefault(request_id, _RequestAcceptance())
-        state.rate += SMOOTHING * (num_accepted / num_proposed - state.rate)
+        rejected = 1 if num_accepted < num_proposed else 0
+        state.accepted = DECAY * state.accepted + num_accepted
+        state.attempts = DECAY * state.attempts + num_accepted + rejected
         if state.rate < MIN_ACCEPTANCE_RATE:
             state.pause_steps = state.next_pause
             state.next_pause = min(2 * state.next_pause, MAX_PAUSE_STEPS)
-            state.rate = MIN_ACCEPTANCE_RATE
+            state.accepted, state.attempts = MIN_ACCEPTANCE_RATE, 1.0
         elif state.rate >= 2 * MIN_ACCEPTANCE_RATE:
             state.next_pause = PAUSE_STEPS
 

@@ -14,6 +14,7 @@ from pagoda.config import SpeculativeConfig
 from pagoda.executor.input_batch import CachedRequestState, InputBatch
 from pagoda.executor.spec_decode.adaptive import AdaptiveSwitch
 from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
+from pagoda.executor.spec_decode.step_cost import StepCostModel, allocate_proposals
 
 
 class SpecDecoder:
@@ -21,6 +22,7 @@ class SpecDecoder:
         """draft_proposer: a DraftModelProposer for method "draft_model", else None."""
         self.config = config
         self.adaptive = AdaptiveSwitch(config.adaptive)
+        self.step_cost = StepCostModel()
         self.draft_proposer = draft_proposer
         self.ngram_proposer = None
         if config.method == "ngram":
@@ -28,24 +30,32 @@ class SpecDecoder:
                                                 config.prompt_lookup_min, config.prompt_lookup_max)
 
     def propose(self, states: list[CachedRequestState], batch: InputBatch) -> dict[str, list[int]]:
-        """Request id -> proposed next tokens (requests without proposals left out)."""
-        k = self.config.num_speculative_tokens
-        wanted = {s.request_id: self.adaptive.num_to_propose(s.request_id, k) for s in states}
-        states = [s for s in states if wanted[s.request_id]]
-        if not states:
+        """Request id -> proposed next tokens (requests without proposals left out). Each
+        request's proposals are cut to what pays for its share of the next step, from its
+        acceptance rate and the measured step cost (step_cost.allocate_proposals)."""
+        rates = {s.request_id: self.adaptive.rate(s.request_id) for s in states}
+        proposing = [s for s in states if rates[s.request_id] is not None]
+        if not proposing:
             return {}
         if self.ngram_proposer is not None:
             proposals = {}
-            for state in states:
+            for state in proposing:
                 tokens = self.ngram_proposer.propose(
                     batch.token_ids[state.row, : batch.num_tokens[state.row]])
                 if tokens:
-                    proposals[state.request_id] = tokens[: wanted[state.request_id]]
+                    proposals[state.request_id] = tokens
+        else:
+            proposals = self.draft_proposer.propose(proposing, batch)
+        if not self.config.adaptive or not proposals:
             return proposals
-        # (the draft runs all k steps for the batch; a request wanting fewer is cut)
-        proposals = self.draft_proposer.propose(states, batch)
-        return {request_id: tokens[: wanted[request_id]]
-                for request_id, tokens in proposals.items()}
+        ids = list(proposals)
+        counts = allocate_proposals([rates[i] for i in ids], [len(proposals[i]) for i in ids],
+                                    self.step_cost, num_plain=len(states) - len(ids))
+        return {i: proposals[i][:n] for i, n in zip(ids, counts) if n}
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A decode-shaped step's forward and sampling took `seconds`."""
+        self.step_cost.observe(num_tokens, seconds)
 
     def draft_probs(self, request_id: str, num_proposals: int) -> torch.Tensor | None:
         """(num_proposals, vocab) float32: what the request's proposals were drawn from, or
