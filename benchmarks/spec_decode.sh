@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's speed goals (BENCHMARKS.md section 15): `pagoda serve` without and with n-gram
 # speculation, each driven by `pagoda bench serve` on the input-grounded workload (1 and 4
-# streams, greedy) and on random tokens (1 stream); then, where LLAMA_BIN is set, llama.cpp's
+# streams, greedy; 1 stream at temperature 0.7) and on random tokens (1 stream); then, where LLAMA_BIN is set, llama.cpp's
 # llama-cli against its llama-lookup (prompt-lookup speculation) on the same prompts.
 #
 #   [LLAMA_BIN=/path/to/llama.cpp/build/bin] benchmarks/spec_decode.sh OUT_DIR [SPEC_JSON]
@@ -38,6 +38,7 @@ for mode in off ngram; do
   done
   bench "$mode-grounded-c1" --dataset grounded --num-requests 8 --output-len 128 --max-concurrency 1
   bench "$mode-grounded-c4" --dataset grounded --num-requests 16 --output-len 128 --max-concurrency 4 --seed 1
+  bench "$mode-grounded-c1-t07" --dataset grounded --num-requests 8 --output-len 128 --max-concurrency 1 --temperature 0.7 --seed 3
   bench "$mode-random-c1" --dataset random --num-requests 8 --input-len 128 --output-len 128 --max-concurrency 1 --seed 2
   kill -TERM $SERVER; wait $SERVER || true
 done

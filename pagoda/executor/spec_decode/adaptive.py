@@ -10,7 +10,8 @@ accepted proposals over the accepted ones plus the rejections (one per verificat
 stopped short), both as moving averages. When r falls below MIN_ACCEPTANCE_RATE the
 request pauses for PAUSE_STEPS decoding steps, then proposes again from r at the
 threshold, so one more poor verification pauses it again, for twice as long (up to
-MAX_PAUSE_STEPS); a good one lifts it back.
+MAX_PAUSE_STEPS); a good one lifts it back. Between verifications r drifts back towards 1
+(RELAX), so a request left without proposals is tried again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ MIN_ACCEPTANCE_RATE = 0.2
 that are four times out of five wrong are not worth looking up or drafting."""
 DECAY = 0.5
 """Weight the moving averages keep of the verifications before the latest."""
+RELAX = 0.02
+"""Pseudo-accepted proposal added to a request's averages at each of its decoding steps."""
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 
@@ -55,6 +58,10 @@ class AdaptiveSwitch:
         if state.pause_steps > 0:
             state.pause_steps -= 1
             return None
+        # Drift towards the prior of 1: a request given no proposals for a while (its rate
+        # did not pay for a wider step) is tried again, or its rate would never change.
+        state.accepted += RELAX
+        state.attempts += RELAX
         return state.rate
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
