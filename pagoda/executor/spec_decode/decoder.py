@@ -8,6 +8,8 @@ The proposer is n-gram lookup (over the runner's own token record) or a draft mo
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from pagoda.config import SpeculativeConfig
@@ -16,6 +18,11 @@ from pagoda.executor.spec_decode.adaptive import AdaptiveSwitch
 from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
 from pagoda.executor.spec_decode.step_cost import StepCostModel, allocate_proposals
 
+logger = logging.getLogger(__name__)
+
+STEP_COST_LOG_EVERY = 200
+"""Decode-shaped steps between two DEBUG lines of the fitted step cost."""
+
 
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, draft_proposer=None) -> None:
@@ -23,6 +30,7 @@ class SpecDecoder:
         self.config = config
         self.adaptive = AdaptiveSwitch(config.adaptive)
         self.step_cost = StepCostModel()
+        self.num_steps_observed = 0
         self.draft_proposer = draft_proposer
         self.ngram_proposer = None
         if config.method == "ngram":
@@ -56,6 +64,11 @@ class SpecDecoder:
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         """A decode-shaped step's forward and sampling took `seconds`."""
         self.step_cost.observe(num_tokens, seconds)
+        self.num_steps_observed += 1
+        if self.num_steps_observed % STEP_COST_LOG_EVERY == 0 and logger.isEnabledFor(logging.DEBUG):
+            a, b = self.step_cost.coefficients()
+            logger.debug("decode step cost fitted over the recent steps: %.2f ms + %.2f ms "
+                         "per token", a * 1e3, b * 1e3)
 
     def draft_probs(self, request_id: str, num_proposals: int) -> torch.Tensor | None:
         """(num_proposals, vocab) float32: what the request's proposals were drawn from, or

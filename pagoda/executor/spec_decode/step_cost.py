@@ -11,7 +11,8 @@ from __future__ import annotations
 
 VERIFY_COST = 0.3
 """Prior cost of one more token in a step, in one-token steps (an AVX2 CPU with the bundled
-model: a 4-token step ~13 ms, a 1-token step ~7 ms; BENCHMARKS.md section 15)."""
+model measured nearer 0.4: a 1-token step ~8.5 ms, a 4-token step ~19.6 ms; BENCHMARKS.md
+section 15; the fit replaces the prior within a few dozen steps)."""
 DECAY = 0.98
 """Weight kept by older observations at each new one (about the last 50 steps count)."""
 MIN_SIZE_VARIANCE = 0.25
