@@ -26,13 +26,16 @@ from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.kv_cache_groups import make_block_manager
 from pagoda.engine.lifecycle import RequestLifecycle
-from pagoda.engine.request import RequestStatus
+from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.request_timeline import RequestTimelines
 from pagoda.engine.scheduler import Scheduler
 from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
+
+CACHED_FREE_REFRESH_S = 0.25
 
 
 class StepRunner(Protocol):
@@ -97,7 +100,10 @@ class LLMEngine:
         self._finished_by_reason: Counter = Counter()
         self._failed_requests: dict[str, str] = {}
         """Requests the engine stopped for a fault of their own (take_failed_requests)."""
-        self._last_step = (0, 0)  # (sequences, tokens)
+        self._last_step = (0, 0, 0)  # (sequences, tokens, prefill tokens among them)
+        self._timelines = RequestTimelines()
+        self._num_cached_free_blocks = 0
+        self._cached_free_counted_at = float("-inf")  # time.monotonic()
         self._spec_stats = SpecDecodeStats()
         self._snapshot = self._take_snapshot()
 
@@ -134,6 +140,8 @@ class LLMEngine:
         for sequence in self._lifecycle.add_request(request):
             self._scheduler.add_request(sequence)
             self._num_prompt_tokens += sequence.num_prompt_tokens
+            self._timelines.add(sequence.request_id, sequence.arrival_time,
+                                sequence.num_prompt_tokens)
         self._snapshot = self._take_snapshot()
 
     def abort_request(self, request_ids: str | list[str]) -> None:
@@ -143,6 +151,9 @@ class LLMEngine:
             sequence_ids = self._lifecycle.abort(request_id)
             finished = self._scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
             self._finished_by_reason["abort"] += len(finished)
+            for request in finished:
+                self._timelines.finish(request.request_id, time.time(), "abort",
+                                       request.num_output_tokens)
         self._snapshot = self._take_snapshot()
 
     def has_unfinished_requests(self) -> bool:
@@ -161,9 +172,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; the RequestOutputs of the requests that progressed. Raises
         BatchFailedError if the forward failed (that batch's requests are then aborted)."""
+        step_start = time.time()
         scheduler_output = self._scheduler.schedule()
+        if scheduler_output.preempted_request_ids:
+            self._timelines.preempted(scheduler_output.preempted_request_ids)
         if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
             return []
+        prefill = self._prefill_chunks(scheduler_output)
         if not scheduler_output.is_empty and self._lifecycle.num_grammar_sequences:
             self._add_grammar_bitmask(scheduler_output)
         try:
@@ -177,9 +192,16 @@ class LLMEngine:
             self._fail_sequences(runner_output.failed)
         self._spec_stats.record(scheduler_output.spec_token_ids, runner_output.num_accepted_tokens)
         new_tokens = self._scheduler.update_from_output(scheduler_output, runner_output)
-        finished = self._lifecycle.process_step(new_tokens, runner_output, time.time())
+        now = time.time()
+        finished = self._lifecycle.process_step(new_tokens, runner_output, now)
+        if prefill:  # (before the finishes below: a record leaves the in-flight set there)
+            self._timelines.record_prefill([(r.request_id, n) for r, n in prefill], step_start, now)
+            self._timelines.record_first_tokens(
+                [r.request_id for r, _ in prefill if r.output_token_ids], now)
         for sequence_id, status in finished:
-            self._scheduler.finish_requests([sequence_id], status)
+            for request in self._scheduler.finish_requests([sequence_id], status):
+                self._timelines.finish(sequence_id, now, status.finish_reason,
+                                       request.num_output_tokens)
             self._finished_by_reason[status.finish_reason] += 1
         if runner_output.spec_token_ids and self._lifecycle.num_grammar_sequences:
             self._keep_grammar_valid_proposals(runner_output.spec_token_ids)
@@ -187,10 +209,25 @@ class LLMEngine:
         self._num_steps += 1
         num_seqs = len(scheduler_output.request_ids)
         self._batch_sizes[num_seqs] += 1
-        self._last_step = (num_seqs, scheduler_output.total_num_scheduled_tokens)
+        self._last_step = (num_seqs, scheduler_output.total_num_scheduled_tokens,
+                           sum(n for _, n in prefill))
         outputs = self._lifecycle.make_outputs()
         self._snapshot = self._take_snapshot()
         return outputs
+
+    def _prefill_chunks(self, scheduler_output: SchedulerOutput) -> list[tuple[Request, int]]:
+        """(request, tokens) of the step's prefill work, read before the step advances the
+        requests: a request computing known tokens other than its last one (its prompt, or
+        prompt + output again after a preemption), or one with no output yet. The rest are
+        decodes: the last token, plus proposals under speculative decoding."""
+        requests = self._scheduler.requests
+        chunks = []
+        for request_id, num_tokens in zip(scheduler_output.request_ids,
+                                          scheduler_output.num_scheduled_tokens):
+            request = requests[request_id]
+            if request.num_computed_tokens + 1 < request.num_tokens or not request.output_token_ids:
+                chunks.append((request, num_tokens))
+        return chunks
 
     def _fail_sequences(self, failed: dict[str, str]) -> None:
         """Abort the requests of sequences that failed on their own (the runner: non-finite
@@ -242,6 +279,17 @@ class LLMEngine:
         self.abort_request(parent_ids)
         return BatchFailedError(parent_ids, error)
 
+    def _count_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix: a walk of the free list, so it is
+        redone at most every CACHED_FREE_REFRESH_S (the snapshot's figure may lag)."""
+        now = time.monotonic()
+        if now - self._cached_free_counted_at >= CACHED_FREE_REFRESH_S:
+            free_blocks = getattr(self._block_manager, "free_blocks", None)  # None: hybrid
+            self._num_cached_free_blocks = 0 if free_blocks is None else sum(
+                block.block_hash is not None for block in free_blocks.values())
+            self._cached_free_counted_at = now
+        return self._num_cached_free_blocks
+
     def _take_snapshot(self) -> EngineSnapshot:
         scheduler, blocks, lifecycle = self._scheduler, self._block_manager, self._lifecycle
         running = dict.fromkeys(lifecycle.parent_id(r.request_id) for r in scheduler.running)
@@ -265,6 +313,11 @@ class LLMEngine:
                 g.num_free_blocks for g in getattr(blocks, "groups", [blocks])),
             last_step_num_seqs=self._last_step[0],
             last_step_num_tokens=self._last_step[1],
+            last_step_num_prefill_tokens=self._last_step[2],
+            last_step_num_decode_tokens=self._last_step[1] - self._last_step[2],
+            num_preempted_seqs=sum(r.status == RequestStatus.PREEMPTED for r in scheduler.waiting),
+            num_cached_free_kv_blocks=self._count_cached_free_blocks(),
+            request_timelines=self._timelines.published,
             num_steps=self._num_steps,
             num_prompt_tokens=self._num_prompt_tokens,
             num_computed_prompt_tokens=scheduler.num_computed_prompt_tokens,

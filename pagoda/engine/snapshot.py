@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pagoda.engine.request_timeline import RequestTimeline
+
 
 def _frozen(mapping: Mapping) -> Mapping:
     return MappingProxyType(dict(mapping))
@@ -78,6 +80,9 @@ class EngineSnapshot:
     num_kv_blocks: int = 0
     num_free_kv_blocks: int = 0
     """Blocks no request holds (cached prefix blocks among them, reusable)."""
+    num_cached_free_kv_blocks: int = 0
+    """Free blocks still holding a cached prefix (a subset of num_free_kv_blocks). Counting
+    walks the free list, so the engine refreshes it at most 4 times a second."""
     kv_block_size: int = 0
     kv_cache_usage: float = 0.0
     """Fraction of KV blocks held by requests (0..1, as vLLM's kv_cache_usage_perc)."""
@@ -88,6 +93,15 @@ class EngineSnapshot:
     kv_group_num_free_blocks: tuple[int, ...] = ()
     last_step_num_seqs: int = 0
     last_step_num_tokens: int = 0
+    last_step_num_prefill_tokens: int = 0
+    """Of last_step_num_tokens: tokens of prompts (or of recomputes after preemption)."""
+    last_step_num_decode_tokens: int = 0
+    """Of last_step_num_tokens: each decoding request's last token and its proposals."""
+    num_preempted_seqs: int = 0
+    """Waiting sequences that were preempted (a subset of num_waiting_seqs)."""
+    request_timelines: tuple[RequestTimeline, ...] = ()
+    """Recent sequences' timelines: the last finished ones, then those in flight
+    (request_timeline.py; bounded)."""
     # ---- counters: running totals since start ---------------------------------------------
     num_steps: int = 0
     num_prompt_tokens: int = 0

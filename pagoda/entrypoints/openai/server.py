@@ -58,6 +58,7 @@ from pagoda.entrypoints.openai.protocol import (
 )
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagoda.entrypoints.web.routes import add_web_routes
 
 logger = logging.getLogger(__name__)
 
@@ -237,6 +238,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_web_routes(app, lambda: {state.model_name: engine})
     return app
 
 

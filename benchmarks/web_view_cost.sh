@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 20's cost goal (BENCHMARKS.md section 16): the web page open on `pagoda serve` must
+# cost the engine under 2% of its throughput. One server; `pagoda bench serve` (chat, random
+# tokens, 32 requests of 128 in / 128 out, 8 at a time) runs without the page and with the
+# page open in headless Chromium (its live view streaming /v1/engine/stream at 4 ticks a
+# second, charts redrawn each tick), alternating none/page/none/page to average out drift.
+# The browser runs on the same machine, so "page" also pays its rendering CPU: an upper
+# bound on what the engine loses.
+#
+#   benchmarks/web_view_cost.sh OUT_DIR
+#
+# Needs chromium + chromium-driver (Debian) and selenium (pip install -e .[test]). Each run
+# waits for the 1-minute load average to fall below 1.0 first (at most MAX_QUIET_WAIT_S).
+set -euo pipefail
+OUT=${1:?usage: web_view_cost.sh OUT_DIR}
+mkdir -p "$OUT"
+PY=.venv/bin/python
+PAGODA=.venv/bin/pagoda
+PORT=${PORT:-8772}
+URL=http://127.0.0.1:$PORT
+MAX_QUIET_WAIT_S=${MAX_QUIET_WAIT_S:-300}
+
+quiet() {
+  local waited=0
+  while awk '{exit !($1 >= 1.0)}' /proc/loadavg && [ $waited -lt "$MAX_QUIET_WAIT_S" ]; do
+    sleep 5; waited=$((waited + 5))
+  done
+  echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg) (waited ${waited}s)" \
+    | tee -a "$OUT/load.txt"
+}
+
+open_page() {  # headless Chromium on the page until killed; prints the view's ticks at exit
+  $PY - "$URL" <<'PY' &
+import signal, sys, time
+from selenium import webdriver
+options = webdriver.ChromeOptions()
+options.binary_location = "/usr/bin/chromium"
+for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000"]:
+    options.add_argument(argument)
+driver = webdriver.Chrome(service=webdriver.ChromeService("/usr/bin/chromedriver"),
+                          options=options)
+driver.get(sys.argv[1] + "/")
+def finish(*_):
+    ticks = driver.find_element("id", "engine").get_attribute("data-ticks")
+    print(f"page: {ticks} live-view ticks", flush=True)
+    driver.quit()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, finish)
+while True:
+    time.sleep(1)
+PY
+  PAGE=$!
+  sleep 8  # the browser starts and the view connects
+}
+
+$PAGODA serve --port "$PORT" --max-model-len 2048 --no-access-log > "$OUT/server.log" 2>&1 &
+SERVER=$!
+until curl -sf "$URL/health" >/dev/null; do
+  kill -0 $SERVER 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
+  sleep 1
+done
+
+round=0
+for label in none-1 page-1 none-2 page-2; do
+  round=$((round + 1))
+  [ "${label%-*}" = page ] && open_page
+  quiet
+  $PAGODA bench serve --base-url "$URL" --endpoint chat --dataset random --num-requests 32 \
+    --input-len 128 --output-len 128 --max-concurrency 8 --seed "$round" --no-progress \
+    --label "$label" --output "$OUT/$label.json" | tee "$OUT/$label.txt"
+  if [ "${label%-*}" = page ]; then
+    kill -TERM $PAGE; wait $PAGE | tee -a "$OUT/$label.txt" || true
+  fi
+done
+kill -TERM $SERVER; wait $SERVER || true
+$PAGODA bench compare "$OUT"/none-1.json "$OUT"/page-1.json "$OUT"/none-2.json "$OUT"/page-2.json \
+  | tee "$OUT/compare.md"
