@@ -231,10 +231,13 @@ class EngineConfig:
         object.__setattr__(self, "speculative", parse_speculative_config(self.speculative_config))
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the "engine" argument group: one `--field-name` flag per field of every section."""
+    def add_cli_args(cls, parser: argparse.ArgumentParser,
+                     repeatable: tuple[str, ...] = ()) -> None:
+        """Add the "engine" argument group: one `--field-name` flag per field of every section
+        (those named in `repeatable` may be given more than once: a list)."""
         add_config_args(parser, cls, "engine",
-                        "the engine's options; each is also an LLM(...) keyword of the same name")
+                        "the engine's options; each is also an LLM(...) keyword of the same name",
+                        repeatable)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineConfig:

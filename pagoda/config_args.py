@@ -122,15 +122,17 @@ def _unwrap_optional(hint) -> tuple[Any, bool]:
 
 def add_config_args(
     parser: argparse.ArgumentParser, cls: type, title: str, description: str | None = None,
+    repeatable: tuple[str, ...] = (),
 ) -> argparse._ArgumentGroup:
-    """Add one argument group `title` with a `--field-name` option per option of `cls`."""
+    """Add one argument group `title` with a `--field-name` option per option of `cls`; the
+    options named in `repeatable` may be given more than once (a list, or None)."""
     group = parser.add_argument_group(title, description)
     for option in config_options(cls):
-        _add_option(group, option)
+        _add_option(group, option, option.name in repeatable)
     return group
 
 
-def _add_option(group: argparse._ArgumentGroup, option: ConfigOption) -> None:
+def _add_option(group: argparse._ArgumentGroup, option: ConfigOption, repeatable: bool) -> None:
     help_text = option.help.replace("%", "%%")
     if option.default is not None:
         help_text += DEFAULT_SUFFIX
@@ -148,7 +150,10 @@ def _add_option(group: argparse._ArgumentGroup, option: ConfigOption) -> None:
         action = group.add_argument(
             option.flag, *option.aliases, dest=option.name, default=option.default,
             type=option.value_type, choices=option.choices,
+            action="append" if repeatable else "store",
         )
+        if repeatable:
+            help_text += "; may be given more than once"
     action.help = help_text  # set after: BooleanOptionalAction may append its own default
 
 

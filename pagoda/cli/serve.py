@@ -12,11 +12,14 @@ down and exits 1 (for a supervisor to restart it).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
-from pagoda.cli.shared_args import add_engine_args, engine_config
+from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
+from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
+from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
 from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -27,8 +30,16 @@ API_KEY_ENV = "PAGODA_API_KEY"
 def register(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server")
     server = parser.add_argument_group("server")
-    server.add_argument("--served-model-name", default=None,
-                        help="model name in the API (default: the model file or folder name)")
+    server.add_argument("--served-model-name", action="append", default=None,
+                        help="model name in the API (default: the model file or folder name); "
+                             "with several --model, one each, in the same order")
+    server.add_argument("--max-loaded-models", type=int, default=None,
+                        help="most models loaded at once: loading one more (POST "
+                             "/v1/models/load) first unloads the least recently used "
+                             "(default: no limit)")
+    server.add_argument("--model-load-timeout", type=float, default=DEFAULT_MODEL_LOAD_TIMEOUT_S,
+                        help="seconds a request for a model being loaded waits before 503 "
+                             "(default: %(default)s)")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=int, default=8000, help="port to listen on")
     server.add_argument("--api-key", default=None,
@@ -56,7 +67,7 @@ def register(subparsers) -> None:
     server.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key")
     server.add_argument("--ssl-certfile", default=None,
                         help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
-    add_engine_args(parser)
+    add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
 
@@ -76,6 +87,27 @@ def check_server_args(args: argparse.Namespace) -> None:
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{flag} {path}: no such file")
+    models, names = args.model or [None], args.served_model_name or []
+    if names and len(names) != len(models):
+        raise ValueError(f"--served-model-name was given {len(names)} times for {len(models)} "
+                         "--model: give one name per model, or none")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--served-model-name: names must differ, got {names}")
+    if args.max_loaded_models is not None and args.max_loaded_models < len(models):
+        raise ValueError(f"--max-loaded-models {args.max_loaded_models} is fewer than the "
+                         f"{len(models)} models given with --model")
+    if not args.model_load_timeout > 0:
+        raise ValueError(f"--model-load-timeout must be > 0 seconds, got {args.model_load_timeout}")
+
+
+def model_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """One EngineConfig per --model (the bundled model when none), the other engine flags
+    shared; ValueError for a bad value."""
+    configs = []
+    for model in args.model or [None]:
+        one = argparse.Namespace(**{**vars(args), "model": model})
+        configs.append(engine_config(one))
+    return configs
 
 
 def read_chat_template(path: str | None) -> str | None:
@@ -89,43 +121,69 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from prometheus_client import ProcessCollector
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     import pagoda
-    from pagoda.engine.async_engine import AsyncLLMEngine
-    from pagoda.engine.builder import build_engine
-    from pagoda.engine.metrics import EngineMetrics
+    from pagoda.entrypoints.openai.model_registry import ServedModel
     from pagoda.entrypoints.openai.server import ServerState, build_app, run_server
 
     check_server_args(args)
-    config = engine_config(args)
+    configs = model_configs(args)
     chat_template = read_chat_template(args.chat_template)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     pagoda_logger = logging.getLogger("pagoda")
     if pagoda_logger.getEffectiveLevel() > logging.INFO:
         pagoda_logger.setLevel(logging.INFO)  # a server reports its start-up and shutdown
 
-    async_engine = AsyncLLMEngine.build_on_engine_thread(
-        lambda: build_engine(config), max_queue=args.max_queue,
-    )
-    engine = async_engine.engine
-    model_name = args.served_model_name or engine.model_files.name
-    metrics = EngineMetrics(model_name)
+    def build_model(name: str | None, config: EngineConfig) -> ServedModel:
+        from pagoda.engine.async_engine import AsyncLLMEngine
+        from pagoda.engine.builder import build_engine
+        from pagoda.engine.metrics import EngineMetrics
+
+        async_engine = AsyncLLMEngine.build_on_engine_thread(
+            lambda: build_engine(config), max_queue=args.max_queue,
+        )
+        engine = async_engine.engine
+        name = name or engine.model_files.name
+        metrics = EngineMetrics(name)
+        async_engine.metrics = metrics  # used by the loop from start() on
+        logger.info("model %r: KV cache capacity %d tokens, max_model_len %d", name,
+                    engine.kv_capacity_tokens, engine.max_model_len)
+        return ServedModel(name, async_engine, engine.model_files.path, metrics)
+
+    def build_loaded_model(name: str, path: str, options: dict) -> ServedModel:
+        """POST /v1/models/load: the server's engine flags, then the request's options."""
+        kwargs = {**engine_kwargs(args), "model": path, **options}
+        if isinstance(kwargs.get("speculative_config"), dict):
+            kwargs["speculative_config"] = json.dumps(kwargs["speculative_config"])
+        return build_model(name, EngineConfig.from_kwargs(**kwargs))
+
+    names = args.served_model_name or [None] * len(configs)
+    models = []
+    for name, config in zip(names, configs):
+        model = build_model(name, config)
+        if any(m.name == model.name for m in models):
+            raise ValueError(f"two models are served as {model.name!r}: give each its own "
+                             "--served-model-name")
+        models.append(model)
+    first = models[0]
+    server_registry = CollectorRegistry()
     # process_resident_memory_bytes, CPU seconds, open fds (as vLLM): what a soak watches
-    ProcessCollector(registry=metrics.registry)
-    async_engine.metrics = metrics  # used by the loop from start() on
+    ProcessCollector(registry=server_registry)
     state = ServerState(
-        engine=async_engine, metrics=metrics, model_name=model_name,
-        model_root=engine.model_files.path, api_key=api_key, chat_template=chat_template,
+        engine=first.engine, metrics=first.metrics, model_name=first.name,
+        model_root=first.root, more_models=models[1:], model_builder=build_loaded_model,
+        max_loaded_models=args.max_loaded_models, model_load_timeout=args.model_load_timeout,
+        server_registry=server_registry, api_key=api_key, chat_template=chat_template,
         tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
         request_timeout=args.request_timeout, allowed_origins=tuple(args.allowed_origins),
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if args.ssl_certfile else "http"
     logger.info(
-        "Pagoda %s serving model %r on %s://%s:%d (KV cache capacity %d tokens, max_model_len "
-        "%d, API key %s)", pagoda.__version__, model_name, scheme, host, args.port,
-        engine.kv_capacity_tokens, engine.max_model_len, "required" if api_key else "not required",
+        "Pagoda %s serving %s on %s://%s:%d (API key %s)", pagoda.__version__,
+        ", ".join(repr(m.name) for m in models), scheme, host, args.port,
+        "required" if api_key else "not required",
     )
     exit_code = run_server(build_app(state), state, args.host, args.port,
                            args.shutdown_timeout, access_log=args.access_log,

@@ -11,9 +11,10 @@ from pagoda.config_args import attribute_docstrings, option_values
 from pagoda.sampling_params import SamplingParams
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The "engine" group: `--model`, `--dtype`, `--max-num-seqs`, ... (see pagoda/config.py)."""
-    EngineConfig.add_cli_args(parser)
+def add_engine_args(parser: argparse.ArgumentParser, repeatable: tuple[str, ...] = ()) -> None:
+    """The "engine" group: `--model`, `--dtype`, `--max-num-seqs`, ... (see pagoda/config.py);
+    the options named in `repeatable` may be given more than once (a list)."""
+    EngineConfig.add_cli_args(parser, repeatable)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -7,18 +7,19 @@ is refused at start."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from prometheus_client import generate_latest
-from transformers import AutoTokenizer
 
 from pagoda import LLM, SamplingParams
 from pagoda.engine.metrics import EngineMetrics
 from pagoda.executor.loader.model_files import bundled_model_path
 from pagoda.structured_outputs import StructuredOutputsParams
-from tests.executor.tiny_checkpoints import build_checkpoint
+from tests.executor.tiny_checkpoints import (
+    build_checkpoint,
+    build_checkpoint_with_bundled_tokenizer,
+    bundled_tokenizer,
+)
 
 PASSAGE = (
     "The river runs past the old mill and under the stone bridge, where the children of "
@@ -57,17 +58,7 @@ def ngram_llm() -> LLM:
 def tiny_draft(tmp_path_factory) -> str:
     """A tiny random Llama with the bundled tokenizer: its proposals are mostly wrong, so
     verification rejects (and rolls back) most of them."""
-    folder = str(tmp_path_factory.mktemp("draft"))
-    tokenizer = _bundled_tokenizer()
-    build_checkpoint("llama", folder, vocab_size=len(tokenizer), max_position_embeddings=2048,
-                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _bundled_tokenizer():
-    folder, name = os.path.split(bundled_model_path())
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return build_checkpoint_with_bundled_tokenizer(str(tmp_path_factory.mktemp("draft")))
 
 
 def test_ngram_greedy_is_token_identical_and_speculates(plain_llm, ngram_llm):
@@ -97,7 +88,7 @@ def test_draft_model_greedy_is_token_identical(plain_llm, tiny_draft):
 
 
 def test_a_draft_with_another_tokenizer_is_refused(tmp_path):
-    tokenizer = _bundled_tokenizer()
+    tokenizer = bundled_tokenizer()
     tokenizer.add_tokens(["<not-in-the-target>"])
     build_checkpoint("llama", str(tmp_path), vocab_size=len(tokenizer))
     tokenizer.save_pretrained(str(tmp_path))
@@ -192,7 +183,7 @@ def test_sliding_window_models_roll_back_in_every_kv_group(arch, tmp_path):
         for param in draft_model.parameters():
             param.normal_(0, 0.2)
     draft_model.save_pretrained(str(draft), safe_serialization=True)
-    _bundled_tokenizer().save_pretrained(str(draft))
+    bundled_tokenizer().save_pretrained(str(draft))
     llm = LLM(model=str(target), tokenizer=bundled_model_path(), dtype="float32",
               kv_cache_memory=1 << 20, max_model_len=128, block_size=4,
               max_num_batched_tokens=16, speculative_config={

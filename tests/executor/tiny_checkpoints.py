@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import (
+    AutoTokenizer,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -98,3 +101,22 @@ def build_checkpoint(
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, safe_serialization=True, **kwargs)
     return model
+
+
+def bundled_tokenizer():
+    """The bundled model's tokenizer, as transformers reads it from the GGUF file."""
+    from pagoda.executor.loader.model_files import bundled_model_path
+
+    folder, name = os.path.split(bundled_model_path())
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def build_checkpoint_with_bundled_tokenizer(folder: str, arch: str = "llama", **overrides) -> str:
+    """A tiny random `arch` model in `folder` that speaks the bundled model's tokenizer (its
+    vocabulary and special tokens; the tokenizer files saved beside it); returns `folder`."""
+    tokenizer = bundled_tokenizer()
+    build_checkpoint(arch, folder, vocab_size=len(tokenizer), max_position_embeddings=2048,
+                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     **overrides)
+    tokenizer.save_pretrained(folder)
+    return folder

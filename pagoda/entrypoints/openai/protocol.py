@@ -261,6 +261,23 @@ class DetokenizeRequest(StrictModel):
     tokens: list[int]
 
 
+class LoadModelRequest(StrictModel):
+    """POST /v1/models/load (Pagoda's): serve the model file or folder `path` as `model`;
+    `path` may be left out to reload a loaded model from where it came."""
+
+    model: str = Field(min_length=1)
+    path: str | None = None
+    options: dict[str, Any] | None = None
+    """Engine options by name, as LLM(...) keywords (max_model_len, dtype, ...); the
+    server's own engine flags fill the rest."""
+
+
+class UnloadModelRequest(StrictModel):
+    """POST /v1/models/unload (Pagoda's)."""
+
+    model: str = Field(min_length=1)
+
+
 # ---- responses --------------------------------------------------------------------------------
 
 
@@ -379,6 +396,9 @@ class ModelCard(ResponseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    state: str | None = None
+    """Pagoda's: loading, ready, draining (an unload or a reload waits for its requests)
+    or unloaded."""
 
 
 class ModelList(ResponseModel):

@@ -1,13 +1,17 @@
-"""The OpenAI-compatible HTTP server: a FastAPI app in front of one AsyncLLMEngine.
+"""The OpenAI-compatible HTTP server: a FastAPI app in front of one AsyncLLMEngine per
+served model (model_registry.py); requests route by their `model` field (none: the first
+model).
 
 Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
-    GET  /v1/models                                   (OpenAI)
+    GET  /v1/models                                   (OpenAI; plus each model's `state`)
+    POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
     POST /tokenize, POST /detokenize                  (vLLM's shapes)
     GET  /health   200 while the engine loop runs, 503 once it died (the process then
                    exits with code 1 two seconds later)
     GET  /version, GET /metrics (Prometheus text, this server's own registry)
     GET  /openapi.json   the OpenAPI document of all of these (openapi.py)
+    GET  /   the web page, and GET /v1/engine/stream its live engine view (web/routes.py)
 
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
 drains for shutdown. Every error is an OpenAI error body (see errors.py). Guards (guards.py):
@@ -25,13 +29,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagoda
@@ -44,16 +48,25 @@ from pagoda.entrypoints.openai.errors import (
     server_error,
 )
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
+from pagoda.entrypoints.openai.merged_metrics import MergedRegistries
+from pagoda.entrypoints.openai.model_registry import (
+    DEFAULT_MODEL_LOAD_TIMEOUT_S,
+    ModelBuilder,
+    ModelRegistry,
+    ServedModel,
+)
 from pagoda.entrypoints.openai.openapi import openapi_document
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
+    LoadModelRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadModelRequest,
     VersionResponse,
 )
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -67,11 +80,30 @@ DEAD_ENGINE_EXIT_DELAY_S = 2.0
 
 
 @dataclass
+class ModelServing:
+    """What the routes call for one served model."""
+
+    completions: OpenAIServingCompletion
+    chat: OpenAIServingChat
+
+
+@dataclass
 class ServerState:
     engine: AsyncLLMEngine
-    metrics: EngineMetrics
+    """The first model's (the default for requests that name none)."""
+    metrics: EngineMetrics | None
     model_name: str
     model_root: str
+    more_models: list[ServedModel] = field(default_factory=list)
+    """Further models loaded at start (--model given more than once)."""
+    model_builder: ModelBuilder | None = None
+    """Builds a model for POST /v1/models/load; None: loading at run time is off."""
+    max_loaded_models: int | None = None
+    model_load_timeout: float = DEFAULT_MODEL_LOAD_TIMEOUT_S
+    server_registry: CollectorRegistry | None = None
+    """Metrics of the server process itself (/metrics adds each model's)."""
+    registry: ModelRegistry | None = None
+    """The served models (built by build_app)."""
     api_key: str | None = None
     chat_template: str | None = None
     tool_call_parser: str = "hermes"
@@ -129,11 +161,11 @@ async def parse_body(raw_request: Request, model: type):
     return model.model_validate_json(await raw_request.body())
 
 
-async def exit_when_engine_dies(state: ServerState) -> None:
+async def exit_when_engine_dies(state: ServerState, engine: AsyncLLMEngine) -> None:
     """vLLM's behaviour: once the engine loop died (its streams have already ended with an
     error event, /health says 503), refuse new work, wait a moment for health checks and
     open responses, then shut down with exit code 1 so that a supervisor restarts us."""
-    error = await state.engine.wait_dead()
+    error = await engine.wait_dead()
     state.draining = True
     state.exit_code = 1
     logger.error("the engine loop died (%s: %s); exiting in %.0f s with code 1",
@@ -143,21 +175,62 @@ async def exit_when_engine_dies(state: ServerState) -> None:
         state.request_exit()
 
 
+def model_card(model: ServedModel, state: str) -> ModelCard:
+    return ModelCard(id=model.name, created=model.created, root=model.root, state=state,
+                     max_model_len=model.engine.max_model_len if model.engine else None)
+
+
+def release_with_response(response: Response, release: Callable[[], None]) -> Response:
+    """Call `release` once the response has been sent: for a stream, when its body ends
+    (finished, failed, or closed because the client went away)."""
+    if not isinstance(response, StreamingResponse):
+        release()
+        return response
+    body = response.body_iterator
+
+    async def body_then_release():
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            release()
+
+    response.body_iterator = body_then_release()
+    return response
+
+
+def build_registry(state: ServerState) -> ModelRegistry:
+    def make_serving(model: ServedModel) -> ModelServing:
+        serving = ModelServing(
+            OpenAIServingCompletion(model.engine, model.name),
+            OpenAIServingChat(model.engine, model.name, state.chat_template,
+                              state.tool_call_parser))
+        serving.completions.request_timeout = state.request_timeout
+        serving.chat.request_timeout = state.request_timeout
+        return serving
+
+    def on_start(model: ServedModel) -> None:
+        model.watcher = asyncio.create_task(exit_when_engine_dies(state, model.engine))
+
+    registry = ModelRegistry(make_serving, on_start, state.model_builder,
+                             state.max_loaded_models, state.model_load_timeout)
+    registry.add(ServedModel(state.model_name, state.engine, state.model_root, state.metrics,
+                             created=state.created))
+    for model in state.more_models:
+        registry.add(model)
+    return registry
+
+
 def build_app(state: ServerState) -> FastAPI:
-    engine = state.engine
     state.created = state.created or int(time.time())
-    completions = OpenAIServingCompletion(engine, state.model_name)
-    chat = OpenAIServingChat(engine, state.model_name, state.chat_template,
-                             state.tool_call_parser)
+    registry = state.registry = build_registry(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.start()
-        watch = asyncio.create_task(exit_when_engine_dies(state))
+        registry.start()
         yield
-        watch.cancel()
         state.draining = True
-        await engine.shutdown()
+        await registry.shutdown()
 
     app = FastAPI(title="Pagoda", version=pagoda.__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
@@ -165,7 +238,6 @@ def build_app(state: ServerState) -> FastAPI:
     app.openapi = lambda: document  # FastAPI serves it at openapi_url
     app.state.pagoda = state
     install_error_handlers(app)
-    completions.request_timeout = chat.request_timeout = state.request_timeout
     # Outermost last: CORS (answers preflights, which carry no API key), the API-key gate,
     # then the body cap (so bodies are read only for callers who passed the gate).
     app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
@@ -174,26 +246,71 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins),
                            allow_methods=["*"], allow_headers=["*"])
 
+    async def serve_with_model(name: str | None, serve) -> Response:
+        """serve(ModelServing) -> Response, with the model held until the response ends."""
+        model = await registry.acquire(name)
+        try:
+            response = await serve(model.serving)
+        except BaseException:
+            registry.release(model)
+            raise
+        return release_with_response(response, lambda: registry.release(model))
+
     @app.post("/v1/completions")
     async def create_completion(raw_request: Request) -> Response:
         request = await parse_body(raw_request, CompletionRequest)
-        return await completions.serve(request, raw_request)
+        return await serve_with_model(
+            request.model, lambda serving: serving.completions.serve(request, raw_request))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw_request: Request) -> Response:
         request = await parse_body(raw_request, ChatCompletionRequest)
-        return await chat.serve(request, raw_request)
+        return await serve_with_model(
+            request.model, lambda serving: serving.chat.serve(request, raw_request))
 
     @app.get("/v1/models")
     async def list_models() -> JSONResponse:
-        card = ModelCard(id=state.model_name, created=state.created, root=state.model_root,
-                         max_model_len=engine.max_model_len)
-        return JSONResponse(ModelList(data=[card]).model_dump())
+        cards = [model_card(model, "ready") for model in registry.ready.values()]
+        cards += [ModelCard(id=name, state="loading") for name in registry.loading
+                  if name not in registry.ready]
+        cards += [model_card(model, "draining") for model in registry.draining
+                  if model.engine is not None]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    def check_admin() -> None:
+        if state.api_key is None:
+            raise OpenAIError("Loading and unloading models needs the server to be started "
+                              "with --api-key (they load files of the server's machine).",
+                              403, "invalid_request_error", None, "admin_disabled")
+
+    @app.post("/v1/models/load")
+    async def load_model(raw_request: Request) -> JSONResponse:
+        check_admin()
+        request = await parse_body(raw_request, LoadModelRequest)
+        path = request.path
+        if path is None:
+            loaded = registry.ready.get(request.model)
+            if loaded is None:
+                raise bad_request(f"`{request.model}` is not loaded: give `path`, the model "
+                                  "file or folder to load", param="path")
+            path = loaded.root
+        model = await registry.load(request.model, path, dict(request.options or {}))
+        return JSONResponse(model_card(model, "ready").model_dump())
+
+    @app.post("/v1/models/unload")
+    async def unload_model(raw_request: Request) -> JSONResponse:
+        check_admin()
+        request = await parse_body(raw_request, UnloadModelRequest)
+        model = registry.ready.get(request.model)
+        card = model_card(model, "unloaded") if model is not None else None
+        await registry.unload(request.model)
+        return JSONResponse(card.model_dump())
 
     @app.post("/tokenize")
     async def tokenize(raw_request: Request) -> JSONResponse:
         request = await parse_body(raw_request, TokenizeRequest)
-        chat.check_model(request.model)
+        model = await registry.get(request.model)
+        chat, engine = model.serving.chat, model.engine
         if (request.prompt is None) == (request.messages is None):
             raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
         if request.messages is not None:
@@ -216,29 +333,38 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(raw_request: Request) -> JSONResponse:
         request = await parse_body(raw_request, DetokenizeRequest)
-        chat.check_model(request.model)
+        model = await registry.get(request.model)
+        vocab_size = model.engine.vocab_size
         for token_id in request.tokens:
-            if not 0 <= token_id < engine.vocab_size:
+            if not 0 <= token_id < vocab_size:
                 raise bad_request(f"tokens: token id {token_id} is out of range; ids must be "
-                                  f"in [0, {engine.vocab_size})", param="tokens")
-        return JSONResponse(DetokenizeResponse(prompt=chat.tokenizer.decode(request.tokens))
-                            .model_dump())
+                                  f"in [0, {vocab_size})", param="tokens")
+        return JSONResponse(DetokenizeResponse(prompt=model.serving.chat.tokenizer.decode(
+            request.tokens)).model_dump())
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine.is_alive:
-            raise server_error(engine.dead_message(), 503)
+        for model in registry.all_models():
+            if model.engine is not None and not model.engine.is_alive:
+                raise server_error(f"model {model.name}: {model.engine.dead_message()}", 503)
         return Response(status_code=200)
 
     @app.get("/version")
     async def version() -> JSONResponse:
         return JSONResponse(VersionResponse(version=pagoda.__version__).model_dump())
 
+    def metric_registries() -> list[CollectorRegistry]:
+        registries = [state.server_registry] if state.server_registry is not None else []
+        return registries + [model.metrics.registry for model in registry.all_models()
+                             if model.metrics is not None]
+
+    merged_metrics = MergedRegistries(metric_registries)
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(merged_metrics), media_type=CONTENT_TYPE_LATEST)
 
-    add_web_routes(app, lambda: {state.model_name: engine})
+    add_web_routes(app, lambda: {name: model.engine for name, model in registry.ready.items()})
     return app
 
 
@@ -258,16 +384,16 @@ class PagodaUvicornServer(uvicorn.Server):
         self.shutdown_timeout = shutdown_timeout
 
     def handle_exit(self, sig: int, frame) -> None:
-        engine = self.pagoda_state.engine
+        registry = self.pagoda_state.registry
         if not self.should_exit:
             logger.info("received %s: finishing in-flight requests (for up to %ss)",
                         signal.Signals(sig).name, self.shutdown_timeout)
-            loop = engine.loop
+            loop = self.pagoda_state.engine.loop
             if loop is not None and not loop.is_closed():
                 reason = (f"the server shut down before this request finished (it waited "
                           f"{self.shutdown_timeout}s)")
                 loop.call_soon_threadsafe(
-                    loop.call_later, self.shutdown_timeout, engine.cancel_all, reason
+                    loop.call_later, self.shutdown_timeout, registry.cancel_all, reason
                 )
         self.pagoda_state.draining = True
         super().handle_exit(sig, frame)
