@@ -9,6 +9,7 @@ set PAGODA_FUZZ_SEED and PAGODA_FUZZ_EXAMPLES to fuzz wider by hand."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,10 +33,16 @@ def test_the_document_lists_every_route_and_only_them() -> None:
     state = ServerState(engine=SimpleNamespace(tokenizer=None), metrics=EngineMetrics("m"),
                         model_name="m", model_root="/m", api_key="k")
     app = build_app(state)
+    # The web page and its live view's stream are for the page, not API: left out of the
+    # document (include_in_schema=False), as /openapi.json itself.
     routes = {(method.lower(), route.path) for route in app.routes
-              for method in getattr(route, "methods", ()) if method != "HEAD"}
+              for method in getattr(route, "methods", ()) if method != "HEAD"
+              and getattr(route, "include_in_schema", True)}
     routes.discard(("get", "/openapi.json"))
     assert routes == {(op.method, op.path) for op in OPERATIONS}
+    assert {("get", "/"), ("get", "/v1/engine/stream")} <= {
+        (method.lower(), route.path) for route in app.routes
+        for method in getattr(route, "methods", ())}
     document = app.openapi()
     assert document == openapi_document("Pagoda", app.version, True)
     completions = document["paths"]["/v1/completions"]["post"]
@@ -66,7 +73,7 @@ def test_schemathesis_finds_nothing_and_the_server_stays_healthy(tmp_path) -> No
         )
         summary = run.stdout[-6000:]
         assert run.returncode == 0, f"schemathesis failed (seed {seed}):\n{summary}"
-        assert "generated" in summary and "0 passed" not in summary, summary
+        assert "generated" in summary and not re.search(r"\b0 passed", summary), summary
         assert httpx.get(server.url + "/health", timeout=5).status_code == 200
         assert server.metric("num_requests_running") == 0
         assert server.metric("num_kv_blocks_held") == 0

@@ -110,6 +110,9 @@ def test_admin_errors():
         assert no_path.status_code == 400 and no_path.json()["error"]["param"] == "path"
         unknown = client.post("/v1/models/unload", headers=AUTH, json={"model": "nope"})
         assert unknown.status_code == 404
+        last = client.post("/v1/models/unload", headers=AUTH, json={"model": "first"})
+        assert last.status_code == 409 and last.json()["error"]["code"] == "last_model"
+        assert model_states(client) == {"first": "ready"}
         assert client.post("/v1/models/load", json={"model": "x", "path": "/p"}).status_code == 401
         extra = client.post("/v1/models/load", headers=AUTH, json={"model": "x", "paht": "/p"})
         assert extra.status_code == 400
@@ -153,6 +156,7 @@ def test_unload_and_reload_wait_for_requests_in_flight():
         builder = Builder()
         registry = registry_with(builder)
         await registry.load("m", "/one", {})
+        await registry.load("other", "/other", {})  # (the last model cannot be unloaded)
         held = await registry.acquire("m")  # a request in flight on the first engine
         first = builder.built["m"]
         await registry.load("m", "/two", {})  # a reload swaps at once ...

@@ -12,6 +12,7 @@ Invariants:
   model) waits for the load, at most `load_timeout` seconds (then 503).
 - A draining model takes no new request; its engine stops only once its last request ended
   (`ServedModel.active` == 0), so an unload or a swap never drops a request in flight.
+- At least one model stays ready: the last one cannot be unloaded.
 - At most `max_loaded_models` models are ready or loading: loading one more first drains
   the least recently used ready model (never the one being replaced).
 - Every method runs on the server's event loop (building an engine goes to a thread).
@@ -195,9 +196,13 @@ class ModelRegistry:
     async def unload(self, name: str) -> ServedModel:
         """Take a model out of routing; returns once its in-flight requests have ended and
         its engine has stopped."""
-        model = self.ready.pop(name, None)
-        if model is None:
+        if name not in self.ready:
             raise model_not_found(name)
+        if len(self.ready) == 1 and not self.loading:
+            raise OpenAIError(f"`{name}` is the only model loaded: load another first (a "
+                              "server serves at least one).", HTTPStatus.CONFLICT,
+                              "invalid_request_error", "model", "last_model")
+        model = self.ready.pop(name)
         if self.default_name == name:
             self.default_name = next(iter(self.ready), None)
         await self._drain(model)
