@@ -7,7 +7,11 @@
 # The browser runs on the same machine, so "page" also pays its rendering CPU: an upper
 # bound on what the engine loses.
 #
-#   benchmarks/web_view_cost.sh OUT_DIR
+#   [VIEWER=stream] benchmarks/web_view_cost.sh OUT_DIR
+#
+# VIEWER=stream replaces the browser with curl reading the page's stream at the page's rate
+# (4 ticks a second): what the server pays for an open page whose browser runs elsewhere,
+# as it would in use (labels stream-1, stream-2).
 #
 # Needs chromium + chromium-driver (Debian) and selenium (pip install -e .[test]). Each run
 # waits for the 1-minute load average to fall below 1.0 first (at most MAX_QUIET_WAIT_S).
@@ -54,6 +58,13 @@ PY
   sleep 8  # the browser starts and the view connects
 }
 
+open_stream() {  # the live view's stream read at the page's rate, until killed
+  ( while true; do curl -sN "$URL/v1/engine/stream?interval=0.25" > /dev/null; done ) &
+  PAGE=$!
+  sleep 1
+}
+
+VIEWER=${VIEWER:-page}
 $PAGODA serve --port "$PORT" --max-model-len 2048 --no-access-log > "$OUT/server.log" 2>&1 &
 SERVER=$!
 until curl -sf "$URL/health" >/dev/null; do
@@ -62,17 +73,24 @@ until curl -sf "$URL/health" >/dev/null; do
 done
 
 round=0
-for label in none-1 page-1 none-2 page-2; do
+for label in none-1 $VIEWER-1 none-2 $VIEWER-2; do
   round=$((round + 1))
   [ "${label%-*}" = page ] && open_page
+  [ "${label%-*}" = stream ] && open_stream
   quiet
   $PAGODA bench serve --base-url "$URL" --endpoint chat --dataset random --num-requests 32 \
-    --input-len 128 --output-len 128 --max-concurrency 8 --seed "$round" --no-progress \
+    --input-len 128 --output-len 128 --max-concurrency 8 --seed 1 --no-progress \
     --label "$label" --output "$OUT/$label.json" | tee "$OUT/$label.txt"
   if [ "${label%-*}" = page ]; then
     kill -TERM $PAGE; wait $PAGE | tee -a "$OUT/$label.txt" || true
   fi
+  if [ "${label%-*}" = stream ]; then  # the loop, then its curl (else left orphaned)
+    curls=$(pgrep -P $PAGE curl || true)
+    kill $PAGE 2>/dev/null || true
+    [ -z "$curls" ] || kill $curls 2>/dev/null || true
+    wait $PAGE 2>/dev/null || true
+  fi
 done
 kill -TERM $SERVER; wait $SERVER || true
-$PAGODA bench compare "$OUT"/none-1.json "$OUT"/page-1.json "$OUT"/none-2.json "$OUT"/page-2.json \
+$PAGODA bench compare "$OUT"/none-1.json "$OUT/$VIEWER-1.json" "$OUT"/none-2.json "$OUT/$VIEWER-2.json" \
   | tee "$OUT/compare.md"

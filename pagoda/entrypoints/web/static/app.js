@@ -15,7 +15,8 @@ setupChat(() => picker.value);
 async function loadModels() {
   let models;
   try {
-    models = (await fetchJSON("/v1/models")).data.map((card) => card.id);
+    models = (await fetchJSON("/v1/models")).data
+      .filter((card) => (card.state ?? "ready") === "ready").map((card) => card.id);
     status.textContent = "";
   } catch (e) {
     status.textContent = `Models: ${e.message}`;
