@@ -13,10 +13,11 @@ the page never compares its clock with the server's.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Sequence
+
+import numpy
 
 from pagoda.engine.request_timeline import RequestTimeline
 from pagoda.engine.snapshot import EngineSnapshot
@@ -31,14 +32,7 @@ def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> di
     default); None without values."""
     if not values:
         return None
-    ordered = sorted(values)
-    result = {}
-    for q in qs:
-        position = (len(ordered) - 1) * q / 100
-        low, high = math.floor(position), math.ceil(position)
-        fraction = position - low
-        result[f"p{q}"] = ordered[low] + (ordered[high] - ordered[low]) * fraction
-    return result
+    return {f"p{q}": float(v) for q, v in zip(qs, numpy.percentile(values, qs))}
 
 
 def _state(record: RequestTimeline) -> str:
