@@ -6,6 +6,7 @@ nor a reload stops an engine under a request in flight."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -208,3 +209,27 @@ def test_requests_wait_for_a_model_being_loaded():
             await failing
 
     asyncio.run(scenario())
+
+
+def test_a_stream_releases_its_model_once_whether_read_or_dropped():
+    from fastapi.responses import StreamingResponse
+
+    from pagoda.entrypoints.openai.server import release_with_response
+
+    async def body():
+        yield b"data: 1\n\n"
+
+    async def scenario() -> list[str]:
+        released: list[str] = []
+        read = release_with_response(StreamingResponse(body()), lambda: released.append("read"))
+        assert [chunk async for chunk in read.body_iterator] == [b"data: 1\n\n"]
+        del read
+        dropped = release_with_response(StreamingResponse(body()),
+                                        lambda: released.append("dropped"))
+        assert released == ["read"]
+        del dropped  # never sent (the client left first): released when it is garbage
+        gc.collect()
+        await asyncio.sleep(0)  # (released on the event loop)
+        return released
+
+    assert asyncio.run(scenario()) == ["read", "dropped"]

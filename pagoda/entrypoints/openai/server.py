@@ -28,6 +28,7 @@ import logging
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -182,10 +183,19 @@ def model_card(model: ServedModel, state: str) -> ModelCard:
 
 def release_with_response(response: Response, release: Callable[[], None]) -> Response:
     """Call `release` once the response has been sent: for a stream, when its body ends
-    (finished, failed, or closed because the client went away)."""
+    (finished, failed, or closed because the client went away), or, should the body never
+    be iterated at all, when it is garbage (exactly once in any case)."""
     if not isinstance(response, StreamingResponse):
         release()
         return response
+    released = False
+
+    def release_once() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            release()
+
     body = response.body_iterator
 
     async def body_then_release():
@@ -193,9 +203,16 @@ def release_with_response(response: Response, release: Callable[[], None]) -> Re
             async for chunk in body:
                 yield chunk
         finally:
-            release()
+            release_once()
 
     response.body_iterator = body_then_release()
+    loop = asyncio.get_running_loop()
+
+    def release_from_any_thread() -> None:  # (the garbage collector runs on any thread)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to release
+            loop.call_soon_threadsafe(release_once)
+
+    weakref.finalize(response.body_iterator, release_from_any_thread)
     return response
 
 
