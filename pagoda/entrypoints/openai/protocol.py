@@ -267,9 +267,10 @@ class LoadModelRequest(StrictModel):
 
     model: str = Field(min_length=1)
     path: str | None = None
-    options: dict[str, Any] | None = None
-    """Engine options by name, as LLM(...) keywords (max_model_len, dtype, ...); the
-    server's own engine flags fill the rest."""
+    options: dict[str, str | int | float | bool | None] | None = None
+    """Engine options by name, as LLM(...) keywords (max_model_len, dtype, ...), each a
+    plain value (speculative_config: its JSON text, as on the command line); the server's
+    own engine flags fill the rest."""
 
 
 class UnloadModelRequest(StrictModel):
