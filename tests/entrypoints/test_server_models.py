@@ -214,7 +214,7 @@ def test_requests_wait_for_a_model_being_loaded():
 def test_a_stream_releases_its_model_once_whether_read_or_dropped():
     from fastapi.responses import StreamingResponse
 
-    from pagoda.entrypoints.openai.server import release_with_response
+    from pagoda.entrypoints.openai.model_registry import release_with_response
 
     async def body():
         yield b"data: 1\n\n"

@@ -26,10 +26,13 @@ import ctypes
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import Response, StreamingResponse
 
 from pagoda.entrypoints.openai.errors import OpenAIError, model_not_found
 
@@ -260,3 +263,38 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def release_with_response(response: Response, release: Callable[[], None]) -> Response:
+    """Call `release` once the response has been sent: for a stream, when its body ends
+    (finished, failed, or closed because the client went away), or, should the body never
+    be iterated at all, when it is garbage (exactly once in any case)."""
+    if not isinstance(response, StreamingResponse):
+        release()
+        return response
+    released = False
+
+    def release_once() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            release()
+
+    body = response.body_iterator
+
+    async def body_then_release():
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            release_once()
+
+    response.body_iterator = body_then_release()
+    loop = asyncio.get_running_loop()
+
+    def release_from_any_thread() -> None:  # (the garbage collector runs on any thread)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to release
+            loop.call_soon_threadsafe(release_once)
+
+    weakref.finalize(response.body_iterator, release_from_any_thread)
+    return response

@@ -28,14 +28,13 @@ import logging
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -55,6 +54,7 @@ from pagoda.entrypoints.openai.model_registry import (
     ModelBuilder,
     ModelRegistry,
     ServedModel,
+    release_with_response,
 )
 from pagoda.entrypoints.openai.openapi import openapi_document
 from pagoda.entrypoints.openai.protocol import (
@@ -179,41 +179,6 @@ async def exit_when_engine_dies(state: ServerState, engine: AsyncLLMEngine) -> N
 def model_card(model: ServedModel, state: str) -> ModelCard:
     return ModelCard(id=model.name, created=model.created, root=model.root, state=state,
                      max_model_len=model.engine.max_model_len if model.engine else None)
-
-
-def release_with_response(response: Response, release: Callable[[], None]) -> Response:
-    """Call `release` once the response has been sent: for a stream, when its body ends
-    (finished, failed, or closed because the client went away), or, should the body never
-    be iterated at all, when it is garbage (exactly once in any case)."""
-    if not isinstance(response, StreamingResponse):
-        release()
-        return response
-    released = False
-
-    def release_once() -> None:
-        nonlocal released
-        if not released:
-            released = True
-            release()
-
-    body = response.body_iterator
-
-    async def body_then_release():
-        try:
-            async for chunk in body:
-                yield chunk
-        finally:
-            release_once()
-
-    response.body_iterator = body_then_release()
-    loop = asyncio.get_running_loop()
-
-    def release_from_any_thread() -> None:  # (the garbage collector runs on any thread)
-        with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to release
-            loop.call_soon_threadsafe(release_once)
-
-    weakref.finalize(response.body_iterator, release_from_any_thread)
-    return response
 
 
 def build_registry(state: ServerState) -> ModelRegistry:
