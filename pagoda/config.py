@@ -24,6 +24,8 @@ QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 """`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
 KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
+DISTRIBUTED_BACKENDS = ("mp", "ray")
+"""`distributed_executor_backend` values: local processes (mp) or actors on a Ray cluster."""
 """`quantization` values: auto (int4 for a Q4_1 GGUF model where Pagoda's kernel runs it,
 see pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
 
@@ -216,10 +218,38 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How the engine spreads over processes (pagoda/executor/parallel/ for tensor
+    parallelism, pagoda/engine/data_parallel/ for replicas)."""
+
+    tensor_parallel_size: int = 1
+    """Processes one model is split across (Megatron-style: attention heads, MLP and vocabulary
+    divided between them, one all-reduce after attention and one after the MLP per layer)."""
+    data_parallel_size: int = 1
+    """Engine replicas (processes) behind one server, each a whole copy of the model; a
+    router spreads requests by outstanding work and prefix-cache affinity."""
+    distributed_executor_backend: str = field(default="mp",
+                                              metadata={"choices": DISTRIBUTED_BACKENDS})
+    """mp: workers are local processes (no extra install); ray: workers and replicas are Ray
+    actors on the running Ray cluster (pip install pagoda-llm[ray]; `ray start --head`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of "
+                             f"{', '.join(DISTRIBUTED_BACKENDS)}, got "
+                             f"{self.distributed_executor_backend!r}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     speculative_config: str | None = None

@@ -42,3 +42,9 @@ class InvalidRequestError(ValueError):
         if self.detail is not None:
             return type(self).about(param, self.detail, self.code)
         return type(self)(self.message, param, self.code)
+
+
+class EngineFatalError(RuntimeError):
+    """The engine cannot go on: a tensor-parallel worker process died or the ranks fell out
+    of step. The step's requests fail with it and the engine loop stops (the server's
+    /health turns 503 and it exits non-zero, for a supervisor to restart)."""

@@ -46,7 +46,7 @@ from pagoda.engine.request_stream import (
     RequestStream,
 )
 from pagoda.engine.snapshot import EngineSnapshot
-from pagoda.errors import InvalidRequestError
+from pagoda.errors import EngineFatalError, InvalidRequestError
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -297,6 +297,8 @@ class AsyncLLMEngine:
             self.dead_error = e
         finally:
             self._abort_all_in_engine()
+            if hasattr(self.engine, "shutdown"):  # (test doubles may have none)
+                self.engine.shutdown()
             self._call_in_loop(self._fail_all, EngineDeadError(self.dead_message()))
             self._publish()
             if self.dead_error is not None:
@@ -347,6 +349,8 @@ class AsyncLLMEngine:
             outputs = self.engine.step()
         except BatchFailedError as e:  # the engine aborted that batch; keep serving
             self._fail_requests(e.request_ids, e.__cause__ or e)
+            if isinstance(e.__cause__, EngineFatalError):
+                raise e.__cause__ from None  # (workers gone: the loop ends, /health says so)
             return
         except Exception as e:  # noqa: BLE001 - outside the forward: fail what runs
             snapshot = self.engine.snapshot()

@@ -156,6 +156,12 @@ class LLMEngine:
                                        request.num_output_tokens)
         self._snapshot = self._take_snapshot()
 
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if it has any (tensor parallelism)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self._scheduler.has_unfinished_requests()
 

@@ -85,7 +85,10 @@ class ModelRunner:
         hf_config = model.config
         self.vocab_size = hf_config.vocab_size
         self.num_layers = hf_config.num_hidden_layers
-        self.num_kv_heads = hf_config.num_key_value_heads
+        first_attention = model.attention_layers()[0]
+        # This process's heads (a tensor-parallel rank holds a share of them)
+        self.num_heads = first_attention.num_heads
+        self.num_kv_heads = first_attention.num_kv_heads
         self.head_dim = head_dim_of(hf_config)
         self.block_size = cache_config.block_size
         self.kv_cache_dtype = cache_config.kv_cache_dtype
@@ -117,8 +120,8 @@ class ModelRunner:
             [layer.sliding_window or model.sliding_window or None
              for layer in model.attention_layers()], max_model_len)
         self.backends = [select_backend(
-            self.block_size, self.device, self.dtype, model.config.num_attention_heads,
-            self.num_kv_heads, self.head_dim, model.sliding_window, self.kv_cache_dtype,
+            self.block_size, self.device, self.dtype, self.num_heads, self.num_kv_heads,
+            self.head_dim, model.sliding_window, self.kv_cache_dtype,
         ) for _ in self.kv_cache_windows]
         self.backend = self.backends[0]
         self.input_batch = InputBatch(num_kv_cache_groups=len(self.kv_cache_windows))

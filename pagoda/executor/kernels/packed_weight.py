@@ -82,6 +82,24 @@ class PackedWeight:
         return PackedWeight(self.format, stop - start, self.in_features,
                             {name: p[first:last] for name, p in self.planes.items()})
 
+    def input_block(self) -> int:
+        """Inputs per step of the planes' second dimension (every plane is [tile][block of
+        inputs]...): 32 for the 32-input formats, 256 for a K-quant's super-block scales."""
+        return max(self.in_features // p.shape[1] for p in self.planes.values())
+
+    def columns(self, start: int, stop: int) -> PackedWeight:
+        """Inputs start .. stop - 1 (multiples of input_block()), copied out of the planes."""
+        block = self.input_block()
+        if start % block or stop % block or not 0 <= start < stop <= self.in_features:
+            raise ValueError(f"columns({start}, {stop}) of {self.in_features} inputs: bounds "
+                             f"must be multiples of this {self.format} weight's {block}-input "
+                             f"blocks within them")
+        planes = {}
+        for name, p in self.planes.items():
+            per_index = self.in_features // p.shape[1]
+            planes[name] = p[:, start // per_index: stop // per_index].contiguous()
+        return PackedWeight(self.format, self.out_features, stop - start, planes)
+
     @staticmethod
     def cat(parts: list[PackedWeight]) -> PackedWeight:
         """The outputs of `parts` (one format and in_features) one after another."""

@@ -49,12 +49,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def set_cpu_threads() -> int:
+def set_cpu_threads(num_ranks: int = 1) -> int:
     """Intra-op threads = the CPUs this process may run on (its affinity mask, which taskset
-    and container cpusets narrow), set once per engine; OMP_NUM_THREADS, when set, wins.
-    Returns the number in use."""
+    and container cpusets narrow), divided among `num_ranks` processes sharing them (the
+    ranks of a tensor-parallel group on one machine), set once per engine; OMP_NUM_THREADS,
+    when set, wins. Returns the number in use."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // num_ranks))
     return torch.get_num_threads()
 
 

@@ -1,0 +1,154 @@
+"""Cut a loaded Llama-family model down to one tensor-parallel rank's share, in place.
+
+Per decoder layer (H query heads, K KV heads, head_dim D, intermediate I; partition.py says
+which heads and rows rank r holds):
+
+    qkv_proj     rows [q heads of r | k heads of r | v heads of r]       column-parallel
+    o_proj       input columns of r's q heads, bias on rank 0            row-parallel, all-reduce
+    gate_up_proj rows [gate rows of r | up rows of r]                    column-parallel
+    down_proj    input columns of r's rows, bias on rank 0               row-parallel, all-reduce
+    attention    r's heads only: its KV cache holds r's KV heads
+    embedding    vocabulary rows of r, lookup + all-reduce
+    logits head  vocabulary rows of r (the embedding's when tied), all-gather
+
+Norms and the rotary tables stay whole (every rank holds the whole hidden state). The model
+is loaded whole first, by any loader, then cut: each rank briefly holds the whole model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagoda.executor.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    MistralForCausalLM,
+    Phi3ForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+    head_dim_of,
+)
+from pagoda.executor.parallel.communication import TensorParallelGroup
+from pagoda.executor.parallel.layers import (
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+)
+from pagoda.executor.parallel.partition import HeadShare, aligned_runs, head_shares
+from pagoda.executor.parallel.slicing import (
+    column_align,
+    embedding_rows,
+    linear_columns,
+    linear_rows,
+    row_align,
+)
+
+SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+                    Phi3ForCausalLM)
+"""Exactly these classes (Gemma's norms and soft-capping, Mixtral's experts are not split)."""
+
+
+def check_shardable(model_class: type, config, world_size: int) -> None:
+    """ValueError, before any work, where tensor parallelism cannot split this model."""
+    if model_class not in SHARDABLE_MODELS:
+        raise ValueError(
+            f"tensor parallelism supports the Llama family ("
+            f"{', '.join(c.__name__ for c in SHARDABLE_MODELS)}), not {model_class.__name__}")
+    head_shares(config.num_attention_heads, config.num_key_value_heads, world_size)
+
+
+def shard_model(model: nn.Module, group: TensorParallelGroup) -> nn.Module:
+    """Keep rank `group.rank`'s share of `model` (loaded whole), wired with the collectives
+    that make its outputs whole. Returns the model, changed in place."""
+    config = model.config
+    check_shardable(type(model), config, group.world_size)
+    share = head_shares(config.num_attention_heads, config.num_key_value_heads,
+                        group.world_size)[group.rank]
+    head_dim = head_dim_of(config)
+    for layer in model.model.layers:
+        assert isinstance(layer, LlamaDecoderLayer)
+        _shard_attention(layer.self_attn, share, head_dim, config, group)
+        _shard_mlp(getattr(layer, layer.mlp_name), group)
+    _shard_vocabulary(model, group)
+    model.model.decode_kernel.enabled = False  # one C call for all layers: no room for collectives
+    model.tensor_parallel_group = group
+    return model
+
+
+def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int, config,
+                     group: TensorParallelGroup) -> None:
+    q_size, kv_size = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    q_rows = (share.q_start * head_dim, share.q_stop * head_dim)
+    k_rows = (q_size + share.kv_start * head_dim, q_size + share.kv_stop * head_dim)
+    v_rows = (q_size + kv_size + share.kv_start * head_dim,
+              q_size + kv_size + share.kv_stop * head_dim)
+    _check_grid(attention.qkv_proj, [*q_rows, *k_rows, *v_rows], row_align, "qkv_proj rows")
+    _check_grid(attention.o_proj, q_rows, column_align, "o_proj inputs")
+    attention.qkv_proj = linear_rows(attention.qkv_proj, [q_rows, k_rows, v_rows])
+    attention.o_proj = RowParallelLinear(
+        linear_columns(attention.o_proj, *q_rows, keep_bias=group.rank == 0), group)
+    attention.num_heads, attention.num_kv_heads = share.num_heads, share.num_kv_heads
+    attention.attn.num_heads, attention.attn.num_kv_heads = share.num_heads, share.num_kv_heads
+    local_q, local_kv = share.num_heads * head_dim, share.num_kv_heads * head_dim
+    attention.qk_v_sizes = [local_q + local_kv, local_kv]
+
+
+def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
+    if not isinstance(mlp, LlamaMLP):
+        raise ValueError(f"tensor parallelism cannot split a {type(mlp).__name__} MLP")  # noqa: TRY004
+    intermediate = mlp.down_proj.in_features
+    align = max(row_align(mlp.gate_up_proj), column_align(mlp.down_proj))
+    start, stop = aligned_runs(intermediate, group.world_size, align)[group.rank]
+    mlp.gate_up_proj = linear_rows(
+        mlp.gate_up_proj, [(start, stop), (intermediate + start, intermediate + stop)])
+    mlp.down_proj = RowParallelLinear(
+        linear_columns(mlp.down_proj, start, stop, keep_bias=group.rank == 0), group)
+
+
+def _shard_vocabulary(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:
+    """The embedding and the logits head, both split by vocabulary rows on one grid."""
+    head = model.quantized_head
+    if head is None:
+        head = model.lm_head if model.lm_head is not None else None
+    vocab_size = model.config.vocab_size
+    embedding = model.model.embed_tokens
+    align = max(row_align(head) if head is not None else 1, _embedding_align(embedding))
+    runs = aligned_runs(vocab_size, group.world_size, align)
+    start, stop = runs[group.rank]
+    group.last_dim_sizes = tuple(b - a for a, b in runs)
+    model.model.embed_tokens = VocabParallelEmbedding(embedding_rows(embedding, start, stop),
+                                                      start, group)
+    if head is not None:
+        local_head = linear_rows(head, [(start, stop)])
+    else:  # tied, float: the embedding's rows are the head's
+        local_head = _TiedHead(model.model.embed_tokens.inner.weight)
+    model.quantized_head = VocabParallelHead(local_head, group)
+    if model.lm_head is not None:
+        model.lm_head = None  # (its whole weight goes; head_logits uses quantized_head)
+
+
+def _embedding_align(embedding: nn.Module) -> int:
+    return 1 if isinstance(embedding, nn.Embedding) else 16
+
+
+def _check_grid(module: nn.Module, bounds, align_of, what: str) -> None:
+    align = align_of(module)
+    if any(bound % align for bound in bounds):
+        raise ValueError(
+            f"tensor parallelism cannot split {what} at {list(bounds)}: this layer's weight "
+            f"is held in blocks of {align}; use a smaller tensor_parallel_size or "
+            f"--quantization none")
+
+
+class _TiedHead(nn.Module):
+    """Logits from a float table shared with the embedding: hidden (n, d) -> (n, rows)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.weight)

@@ -1,0 +1,129 @@
+"""Steps 2-4 of start-up (pagoda/engine/builder.py): an EngineConfig -> a ModelRunner with its
+model loaded and its KV cache allocated. Runs in the engine's process, or in each
+tensor-parallel worker (pagoda/executor/parallel/) for its share of the model."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pagoda.config import EngineConfig
+from pagoda.executor.kernels.cpu_info import describe_run
+from pagoda.executor.kv_cache_layout import kv_capacity_tokens
+from pagoda.executor.loader.model_files import resolve_model_files
+from pagoda.executor.loader.model_loader import (
+    load_model,
+    open_checkpoint,
+    release_freed_memory,
+    resolve_device,
+    resolve_dtype,
+    set_cpu_threads,
+    weight_formats,
+)
+from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
+from pagoda.executor.model_runner import ModelRunner
+from pagoda.executor.parallel.communication import TensorParallelGroup
+from pagoda.executor.parallel.sharding import shard_model
+from pagoda.executor.spec_decode.builder import build_spec_decoder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuiltRunner:
+    """What the engine needs to know of a runner it did not build itself (a worker's)."""
+
+    max_model_len: int
+    num_blocks: list[int]
+    """KV blocks of each KV-cache group."""
+    kv_cache_windows: list[int | None]
+
+
+def build_runner(
+    config: EngineConfig,
+    group: TensorParallelGroup | None = None,
+    checkpoint=None,
+    tokenizer=None,
+) -> tuple[ModelRunner, BuiltRunner]:
+    """Steps 2-4 of the module docstring: the model loaded (and cut to `group.rank`'s share
+    under tensor parallelism), its runner with the KV cache allocated, compiled if asked.
+
+    Every rank of a tensor-parallel group runs this, in step: the KV cache gets rank 0's
+    number of blocks on every rank (broadcast), and the compile warm-up's forwards meet in
+    their collectives. `checkpoint` / `tokenizer`: already opened ones, else opened here."""
+    files = resolve_model_files(config.model.model)
+    checkpoint = checkpoint or open_checkpoint(files)
+    hf_config = checkpoint.hf_config
+    world_size = 1 if group is None else group.world_size
+    device = resolve_device(config.device)
+    if group is not None and device.type == "cuda":
+        device = torch.device("cuda", group.rank)
+    dtype = resolve_dtype(config.model.dtype, device)
+    if device.type == "cpu":
+        logger.info("%d CPU threads", set_cpu_threads(world_size))
+    context_len = int(getattr(hf_config, "max_position_embeddings", 2048))
+    max_model_len = config.model.max_model_len or context_len
+    if max_model_len > context_len:
+        raise ValueError(
+            f"max_model_len {max_model_len} is longer than the model's context length "
+            f"{context_len}"
+        )
+    torch.manual_seed(config.model.seed)
+    model = load_model(
+        checkpoint, dtype, device, max_position=max_model_len,
+        quantization=config.model.quantization,
+    )
+    if group is not None:
+        shard_model(model, group)
+        release_freed_memory()
+    tokenizer = tokenizer or load_tokenizer(resolve_model_files(config.model.tokenizer)
+                                            if config.model.tokenizer else files)
+    eos_ids = eos_token_ids(files, tokenizer, hf_config)
+    runner = ModelRunner(model, device, dtype, config.cache, eos_ids)
+    if device.type == "cpu":
+        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name))
+    max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
+    runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
+    if config.speculative is not None:
+        runner.spec_decoder = build_spec_decoder(config, runner, tokenizer, max_model_len)
+    if config.model.compile:
+        start = time.perf_counter()
+        sizes = runner.compile_model()
+        logger.info("compiled the model for steps of %s tokens in %.0f s",
+                    ", ".join(map(str, sizes)), time.perf_counter() - start)
+    torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
+    return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows))
+
+
+def _size_kv_cache(
+    config: EngineConfig, runner: ModelRunner, max_model_len: int,
+    group: TensorParallelGroup | None = None,
+) -> tuple[int, list[int]]:
+    """(max_model_len, number of KV blocks of each KV-cache group): the blocks that fit, and
+    max_model_len lowered to their capacity if the user did not set it. Under tensor
+    parallelism rank 0's count holds for every rank (each holds its share of the heads)."""
+    num_blocks = runner.determine_kv_cache_blocks(max_model_len, config.scheduler)
+    if group is not None:
+        num_blocks = group.broadcast_object(num_blocks)
+    capacity = kv_capacity_tokens(runner.kv_cache_windows, num_blocks, config.cache.block_size,
+                                  config.scheduler.max_num_batched_tokens, max_model_len)
+    if capacity < max_model_len:
+        if config.model.max_model_len is not None:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len "
+                f"{max_model_len}; give it more memory or lower max_model_len"
+            )
+        logger.warning("max_model_len lowered from %d to the KV capacity %d", max_model_len, capacity)
+        max_model_len = capacity
+    if not config.scheduler.enable_chunked_prefill and (
+        config.scheduler.max_num_batched_tokens < max_model_len
+    ):
+        raise ValueError(
+            f"without chunked prefill max_num_batched_tokens "
+            f"({config.scheduler.max_num_batched_tokens}) must be at least max_model_len "
+            f"({max_model_len}), or long prompts could never be scheduled"
+        )
+    return max_model_len, num_blocks
