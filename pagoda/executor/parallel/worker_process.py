@@ -13,12 +13,14 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
+from pagoda.executor.parallel.workers import receive, send
+
 logger = logging.getLogger(__name__)
 
 
 def worker_main(connection: Connection) -> None:
     _die_with_parent()
-    config, rank, world_size, init_method, log_level = connection.recv()
+    config, rank, world_size, init_method, log_level = receive(connection)
     logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s [tp{rank}] %(name)s: %(message)s")
     from pagoda.executor.loader.model_loader import resolve_device
@@ -30,12 +32,12 @@ def worker_main(connection: Connection) -> None:
         runner, built = build_runner(config, group)
     except Exception as error:
         logger.exception("start-up failed")
-        connection.send(("error", f"{type(error).__name__}: {error}"))
+        send(connection, ("error", f"{type(error).__name__}: {error}"))
         return
-    connection.send(("ok", built))
+    send(connection, ("ok", built))
     while True:
         try:
-            message = connection.recv()
+            message = receive(connection)
         except (EOFError, OSError):
             break  # the engine is gone
         if message is None:
@@ -45,13 +47,13 @@ def worker_main(connection: Connection) -> None:
             result = getattr(runner, method)(*args)
         except Exception as error:
             logger.exception("%s failed", method)
-            connection.send(("error", f"{type(error).__name__}: {error}"))
+            send(connection, ("error", f"{type(error).__name__}: {error}"))
             continue
         if rank and method == "execute_model":  # the others' tokens, checked against rank 0's
             result = (result.sampled_token_ids, result.num_accepted_tokens)
         elif rank:
             result = None
-        connection.send(("ok", result))
+        send(connection, ("ok", result))
     leave_tensor_parallel()
 
 

@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import logging
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -67,8 +68,8 @@ def start_tensor_parallel_runner(config: EngineConfig):
             pass_fds=[child_end.fileno()], env=environment)
         child_end.close()
         connection = Connection(parent_end.detach())
-        connection.send((config, rank, world_size, init_method,
-                         logging.getLogger().getEffectiveLevel()))
+        send(connection, (config, rank, world_size, init_method,
+                          logging.getLogger().getEffectiveLevel()))
         processes.append(process)
         connections.append(connection)
     runner = TensorParallelRunner(processes, connections)
@@ -121,7 +122,7 @@ class TensorParallelRunner:
                 if deadline is not None and time.monotonic() > deadline:
                     self._break(f"tensor-parallel rank {rank} did not answer in {timeout:.0f} s")
             try:
-                status, value = connection.recv()
+                status, value = receive(connection)
             except (EOFError, OSError):
                 self._break(f"tensor-parallel rank {rank} closed its pipe (it died)")
             if status == "error":
@@ -134,7 +135,7 @@ class TensorParallelRunner:
             raise EngineFatalError(self.broken)
         for rank, connection in enumerate(self.connections):
             try:
-                connection.send((method, args))
+                send(connection, (method, args))
             except (BrokenPipeError, OSError):
                 self._break(f"tensor-parallel rank {rank} is gone")
         return self.wait_all()
@@ -148,7 +149,7 @@ class TensorParallelRunner:
 def _stop_workers(processes: list, connections: list[Connection]) -> None:
     for connection in connections:
         with contextlib.suppress(OSError, ValueError):
-            connection.send(None)
+            send(connection, None)
     for process in processes:
         try:
             process.wait(timeout=10)
@@ -157,6 +158,17 @@ def _stop_workers(processes: list, connections: list[Connection]) -> None:
             process.wait(timeout=5)
     for connection in connections:
         connection.close()
+
+
+def send(connection: Connection, message: object) -> None:
+    """Plain pickle over the socket: tensors travel as bytes (multiprocessing's pickler
+    would pass their storage as file descriptors, through a channel these processes,
+    not started by multiprocessing, cannot open)."""
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(connection: Connection) -> object:
+    return pickle.loads(connection.recv_bytes())
 
 
 def _free_port() -> int:

@@ -1,0 +1,120 @@
+"""Tensor parallelism (pagoda/executor/parallel/): TP=2 over two local worker processes
+gives TP=1's logits (within 1e-4, float32) and greedy tokens, over a mixed batch that runs
+chunked prefill, prefix-cache hits and preemption; a dead worker ends the engine with a
+clear error; no worker outlives its engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from pagoda import LLM, SamplingParams
+from pagoda.errors import EngineFatalError
+from tests.executor.tiny_checkpoints import build_checkpoint_with_bundled_tokenizer
+
+pytestmark = pytest.mark.slow
+
+SHARED = ("You are a careful assistant. Answer in one short paragraph, plainly, and say "
+          "when you do not know. ")
+PROMPTS = [SHARED + "What is the capital of France?",
+           SHARED + "Name three prime numbers.",
+           "Once upon a time",
+           "def fibonacci(n):\n    " * 3,
+           SHARED + "Why is the sky blue? " * 4]
+# A small cache and token budget: prompts are prefilled in chunks, the batch does not fit
+# (preemption), and the shared prefix is served from the cache after the first request.
+ENGINE = {"dtype": "float32", "num_kv_blocks": 14, "max_model_len": 224,
+          "max_num_batched_tokens": 32, "seed": 0}
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def worker_pids() -> set[int]:
+    """Live tensor-parallel worker processes of this test process."""
+    me, pids = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if parent == me and b"pagoda.executor.parallel.worker_process" in cmdline:
+            pids.add(int(entry))
+    return pids
+
+
+def run_mixed_batch(llm: LLM) -> list[list[int]]:
+    llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)  # its blocks then serve the shared prefix
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def assert_tp2_matches_tp1(model: str, **options) -> None:
+    single = LLM(model, tensor_parallel_size=1, **ENGINE, **options)
+    expected = run_mixed_batch(single)
+    ids = single.get_tokenizer().encode(PROMPTS[4])
+    assert len(ids) > ENGINE["max_num_batched_tokens"]  # prefilled in chunks
+    expected_logits = single.engine.runner.prompt_logits([ids])[0]
+    parallel = LLM(model, tensor_parallel_size=2, **ENGINE, **options)
+    try:
+        assert len(worker_pids()) == 2
+        assert run_mixed_batch(parallel) == expected
+        snapshot = parallel.engine.snapshot()
+        assert snapshot.num_preemptions > 0 and snapshot.prefix_cache_hits > 0
+        logits = parallel.engine.runner.prompt_logits([ids])[0]
+        # float32 sums taken in another order (each rank's half, then the all-reduce): on
+        # the bundled model's logits (|x| up to ~20) that is up to ~1e-4 after 30 layers
+        torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+    finally:
+        parallel.engine.shutdown()
+    assert worker_pids() == set()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_models_tp2_equal_tp1(arch, tmp_path) -> None:
+    # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch)
+    assert_tp2_matches_tp1(folder)
+
+
+def test_bundled_model_tp2_equals_tp1() -> None:
+    # 9 query heads over 3 KV heads: rank 0 holds 2 KV heads, rank 1 one; Q4_1 weights
+    # packed, cut on their 32-input blocks
+    assert_tp2_matches_tp1(None)
+
+
+def test_sampling_stays_in_step_and_a_dead_worker_ends_the_engine(tmp_path) -> None:
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), "llama")
+    llm = LLM(folder, tensor_parallel_size=2, dtype="float32", max_model_len=256)
+    try:
+        # random sampling: every rank draws the same tokens, or the runner says so
+        sampled = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=16, temperature=1.0),
+                               use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) > 0 for o in sampled)
+        (victim,) = [p.pid for p in llm.engine.runner.processes[1:]]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(EngineFatalError, match="rank 1"):
+            llm.engine.runner.execute_model(llm.engine._scheduler.schedule())
+    finally:
+        llm.engine.shutdown()
+    deadline = time.monotonic() + 10
+    while worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert worker_pids() == set()
+
+
+def test_models_it_cannot_split_are_refused_before_any_worker_starts(tmp_path) -> None:
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), "gemma2")
+    with pytest.raises(ValueError, match="Llama family"):
+        LLM(folder, tensor_parallel_size=2)
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path / "l"), "llama")
+    with pytest.raises(ValueError, match="tensor_parallel_size 3"):
+        LLM(folder, tensor_parallel_size=3)
+    assert worker_pids() == set()
