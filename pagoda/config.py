@@ -25,6 +25,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 """`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
 KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
 DISTRIBUTED_BACKENDS = ("mp", "ray")
+RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`distributed_executor_backend` values: local processes (mp) or actors on a Ray cluster."""
 """`quantization` values: auto (int4 for a Q4_1 GGUF model where Pagoda's kernel runs it,
 see pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
@@ -232,12 +233,26 @@ class ParallelConfig:
                                               metadata={"choices": DISTRIBUTED_BACKENDS})
     """mp: workers are local processes (no extra install); ray: workers and replicas are Ray
     actors on the running Ray cluster (pip install pagoda-llm[ray]; `ray start --head`)."""
+    ray_placement_strategy: str = field(default="PACK",
+                                        metadata={"choices": RAY_PLACEMENT_STRATEGIES})
+    """Ray only: how the placement group puts one engine's workers on the cluster's nodes:
+    PACK (on as few nodes as fit), STRICT_PACK (one node), SPREAD, STRICT_SPREAD (each on
+    its own node)."""
+    ray_cpus_per_worker: int = 1
+    """Ray only: CPUs each worker reserves on its node, and the threads it runs."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if type(self.ray_cpus_per_worker) is not int or self.ray_cpus_per_worker < 1:
+            raise ValueError(f"ray_cpus_per_worker must be an int >= 1, got "
+                             f"{self.ray_cpus_per_worker!r}")
+        if self.ray_placement_strategy not in RAY_PLACEMENT_STRATEGIES:
+            raise ValueError(f"ray_placement_strategy must be one of "
+                             f"{', '.join(RAY_PLACEMENT_STRATEGIES)}, got "
+                             f"{self.ray_placement_strategy!r}")
         if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of "
                              f"{', '.join(DISTRIBUTED_BACKENDS)}, got "

@@ -40,7 +40,7 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
                                if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
     if config.parallel.tensor_parallel_size > 1:
-        from pagoda.executor.parallel.workers import start_tensor_parallel_runner
+        from pagoda.executor.parallel.tp_runner import start_tensor_parallel_runner
 
         runner, built = start_tensor_parallel_runner(config)
     else:

@@ -60,7 +60,7 @@ def build_runner(
     world_size = 1 if group is None else group.world_size
     device = resolve_device(config.device)
     if group is not None and device.type == "cuda":
-        device = torch.device("cuda", group.rank)
+        device = torch.device("cuda", group.device_index)
     dtype = resolve_dtype(config.model.dtype, device)
     if device.type == "cpu":
         logger.info("%d CPU threads", set_cpu_threads(world_size))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch
 from pagoda import LLM, SamplingParams
 from pagoda.errors import EngineFatalError
 from tests.executor.tiny_checkpoints import build_checkpoint_with_bundled_tokenizer
+from tests.process_tree import descendant_pids, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +33,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def worker_pids() -> set[int]:
-    """Live tensor-parallel worker processes of this test process."""
-    me, pids = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if parent == me and b"pagoda.executor.parallel.worker_process" in cmdline:
-            pids.add(int(entry))
-    return pids
+    return descendant_pids(command_part=b"pagoda.executor.parallel.worker_process")
 
 
 def run_mixed_batch(llm: LLM) -> list[list[int]]:
@@ -98,16 +84,13 @@ def test_sampling_stays_in_step_and_a_dead_worker_ends_the_engine(tmp_path) -> N
         sampled = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=16, temperature=1.0),
                                use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) > 0 for o in sampled)
-        (victim,) = [p.pid for p in llm.engine.runner.processes[1:]]
+        (victim,) = [p.pid for p in llm.engine.runner.workers.processes[1:]]
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(EngineFatalError, match="rank 1"):
             llm.engine.runner.execute_model(llm.engine._scheduler.schedule())
     finally:
         llm.engine.shutdown()
-    deadline = time.monotonic() + 10
-    while worker_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert worker_pids() == set()
+    assert wait_until_gone(b"pagoda.executor.parallel.worker_process") == set()
 
 
 def test_models_it_cannot_split_are_refused_before_any_worker_starts(tmp_path) -> None:

@@ -6,11 +6,13 @@
     layers.py         the parallel layers: row-parallel (all-reduce), vocab-parallel embedding
                       and logits head (all-gather)
     sharding.py       a loaded Llama-family model cut down to one rank's share, in place
-    workers.py        the engine's side: rank 0's runner plus worker processes that mirror it
-    worker_main.py    a worker process: build its shard, then run what rank 0 broadcasts
+    worker.py         one rank: joins the group, builds its share, runs what the engine sends
+    tp_runner.py      the engine's side: sends each step to every rank, takes rank 0's output
+    mp_workers.py     ranks as local processes (worker_process.py), the default backend
+    ray_workers.py    ranks as Ray actors placed on a Ray cluster
 
-The engine (scheduler, block manager) stays in one process: every step rank 0 broadcasts
-the plain-data SchedulerOutput, all ranks run the same forward (their collectives keep them
-in step) and the same sampler over the gathered logits, and rank 0's output goes back to the
-engine.
+The engine (scheduler, block manager) stays in its process and holds no weights: every step
+it sends the plain-data SchedulerOutput to all ranks, they run the same forward (their
+collectives keep them in step) and the same sampler over the gathered logits, and rank 0's
+output goes back to the engine.
 """

@@ -26,6 +26,9 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 class TensorParallelGroup:
     rank: int
     world_size: int
+    device_index: int = 0
+    """This rank's CUDA device (cuda:rank for local workers; cuda:0 for a Ray actor, which
+    sees only the GPU Ray gave it)."""
     last_dim_sizes: tuple[int, ...] = ()
     """Each rank's width of the gathered dimension (the vocabulary rows it holds); set by
     the sharding."""
@@ -58,19 +61,20 @@ class TensorParallelGroup:
         return holder[0]
 
 
-def init_tensor_parallel(rank: int, world_size: int, init_method: str, device: torch.device
-                         ) -> TensorParallelGroup:
+def init_tensor_parallel(rank: int, world_size: int, init_method: str, device: torch.device,
+                         device_index: int | None = None) -> TensorParallelGroup:
     """Join the group (`init_method`: tcp://host:port of the rendezvous): gloo on CPU, NCCL
-    on CUDA (each rank on its own device, cuda:rank)."""
+    on CUDA (each rank on its own device: cuda:`device_index`, by default cuda:rank)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    device_index = rank if device_index is None else device_index
     if backend == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(device_index)
     if "//127.0.0.1:" in init_method:  # all ranks on this machine: talk over loopback
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, init_method=init_method, rank=rank,
                             world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     logger.info("tensor-parallel rank %d of %d joined (%s)", rank, world_size, backend)
-    return TensorParallelGroup(rank, world_size)
+    return TensorParallelGroup(rank, world_size, device_index)
 
 
 def leave_tensor_parallel() -> None:

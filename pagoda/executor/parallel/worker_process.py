@@ -1,8 +1,8 @@
-"""One tensor-parallel worker process (pagoda/executor/parallel/workers.py starts N of them):
+"""A local tensor-parallel worker process (the "mp" backend; mp_workers.py starts N):
 `python -m pagoda.executor.parallel.worker_process FD`, FD its end of a socket pair with the
-engine. It reads (config, rank, world_size, init_method, log level), joins the group, builds
-its share of the model, answers its BuiltRunner, then runs each (method, args) the engine
-sends until it sends None or goes away."""
+engine. It reads (config, rank, world_size, init_method, log level), builds its
+TensorParallelWorker, answers ("ok", BuiltRunner), then answers each (method, args) the
+engine sends with ("ok", result) or ("error", message), until it sends None or goes away."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-from pagoda.executor.parallel.workers import receive, send
+from pagoda.executor.parallel.mp_workers import receive, send
 
 logger = logging.getLogger(__name__)
 
@@ -23,18 +23,15 @@ def worker_main(connection: Connection) -> None:
     config, rank, world_size, init_method, log_level = receive(connection)
     logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s [tp{rank}] %(name)s: %(message)s")
-    from pagoda.executor.loader.model_loader import resolve_device
-    from pagoda.executor.parallel.communication import init_tensor_parallel, leave_tensor_parallel
-    from pagoda.executor.runner_builder import build_runner
+    from pagoda.executor.parallel.worker import TensorParallelWorker
 
     try:
-        group = init_tensor_parallel(rank, world_size, init_method, resolve_device(config.device))
-        runner, built = build_runner(config, group)
+        worker = TensorParallelWorker(config, rank, world_size, init_method)
     except Exception as error:
         logger.exception("start-up failed")
         send(connection, ("error", f"{type(error).__name__}: {error}"))
         return
-    send(connection, ("ok", built))
+    send(connection, ("ok", worker.built))
     while True:
         try:
             message = receive(connection)
@@ -42,27 +39,19 @@ def worker_main(connection: Connection) -> None:
             break  # the engine is gone
         if message is None:
             break
-        method, args = message
         try:
-            result = getattr(runner, method)(*args)
+            reply = ("ok", worker.run(*message))
         except Exception as error:
-            logger.exception("%s failed", method)
-            send(connection, ("error", f"{type(error).__name__}: {error}"))
-            continue
-        if rank and method == "execute_model":  # the others' tokens, checked against rank 0's
-            result = (result.sampled_token_ids, result.num_accepted_tokens)
-        elif rank:
-            result = None
-        send(connection, ("ok", result))
-    leave_tensor_parallel()
+            logger.exception("%s failed", message[0])
+            reply = ("error", f"{type(error).__name__}: {error}")
+        send(connection, reply)
+    worker.close()
 
 
 def _die_with_parent() -> None:
     """Linux: this process gets SIGTERM when the process that started it dies."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 
 
 if __name__ == "__main__":
