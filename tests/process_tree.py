@@ -31,6 +31,15 @@ def descendant_pids(root: int | None = None, command_part: bytes = b"") -> set[i
     return {pid for pid in found if command_part in commands.get(pid, b"")}
 
 
+def is_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_until_gone(command_part: bytes = b"", timeout: float = 15.0) -> set[int]:
     """Wait (up to `timeout` s) for such descendants to end; returns those still alive."""
     deadline = time.monotonic() + timeout
