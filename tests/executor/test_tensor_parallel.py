@@ -63,11 +63,28 @@ def assert_tp2_matches_tp1(model: str, **options) -> None:
     assert worker_pids() == set()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_tiny_models_tp2_equal_tp1(arch, tmp_path) -> None:
+@pytest.mark.parametrize(("arch", "options"), [
+    ("llama", {}), ("qwen3", {}),
+    ("llama", {"quantization": "int8"}),  # int8 linears (Pagoda's kernel: cut as packed q8)
+], ids=["llama", "qwen3", "llama-int8"])
+def test_tiny_models_tp2_equal_tp1(arch, options, tmp_path) -> None:
     # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32
     folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch)
-    assert_tp2_matches_tp1(folder)
+    assert_tp2_matches_tp1(folder, **options)
+
+
+def test_compiled_tp2_equals_eager_tp1(tmp_path) -> None:
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), "llama")
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    expected = LLM(folder, dtype="float32", max_model_len=256).generate(
+        PROMPTS[:3], greedy, use_tqdm=False)
+    llm = LLM(folder, dtype="float32", max_model_len=256, tensor_parallel_size=2, compile=True)
+    try:
+        outputs = llm.generate(PROMPTS[:3], greedy, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        o.outputs[0].token_ids for o in expected]
 
 
 def test_bundled_model_tp2_equals_tp1() -> None:
