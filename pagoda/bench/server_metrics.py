@@ -3,7 +3,8 @@
 `pagoda bench serve` scrapes GET {base_url}/metrics before and after each run's measured
 traffic and reports the acceptance of the drafts made in between. The counters (Prometheus
 text format, parsed by prometheus_client, each summed over its label sets such as
-model_name or engine), for the first prefix P of SPEC_DECODE_PREFIXES the server exposes:
+model_name or engine, except a data-parallel server's replica="i" copies of its totals),
+for the first prefix P of SPEC_DECODE_PREFIXES the server exposes:
 
     {P}spec_decode_num_drafts_total                 drafts proposed (one per request per step)
     {P}spec_decode_num_draft_tokens_total           tokens proposed
@@ -70,8 +71,8 @@ def _counters_with_prefix(samples, prefix: str) -> SpecDecodeCounters | None:
     totals: dict[str, float] = {}
     per_position: dict[int, float] = {}
     for name, labels, value in samples:
-        if not name.startswith(prefix):
-            continue
+        if not name.startswith(prefix) or "replica" in labels:
+            continue  # (a data-parallel Pagoda server's per-replica copies of its totals)
         key = name[len(prefix):]
         if key == _PER_POSITION:
             position = _position(labels)

@@ -4,7 +4,7 @@ Lifecycle: check the flags and build the EngineConfig (a bad value fails before 
 load the model on the engine thread (slow), log the URL, the model and the KV capacity, serve.
 On SIGTERM or SIGINT: refuse new /v1 requests (503; uvicorn also stops accepting connections),
 let in-flight ones finish for up to --shutdown-timeout seconds, cancel (abort) the rest,
-stop the engine thread, exit 0. A second SIGINT quits at once. If the engine loop dies: open
+stop the engine thread (with --data-parallel-size N: the N replica processes), exit 0. A second SIGINT quits at once. If the engine loop dies: open
 streams end with an error event, /health says 503, and two seconds later the server shuts
 down and exits 1 (for a supervisor to restart it).
 """
@@ -120,6 +120,22 @@ def read_chat_template(path: str | None) -> str | None:
         raise ValueError(f"--chat-template {path}: cannot read it ({e.strerror})") from None
 
 
+def build_data_parallel_model(name: str | None, config: EngineConfig,
+                              max_queue: int | None):
+    """--data-parallel-size N: N engine processes behind this server
+    (pagoda/engine/data_parallel/); returns its ServedModel, engine not started."""
+    from pagoda.engine.data_parallel.engine import DataParallelEngine
+    from pagoda.engine.data_parallel.metrics import DataParallelMetrics
+    from pagoda.entrypoints.openai.model_registry import ServedModel
+
+    engine = DataParallelEngine(config, max_queue=max_queue)
+    name = name or engine.model_files.name
+    metrics = engine.metrics = DataParallelMetrics(name, engine.num_replicas)
+    logger.info("model %r: %d replicas, KV cache capacity %d tokens each, max_model_len %d",
+                name, engine.num_replicas, engine.kv_capacity_tokens, engine.max_model_len)
+    return ServedModel(name, engine, engine.model_files.path, metrics)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -136,6 +152,8 @@ def run_serve(args: argparse.Namespace) -> int:
         pagoda_logger.setLevel(logging.INFO)  # a server reports its start-up and shutdown
 
     def build_model(name: str | None, config: EngineConfig) -> ServedModel:
+        if config.parallel.data_parallel_size > 1:
+            return build_data_parallel_model(name, config, args.max_queue)
         from pagoda.engine.async_engine import AsyncLLMEngine
         from pagoda.engine.builder import build_engine
         from pagoda.engine.metrics import EngineMetrics

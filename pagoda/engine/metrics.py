@@ -47,21 +47,26 @@ _TOKEN_GAP_BUCKETS = [
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None,
+                 extra_labels: dict[str, str] | None = None) -> None:
+        """`extra_labels`: more labels on every sample, e.g. {"replica": "0"} for one
+        replica of a data-parallel server (pagoda/engine/data_parallel/metrics.py)."""
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        labels = ["model_name"]
+        extra_labels = extra_labels or {}
+        labels = ["model_name", *extra_labels]
+        values = self._label_values = (model_name, *extra_labels.values())
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
+            return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(model_name)
+            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(*values)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
             return Histogram(
                 PREFIX + name, doc, labels, buckets=buckets, registry=self.registry
-            ).labels(model_name)
+            ).labels(*values)
 
         self.num_requests_running = gauge("num_requests_running", "Sequences running in the batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Sequences waiting to run.")
@@ -104,7 +109,7 @@ class EngineMetrics:
             labels + ["finished_reason"], registry=self.registry,
         )
         for reason in ("stop", "length", "abort"):
-            self._request_success.labels(model_name, reason)  # exported as 0 from the start
+            self._request_success.labels(*values, reason)  # exported as 0 from the start
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first generated token.", _LATENCY_BUCKETS
         )
@@ -196,12 +201,12 @@ class EngineMetrics:
         self._advance(self.spec_decode_num_accepted_tokens, "spec_accepted_tokens",
                       spec.num_accepted_tokens)
         for position, total in enumerate(spec.accepted_per_position):
-            self._advance(self._spec_decode_accepted_per_pos.labels(self.model_name, str(position)),
+            self._advance(self._spec_decode_accepted_per_pos.labels(*self._label_values, str(position)),
                           f"spec_accepted_{position}", total)
         for reason, total in snapshot.finished_by_reason.items():
             previous = self._finished_by_reason.get(reason, 0)
             if total > previous:
-                self._request_success.labels(self.model_name, reason).inc(total - previous)
+                self._request_success.labels(*self._label_values, reason).inc(total - previous)
                 self._finished_by_reason[reason] = total
 
     def _advance(self, counter, name: str, total: float) -> None:

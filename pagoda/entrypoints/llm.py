@@ -28,6 +28,12 @@ class LLM:
         if isinstance(engine_kwargs.get("speculative_config"), dict):
             engine_kwargs["speculative_config"] = json.dumps(engine_kwargs["speculative_config"])
         config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
+        if config.parallel.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={config.parallel.data_parallel_size}: data parallelism "
+                "(engine replicas behind one server) is for `pagoda serve "
+                "--data-parallel-size N`; the offline LLM runs one engine, so leave it at 1 "
+                "(or run one LLM per process)")
         self.engine = build_engine(config)
         self._request_counter = itertools.count()
 

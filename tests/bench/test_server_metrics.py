@@ -95,6 +95,14 @@ def test_pagoda_counters_are_parsed_and_differenced():
     assert_figures(figures, PAGODA_FIGURES)
 
 
+def test_a_data_parallel_servers_replica_copies_are_not_counted_again():
+    lines = PAGODA_BEFORE.splitlines()
+    copies = [line.replace('model_name="m"', f'model_name="m",replica="{r}"')
+              for r in (0, 1) for line in lines if line.startswith("pagoda:spec")]
+    text = "\n".join(lines + copies) + "\n"
+    assert parse_spec_decode_counters(text) == parse_spec_decode_counters(PAGODA_BEFORE)
+
+
 def test_vllm_counters_are_summed_over_label_sets():
     after = parse_spec_decode_counters(VLLM_AFTER)
     assert after == SpecDecodeCounters(50.0, 200.0, 100.0, (36.0, 28.0, 20.0, 16.0))

@@ -16,6 +16,9 @@ def test_the_scheduler_imports_without_torch():
         "import sys\n"
         "import pagoda.engine.scheduler, pagoda.engine.block_manager, pagoda.engine.snapshot\n"
         "import pagoda.step_data, pagoda.engine.input_processor, pagoda.engine.stop_rules\n"
+        # the data-parallel router, and what a replica process imports before it sets
+        # OMP_NUM_THREADS (replica_main.py)
+        "import pagoda.engine.data_parallel.router, pagoda.engine.data_parallel.replica_main\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,

@@ -1,6 +1,7 @@
 """The models one server serves, loaded and unloaded while it serves.
 
-Each served model is its own AsyncLLMEngine (own engine thread, KV cache, metrics) with its
+Each served model is its own AsyncLLMEngine (own engine thread, KV cache, metrics), or with
+--data-parallel-size N a DataParallelEngine (N engine processes, the same interface), with its
 own serving objects; requests route by their `model` field. A model's life:
 
     loading ──> ready ──> draining ──> (gone: engine stopped, memory freed)

@@ -8,7 +8,8 @@ Routes
     POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
     POST /tokenize, POST /detokenize                  (vLLM's shapes)
     GET  /health   200 while the engine loop runs, 503 once it died (the process then
-                   exits with code 1 two seconds later)
+                   exits with code 1 two seconds later); with --data-parallel-size N, 200
+                   while one replica is up (a dead replica is restarted: data_parallel/)
     GET  /version, GET /metrics (Prometheus text, this server's own registry)
     GET  /openapi.json   the OpenAPI document of all of these (openapi.py)
     GET  /   the web page, and GET /v1/engine/stream its live engine view (web/routes.py)

@@ -110,9 +110,8 @@ def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
 
 def _shard_vocabulary(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:
     """The embedding and the logits head, both split by vocabulary rows on one grid."""
-    head = model.quantized_head
-    if head is None:
-        head = model.lm_head if model.lm_head is not None else None
+    # the head's weight: a quantized one stands in for the float lm_head (None: tied, float)
+    head = model.quantized_head if model.quantized_head is not None else model.lm_head
     vocab_size = model.config.vocab_size
     embedding = model.model.embed_tokens
     align = max(row_align(head) if head is not None else 1, _embedding_align(embedding))
