@@ -1,0 +1,91 @@
+"""What crosses a replica's pipe: plain tuples of picklable data, nothing live.
+
+    server -> replica   ("add", EngineRequest)   ("abort", request_id)   ("stop",)
+    replica -> server   ("ready", ReplicaInfo)   ("failed", message)     ("dead", message)
+                        ("batch", [item, ...]) with items
+                            ("added", request_id)             the engine took it (the ack)
+                            ("out", request_id, RequestOutput)
+                            ("error", request_id, ErrorInfo)  before "added": it was refused
+                            ("snapshot", fields)              snapshot_fields(EngineSnapshot)
+
+Order: a replica sends a request's items in order; a server-side abort may cross items
+already sent (the server drops items of requests it no longer tracks).
+
+Errors travel as ErrorInfo (class name, message, and InvalidRequestError's param and code)
+and are rebuilt as the class the server's pipeline maps to an HTTP status; an exception
+object itself may not pickle (or may drag a traceback of live objects along).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
+from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.errors import InvalidRequestError
+
+ADD, ABORT, STOP = "add", "abort", "stop"
+READY, FAILED, DEAD, BATCH = "ready", "failed", "dead", "batch"
+ADDED, OUT, ERROR, SNAPSHOT = "added", "out", "error", "snapshot"
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What a replica reports once its engine is built."""
+
+    pid: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    max_num_seqs: int
+    num_kv_blocks: int
+    block_size: int
+    kv_capacity_tokens: int
+    model_files: Any
+    """The engine's ModelFiles (path, name)."""
+    num_threads: int
+    tokenizer: Any = None
+    """The engine's tokenizer, sent by the first start of replica 0 only (the server
+    process validates and tokenizes with it)."""
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    kind: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+_KINDS = {cls.__name__: cls for cls in (EngineDeadError, EngineStepError, QueueFullError)}
+
+
+def encode_error(error: BaseException) -> ErrorInfo:
+    if isinstance(error, InvalidRequestError):
+        return ErrorInfo("InvalidRequestError", error.message, error.param, error.code)
+    kind = type(error).__name__
+    if kind not in _KINDS and isinstance(error, ValueError):
+        kind = "ValueError"
+    return ErrorInfo(kind, str(error))
+
+
+def decode_error(info: ErrorInfo) -> BaseException:
+    if info.kind == "InvalidRequestError":
+        return InvalidRequestError(info.message, info.param, info.code or "invalid_value")
+    if info.kind == "ValueError":
+        return ValueError(info.message)
+    cls = _KINDS.get(info.kind)
+    if cls is not None:
+        return cls(info.message)
+    return EngineStepError(f"the engine failed this request: {info.kind}: {info.message}")
+
+
+def snapshot_fields(snapshot: EngineSnapshot) -> dict[str, Any]:
+    """The snapshot as picklable fields (its mappings are read-only proxies, which do not
+    pickle); `EngineSnapshot(**fields)` rebuilds it."""
+    fields = {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(snapshot)}
+    fields["batch_sizes"] = dict(snapshot.batch_sizes)
+    fields["finished_by_reason"] = dict(snapshot.finished_by_reason)
+    return fields
