@@ -38,3 +38,22 @@ def bundled_llm():
     from pagoda import LLM
 
     return LLM(dtype="float32", kv_cache_memory=256 * 1024 * 1024, max_model_len=2048)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and one
+    added node, one CPU each), for the Ray backend's tests; nothing of it outlives the
+    module that asked for it."""
+    from tests.process_tree import wait_until_gone
+
+    ray = pytest.importorskip("ray", reason="make test installs Ray (the [ray] extra)")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    assert wait_until_gone(b"ray") == set()

@@ -5,32 +5,17 @@ cannot place is refused clearly; nothing outlives the cluster."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pagoda import LLM, SamplingParams
 from tests.executor.tiny_checkpoints import build_checkpoint_with_bundled_tokenizer
-from tests.process_tree import wait_until_gone
+from tests.ray_cluster import wait_for_free_cpus
 
 ray = pytest.importorskip("ray", reason="make test installs Ray (the [ray] extra)")
 pytestmark = pytest.mark.slow
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    assert wait_until_gone(b"ray") == set()
 
 
 def generate(llm: LLM) -> list[list[int]]:
@@ -48,10 +33,7 @@ def test_tp2_one_rank_per_node_equals_tp1(two_node_cluster, tmp_path) -> None:
         assert generate(llm) == expected
     finally:
         llm.engine.shutdown()
-    deadline = time.monotonic() + 15  # (Ray frees the placement group asynchronously)
-    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU") == 2  # actors and placement group released
+    assert wait_for_free_cpus(ray, 2) == 2  # actors and placement group released
 
 
 def test_a_group_the_cluster_cannot_place_is_refused(two_node_cluster, tmp_path,

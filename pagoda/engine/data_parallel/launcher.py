@@ -4,7 +4,8 @@
 its connection (send/recv/poll of picklable messages, messages.py), a sentinel that turns
 readable once it is gone, and kill/join. Backend "mp" is a local process started with the
 "spawn" context (never fork: the server process has threads, and CUDA or OpenMP state must
-not be copied); a Ray actor wrapped in the same handle would stand in for backend "ray".
+not be copied); backend "ray" is a Ray actor on the cluster behind the same handle
+(ray_replica.py).
 
 Invariants of an "mp" replica:
 - the server holds only its own end of the pipe (the child's end is closed right after the
@@ -92,10 +93,12 @@ class ProcessReplica:
 
 
 def launch_replica(spec: ReplicaSpec, backend: str = "mp") -> ReplicaHandle:
-    """Start a replica process; returns at once (it reports READY or FAILED on its pipe)."""
-    if backend != "mp":
-        raise ValueError(f"data parallelism runs on the 'mp' backend for now, not {backend!r}: "
-                         "drop --distributed-executor-backend or set it to mp")
+    """Start a replica (a local process, or a Ray actor); returns at once (it reports READY
+    or FAILED on its pipe)."""
+    if backend == "ray":
+        from pagoda.engine.data_parallel.ray_replica import launch_ray_replica
+
+        return launch_ray_replica(spec)
     # Imported here: the module the child unpickles must not import torch at the top.
     from pagoda.engine.data_parallel.replica_main import run_replica
 

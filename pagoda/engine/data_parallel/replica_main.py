@@ -65,10 +65,17 @@ def run_replica(spec: ReplicaSpec, conn: Connection) -> None:
                         format=f"%(levelname)s replica {spec.index} %(name)s: %(message)s")
     code = 0
     try:
-        code = asyncio.run(_serve(spec, conn))
+        code = serve_replica(spec, conn)
     finally:
         conn.close()
     sys.exit(code)
+
+
+def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
+    """Build the engine and serve the server's messages until STOP, the engine's death or
+    the server's; returns the exit code. A local replica process's body (run_replica), and
+    a Ray actor's (ray_replica.py)."""
+    return asyncio.run(_serve(spec, conn))
 
 
 def _die_with_parent(parent_pid: int) -> None:
