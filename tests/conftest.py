@@ -1,6 +1,10 @@
-"""Shared fixtures: the bundled model's path, and one engine on it reused across tests."""
+"""Shared fixtures: the bundled model's path, one engine on it reused across tests, a
+two-node Ray cluster, and the check that no process the tests start outlives them."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 
@@ -38,6 +42,25 @@ def bundled_llm():
     from pagoda import LLM
 
     return LLM(dtype="float32", kv_cache_memory=256 * 1024 * 1024, max_model_len=2048)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_tests():
+    """Every process the tests start (servers, tensor-parallel workers, data-parallel
+    replicas, Ray's) must be gone at the end, orphans included: they carry this session's
+    tag in their environment. (PyTorch's compile workers, which end with this process, are
+    not ours.)"""
+    import uuid
+
+    from tests.process_tree import SESSION_TAG, tagged_pids
+
+    tag = os.environ[SESSION_TAG] = uuid.uuid4().hex
+    yield
+    deadline = time.monotonic() + 30
+    while (left := {pid: command for pid, command in tagged_pids(tag).items()
+                    if b"compile_worker" not in command}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes outlived the tests: {left}"
 
 
 @pytest.fixture(scope="module")

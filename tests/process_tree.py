@@ -1,5 +1,9 @@
-"""This test process's live descendants, read from /proc: for checking that no worker,
-replica or Ray process outlives the test that started it."""
+"""Processes started by the tests, read from /proc: for checking that no worker, replica,
+server or Ray process outlives the test that started it.
+
+Descendants are found by parent links; orphans (reparented to init when their parent died)
+by an environment variable the session sets and every process it starts inherits
+(`tagged_pids`)."""
 
 from __future__ import annotations
 
@@ -29,6 +33,29 @@ def descendant_pids(root: int | None = None, command_part: bytes = b"") -> set[i
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return {pid for pid in found if command_part in commands.get(pid, b"")}
+
+
+SESSION_TAG = "PAGODA_TEST_SESSION"
+"""Environment variable conftest.py sets for the session: its value marks its processes."""
+
+
+def tagged_pids(value: str) -> dict[int, bytes]:
+    """Live processes other than this one whose environment holds SESSION_TAG=`value`:
+    pid -> command line."""
+    marker, found = f"{SESSION_TAG}={value}".encode(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environment = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker in environment and is_alive(int(entry)):
+            found[int(entry)] = command
+    return found
 
 
 def is_alive(pid: int) -> bool:

@@ -44,6 +44,7 @@ from pagoda.engine.request_stream import (
     EngineStepError,
     QueueFullError,
     RequestStream,
+    generate_outputs,
 )
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import EngineFatalError, InvalidRequestError
@@ -229,7 +230,7 @@ class AsyncLLMEngine:
             stream.put(None)  # wakes a consumer still waiting on it
         self._commands.put(_Abort(request_id))
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt: str | list[int],
@@ -238,14 +239,7 @@ class AsyncLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Validate, add_request and iterate; aborts the request if the consumer stops early.
         Raises InvalidRequestError for a bad request."""
-        request = self.input_processor.process(request_id, prompt, params, priority=priority)
-        stream = await self.add_request(request)
-        try:
-            async for output in stream:
-                yield output
-        finally:
-            if not stream.finished:
-                self.abort(request_id)
+        return generate_outputs(self, request_id, prompt, params, priority)
 
     def cancel_all(self, reason: str) -> None:
         """Abort every open request; their streams raise EngineDeadError(reason). For a

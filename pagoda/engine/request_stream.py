@@ -4,6 +4,7 @@ that end it (the engine loop itself is in async_engine.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from pagoda.outputs import RequestOutput
 
@@ -50,3 +51,18 @@ class RequestStream:
         if item.finished:
             self.finished = True
         return item
+
+
+async def generate_outputs(engine, request_id: str, prompt: str | list[int], params,
+                           priority: int = 0) -> AsyncIterator[RequestOutput]:
+    """Validate (InvalidRequestError for a bad request), add_request and iterate `engine`'s
+    stream (an AsyncLLMEngine or a DataParallelEngine); aborts the request if the consumer
+    stops early."""
+    request = engine.input_processor.process(request_id, prompt, params, priority=priority)
+    stream = await engine.add_request(request)
+    try:
+        async for output in stream:
+            yield output
+    finally:
+        if not stream.finished:
+            engine.abort(request_id)

@@ -44,6 +44,7 @@ from pagoda.engine.request_stream import (
     EngineDeadError,
     QueueFullError,
     RequestStream,
+    generate_outputs,
 )
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
@@ -194,17 +195,10 @@ class DataParallelEngine:
         if slot.healthy:  # (a replica that died took the request with it)
             slot.send((ABORT, request_id))
 
-    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+    def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                 priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Validate, add_request and iterate; aborts the request if the consumer stops early."""
-        request = self.input_processor.process(request_id, prompt, params, priority=priority)
-        stream = await self.add_request(request)
-        try:
-            async for output in stream:
-                yield output
-        finally:
-            if not stream.finished:
-                self.abort(request_id)
+        return generate_outputs(self, request_id, prompt, params, priority)
 
     def cancel_all(self, reason: str) -> None:
         """Abort every open request; their streams raise EngineDeadError(reason)."""
