@@ -94,10 +94,11 @@ def checkpoint_tensors(fmt: str, codes, zeros, scales, group_size: int) -> dict:
             "g_idx": (torch.arange(k) // group_size).int()}
 
 
-def quantized_checkpoint(folder: str, fmt: str, group_size: int):
-    """Write a tiny Llama in `fmt` to `folder`; returns transformers' model holding the
-    dequantized weights (the reference), and one with the offsets rounded to float16."""
-    model = build_checkpoint("llama", folder, **SIZES)
+def quantized_checkpoint(folder: str, fmt: str, group_size: int, **overrides):
+    """Write a tiny Llama in `fmt` to `folder` (config fields `overrides` changed); returns
+    transformers' model holding the dequantized weights (the reference), and one with the
+    offsets rounded to float16."""
+    model = build_checkpoint("llama", folder, **{**SIZES, **overrides})
     rounded = copy.deepcopy(model)
     rounded_params = rounded.state_dict()
     for name in os.listdir(folder):

@@ -73,6 +73,19 @@ def test_tiny_models_tp2_equal_tp1(arch, options, tmp_path) -> None:
     assert_tp2_matches_tp1(folder, **options)
 
 
+def test_awq_checkpoint_tp2_equals_tp1(tmp_path) -> None:
+    # AWQ's own 4-bit codes (groups of 32), cut as packed q4 on their group grid
+    from tests.executor.test_awq_gptq import quantized_checkpoint
+    from tests.executor.tiny_checkpoints import bundled_tokenizer
+
+    tokenizer = bundled_tokenizer()
+    quantized_checkpoint(str(tmp_path), "awq", 32, vocab_size=len(tokenizer),
+                         max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    tokenizer.save_pretrained(str(tmp_path))
+    assert_tp2_matches_tp1(str(tmp_path))
+
+
 def test_compiled_tp2_equals_eager_tp1(tmp_path) -> None:
     folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), "llama")
     greedy = SamplingParams(max_tokens=12, temperature=0)
