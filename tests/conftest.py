@@ -44,12 +44,16 @@ def bundled_llm():
     return LLM(dtype="float32", kv_cache_memory=256 * 1024 * 1024, max_model_len=2048)
 
 
+ENDS_WITH_PYTEST = (b"compile_worker", b"multiprocessing.resource_tracker")
+"""Command-line parts of helper processes that end with the test process itself: PyTorch's
+compile workers, multiprocessing's resource tracker (started by spawn)."""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_process_outlives_the_tests():
     """Every process the tests start (servers, tensor-parallel workers, data-parallel
     replicas, Ray's) must be gone at the end, orphans included: they carry this session's
-    tag in their environment. (PyTorch's compile workers, which end with this process, are
-    not ours.)"""
+    tag in their environment. (Helpers that end with this process are not ours to stop.)"""
     import uuid
 
     from tests.process_tree import SESSION_TAG, tagged_pids
@@ -58,7 +62,8 @@ def no_process_outlives_the_tests():
     yield
     deadline = time.monotonic() + 30
     while (left := {pid: command for pid, command in tagged_pids(tag).items()
-                    if b"compile_worker" not in command}) and time.monotonic() < deadline:
+                    if not any(part in command for part in ENDS_WITH_PYTEST)}
+           ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"processes outlived the tests: {left}"
 

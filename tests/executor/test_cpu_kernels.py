@@ -80,13 +80,15 @@ def runnable_builds() -> list:
 
 
 @pytest.fixture(params=runnable_builds())
-def isa_build(request, tmp_path, monkeypatch):
+def isa_build(request, tmp_path_factory, monkeypatch):
     """The float32 kernels as one instruction-set build of the library, which ops then call.
-    Yields the vector width in bytes."""
+    Yields the vector width in bytes. Each build is compiled once per session, into a
+    temporary cache of the session's own (its flags are in its cache key)."""
     if request.param == "native":
         lib = build.load_cpu_kernels()
     else:
-        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() /
+                                                      "isa-builds"))
         lib = build._declare(ctypes.CDLL(str(build_library(
             extra_flags=X86_BUILDS[request.param][0]))))
         monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
