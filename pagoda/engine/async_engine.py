@@ -42,8 +42,8 @@ from pagoda.engine.metrics import EngineMetrics
 from pagoda.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
-    QueueFullError,
     RequestStream,
+    check_capacity,
     generate_outputs,
 )
 from pagoda.engine.snapshot import EngineSnapshot
@@ -211,15 +211,8 @@ class AsyncLLMEngine:
         plus the newcomers (first come, first served: they queue behind it)."""
         if self.max_queue is None:
             return
-        would_wait = self.num_unfinished_seqs + num_seqs - self.max_num_seqs
-        num_waiting = self.snapshot.num_waiting_seqs
-        if num_waiting > 0:
-            would_wait = max(would_wait, num_waiting + num_seqs)
-        if would_wait > self.max_queue:
-            raise QueueFullError(
-                f"the server is at capacity: {max(would_wait - num_seqs, 0)} sequence(s) are "
-                f"waiting and the queue holds at most {self.max_queue}; retry later"
-            )
+        check_capacity(self.num_unfinished_seqs, num_seqs, self.max_num_seqs,
+                       self.snapshot.num_waiting_seqs, self.max_queue)
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks; a no-op for finished or unknown ids."""

@@ -66,3 +66,19 @@ async def generate_outputs(engine, request_id: str, prompt: str | list[int], par
     finally:
         if not stream.finished:
             engine.abort(request_id)
+
+
+def check_capacity(num_unfinished_seqs: int, num_seqs: int, num_running_slots: int,
+                   num_waiting_seqs: int, max_queue: int) -> None:
+    """QueueFullError if `num_seqs` more sequences would leave more than `max_queue`
+    waiting: those beyond the running slots (`num_running_slots`: max_num_seqs of each
+    engine), or, when the engine reported a queue after its last step (KV-cache pressure),
+    that queue plus the newcomers (first come, first served: they queue behind it)."""
+    would_wait = num_unfinished_seqs + num_seqs - num_running_slots
+    if num_waiting_seqs > 0:
+        would_wait = max(would_wait, num_waiting_seqs + num_seqs)
+    if would_wait > max_queue:
+        raise QueueFullError(
+            f"the server is at capacity: {max(would_wait - num_seqs, 0)} sequence(s) are "
+            f"waiting and the queue holds at most {max_queue}; retry later"
+        )

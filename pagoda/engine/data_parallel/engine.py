@@ -42,8 +42,8 @@ from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.request_stream import (
     EngineDeadError,
-    QueueFullError,
     RequestStream,
+    check_capacity,
     generate_outputs,
 )
 from pagoda.engine.snapshot import EngineSnapshot
@@ -172,15 +172,8 @@ class DataParallelEngine:
         if self.max_queue is None:
             return
         healthy = [slot for slot in self._slots if slot.healthy]
-        would_wait = self.num_unfinished_seqs + num_seqs - len(healthy) * self.max_num_seqs
-        num_waiting = sum(slot.snapshot.num_waiting_seqs for slot in healthy)
-        if num_waiting > 0:
-            would_wait = max(would_wait, num_waiting + num_seqs)
-        if would_wait > self.max_queue:
-            raise QueueFullError(
-                f"the server is at capacity: {max(would_wait - num_seqs, 0)} sequence(s) are "
-                f"waiting and the queue holds at most {self.max_queue}; retry later"
-            )
+        check_capacity(self.num_unfinished_seqs, num_seqs, len(healthy) * self.max_num_seqs,
+                       sum(slot.snapshot.num_waiting_seqs for slot in healthy), self.max_queue)
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks; a no-op for finished or unknown ids."""
