@@ -19,25 +19,7 @@ URL=http://127.0.0.1:$PORT
 MAX_QUIET_WAIT_S=${MAX_QUIET_WAIT_S:-300}
 DATASETS=${DATASETS:-random shared-prefix}
 
-quiet() {
-  local waited=0
-  while awk '{exit !($1 >= 1.0)}' /proc/loadavg && [ $waited -lt "$MAX_QUIET_WAIT_S" ]; do
-    sleep 5; waited=$((waited + 5))
-  done
-  echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg) (waited ${waited}s)" \
-    | tee -a "$OUT/load.txt"
-}
-
-start_server() {  # $1: label (single | dp); the engine options follow
-  local label=$1; shift
-  $PAGODA serve --port "$PORT" --max-model-len 2048 --no-access-log "$@" \
-    > "$OUT/server-$label.log" 2>&1 &
-  SERVER=$!
-  until curl -sf "$URL/health" >/dev/null; do
-    kill -0 $SERVER 2>/dev/null || { cat "$OUT/server-$label.log"; exit 1; }
-    sleep 1
-  done
-}
+source "$(dirname "$0")/lib.sh"  # quiet, start_server
 
 for round in 1 2; do
   for label in single dp; do

@@ -17,7 +17,7 @@ PAGODA=.venv/bin/pagoda
 PORT=${PORT:-8771}
 URL=http://127.0.0.1:$PORT
 
-quiet() { while awk '{exit !($1 >= 1.0)}' /proc/loadavg; do sleep 5; done; }
+source "$(dirname "$0")/lib.sh"  # quiet, start_server
 
 bench() {  # $1 label; the rest go to pagoda bench serve
   local label=$1; shift
@@ -29,13 +29,7 @@ bench() {  # $1 label; the rest go to pagoda bench serve
 for mode in off ngram; do
   flags=()
   [ "$mode" = ngram ] && flags=(--speculative-config "$SPEC")
-  $PAGODA serve --port "$PORT" --max-model-len 2048 --no-access-log "${flags[@]}" \
-    > "$OUT/server-$mode.log" 2>&1 &
-  SERVER=$!
-  until curl -sf "$URL/health" >/dev/null; do
-    kill -0 $SERVER 2>/dev/null || { cat "$OUT/server-$mode.log"; exit 1; }
-    sleep 1
-  done
+  start_server "$mode" "${flags[@]}"
   bench "$mode-grounded-c1" --dataset grounded --num-requests 8 --output-len 128 --max-concurrency 1
   bench "$mode-grounded-c4" --dataset grounded --num-requests 16 --output-len 128 --max-concurrency 4 --seed 1
   bench "$mode-grounded-c1-t07" --dataset grounded --num-requests 8 --output-len 128 --max-concurrency 1 --temperature 0.7 --seed 3

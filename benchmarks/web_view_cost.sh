@@ -24,14 +24,7 @@ PORT=${PORT:-8772}
 URL=http://127.0.0.1:$PORT
 MAX_QUIET_WAIT_S=${MAX_QUIET_WAIT_S:-300}
 
-quiet() {
-  local waited=0
-  while awk '{exit !($1 >= 1.0)}' /proc/loadavg && [ $waited -lt "$MAX_QUIET_WAIT_S" ]; do
-    sleep 5; waited=$((waited + 5))
-  done
-  echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg) (waited ${waited}s)" \
-    | tee -a "$OUT/load.txt"
-}
+source "$(dirname "$0")/lib.sh"  # quiet, start_server
 
 open_page() {  # headless Chromium on the page until killed; prints the view's ticks at exit
   $PY - "$URL" <<'PY' &
@@ -65,12 +58,7 @@ open_stream() {  # the live view's stream read at the page's rate, until killed
 }
 
 VIEWER=${VIEWER:-page}
-$PAGODA serve --port "$PORT" --max-model-len 2048 --no-access-log > "$OUT/server.log" 2>&1 &
-SERVER=$!
-until curl -sf "$URL/health" >/dev/null; do
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
-  sleep 1
-done
+start_server web
 
 round=0
 for label in none-1 $VIEWER-1 none-2 $VIEWER-2; do

@@ -61,7 +61,11 @@ class RayReplica:
     sentinel = None  # (no local process: the connection's EOF tells the engine)
 
     def __init__(self, ray, actor, connection, done, pid: int) -> None:
-        self.ray, self.actor, self.connection, self.done, self._pid = ray, actor, connection, done, pid
+        self.ray = ray
+        self.actor = actor
+        self.connection = connection
+        self.done = done
+        self._pid = pid
 
     @property
     def pid(self) -> int | None:

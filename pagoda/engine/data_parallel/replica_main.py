@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -45,17 +44,17 @@ from pagoda.engine.data_parallel.messages import (
     encode_error,
     snapshot_fields,
 )
+from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 0.25
 PARENT_GONE_EXIT_S = 10.0
-_PR_SET_PDEATHSIG = 1
 
 
 def run_replica(spec: ReplicaSpec, conn: Connection) -> None:
     """The process's entry point (multiprocessing target)."""
-    _die_with_parent(spec.parent_pid)
+    die_with_parent(signal.SIGKILL, spec.parent_pid)
     # Ctrl+C, and a service manager's SIGTERM, reach the whole process group: the server
     # drains its requests (which needs its replicas) and then stops them itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -76,14 +75,6 @@ def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
     the server's; returns the exit code. A local replica process's body (run_replica), and
     a Ray actor's (ray_replica.py)."""
     return asyncio.run(_serve(spec, conn))
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the server died before prctl took effect
-        os._exit(1)
 
 
 def _set_threads() -> int:

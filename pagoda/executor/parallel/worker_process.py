@@ -6,20 +6,19 @@ engine sends with ("ok", result) or ("error", message), until it sends None or g
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import signal
 import sys
 from multiprocessing.connection import Connection
 
 from pagoda.executor.parallel.mp_workers import receive, send
+from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
 
 
 def worker_main(connection: Connection) -> None:
-    _die_with_parent()
+    die_with_parent(signal.SIGTERM)
     config, rank, world_size, init_method, log_level = receive(connection)
     logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s [tp{rank}] %(name)s: %(message)s")
@@ -46,12 +45,6 @@ def worker_main(connection: Connection) -> None:
             reply = ("error", f"{type(error).__name__}: {error}")
         send(connection, reply)
     worker.close()
-
-
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGTERM when the process that started it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":
