@@ -3,7 +3,7 @@
 Field names and defaults follow vLLM's ``SamplingParams`` so that OpenAI-protocol requests
 map onto them one to one. The object is framework-free (no torch): the service layer builds
 it, the scheduling layer reads ``max_tokens``/``min_tokens``/``stop*``, and the execution
-layer turns a batch of them into tensors (``pagoda.executor.sampler.SamplingMetadata``).
+layer turns a batch of them into tensors (``pagoda.executor.sampling_metadata.SamplingMetadata``).
 
 Pipeline of ``__post_init__``:
     1. normalise: ``top_k=-1`` -> 0, ``stop`` -> list[str], ``stop_token_ids`` -> list[int]

@@ -141,7 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import pagoda
     from pagoda.entrypoints.openai.model_registry import ServedModel
-    from pagoda.entrypoints.openai.server import ServerState, build_app, run_server
+    from pagoda.entrypoints.openai.server import ServerState, build_app
+    from pagoda.entrypoints.openai.uvicorn_server import run_server
 
     check_server_args(args)
     configs = model_configs(args)

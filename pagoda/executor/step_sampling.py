@@ -10,12 +10,8 @@ import torch
 
 from pagoda.executor.input_batch import CachedRequestState
 from pagoda.executor.request_faults import contain_non_finite, fail_unsampleable
-from pagoda.executor.sampler import (
-    NO_TOKEN,
-    SamplingMetadata,
-    compute_token_logprobs,
-    unpack_bitmask,
-)
+from pagoda.executor.sampler import NO_TOKEN, compute_token_logprobs, unpack_bitmask
+from pagoda.executor.sampling_metadata import SamplingMetadata
 from pagoda.outputs import TokenLogprobs
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pagoda.executor.sampler import Sampler, SamplerOutput, SamplingMetadata
+from pagoda.executor.sampler import Sampler, SamplerOutput
+from pagoda.executor.sampling_metadata import SamplingMetadata
 from pagoda.sampling_params import SamplingParams
 
 VOCAB = 32

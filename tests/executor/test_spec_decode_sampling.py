@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pagoda.executor.sampler import Sampler, SamplingMetadata
+from pagoda.executor.sampler import Sampler
+from pagoda.executor.sampling_metadata import SamplingMetadata
 from pagoda.executor.spec_decode.adaptive import (
     MIN_ACCEPTANCE_RATE,
     PAUSE_STEPS,

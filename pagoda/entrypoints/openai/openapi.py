@@ -17,20 +17,22 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from pagoda.entrypoints.openai.protocol import (
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
+    LoadModelRequest,
+    TokenizeRequest,
+    UnloadModelRequest,
+)
+from pagoda.entrypoints.openai.responses import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionResponse,
     DetokenizeResponse,
     ErrorResponse,
-    LoadModelRequest,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     TokenizeResponse,
-    UnloadModelRequest,
     VersionResponse,
 )
 

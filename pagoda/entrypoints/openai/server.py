@@ -26,13 +26,10 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
@@ -62,13 +59,15 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    DetokenizeResponse,
     LoadModelRequest,
+    TokenizeRequest,
+    UnloadModelRequest,
+)
+from pagoda.entrypoints.openai.responses import (
+    DetokenizeResponse,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     TokenizeResponse,
-    UnloadModelRequest,
     VersionResponse,
 )
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -122,7 +121,7 @@ class ServerState:
     exit_code: int = 0
     """The process's exit code: 1 once the engine loop died (a supervisor restarts it)."""
     request_exit: Callable[[], None] | None = None
-    """Asks the HTTP server to shut down (set by run_server)."""
+    """Asks the HTTP server to shut down (set by uvicorn_server.run_server)."""
 
 
 class GateMiddleware:
@@ -349,65 +348,3 @@ def build_app(state: ServerState) -> FastAPI:
 
     add_web_routes(app, lambda: {name: model.engine for name, model in registry.ready.items()})
     return app
-
-
-class PagodaUvicornServer(uvicorn.Server):
-    """uvicorn's server, except for the signal-initiated shutdown:
-    - the app is marked as draining (new /v1 requests: 503) and uvicorn stops accepting;
-    - requests still running `shutdown_timeout` seconds later are aborted by us, so their
-      responses end with an error body or SSE error event rather than a cancelled task
-      (uvicorn's own cancellation, a few seconds later, is only a fallback);
-    - it ends normally (exit code 0): uvicorn itself re-raises the signal once done."""
-
-    CANCEL_MARGIN_S = 5.0
-
-    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
-        super().__init__(config)
-        self.pagoda_state = state
-        self.shutdown_timeout = shutdown_timeout
-
-    def handle_exit(self, sig: int, frame) -> None:
-        registry = self.pagoda_state.registry
-        if not self.should_exit:
-            logger.info("received %s: finishing in-flight requests (for up to %ss)",
-                        signal.Signals(sig).name, self.shutdown_timeout)
-            loop = self.pagoda_state.engine.loop
-            if loop is not None and not loop.is_closed():
-                reason = (f"the server shut down before this request finished (it waited "
-                          f"{self.shutdown_timeout}s)")
-                loop.call_soon_threadsafe(
-                    loop.call_later, self.shutdown_timeout, registry.cancel_all, reason
-                )
-        self.pagoda_state.draining = True
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        signals = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
-
-
-def run_server(
-    app: FastAPI, state: ServerState, host: str, port: int, shutdown_timeout: float,
-    access_log: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
-) -> int:
-    """Serve until SIGTERM/SIGINT, then drain for up to `shutdown_timeout` seconds; HTTPS
-    when a key and certificate are given. Returns the exit code: 0, or 1 when the engine
-    loop died."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="info", access_log=access_log,
-        timeout_graceful_shutdown=shutdown_timeout + PagodaUvicornServer.CANCEL_MARGIN_S,
-        lifespan="on", ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
-    )
-    server = PagodaUvicornServer(config, state, shutdown_timeout)
-    state.request_exit = lambda: setattr(server, "should_exit", True)
-    server.run()
-    return state.exit_code

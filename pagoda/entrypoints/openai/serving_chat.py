@@ -15,16 +15,15 @@ from __future__ import annotations
 import jinja2
 
 from pagoda.entrypoints.chat_template import encode_chat_prompt
-from pagoda.entrypoints.openai.protocol import (
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from pagoda.entrypoints.openai.responses import (
     ChatChoiceLogProbs,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatCompletionStreamChoice,
     ChatLogProb,
     ChatLogProbsContent,
-    ChatMessage,
     ChatResponseMessage,
     DeltaMessage,
 )

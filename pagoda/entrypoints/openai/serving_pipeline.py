@@ -51,7 +51,8 @@ from pagoda.entrypoints.openai.errors import (
     server_overloaded,
 )
 from pagoda.entrypoints.openai.guards import RequestTimeout, until_deadline, with_deadline
-from pagoda.entrypoints.openai.protocol import SamplingRequestFields, UsageInfo
+from pagoda.entrypoints.openai.protocol import SamplingRequestFields
+from pagoda.entrypoints.openai.responses import UsageInfo
 from pagoda.entrypoints.openai.streaming import (
     SSE_DONE,
     ClientDisconnected,

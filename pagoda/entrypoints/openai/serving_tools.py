@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, DeltaMessage
+from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from pagoda.entrypoints.openai.responses import DeltaMessage
 from pagoda.entrypoints.openai.serving_pipeline import ChoiceState, SamplingFields
 from pagoda.entrypoints.openai.tool_fields import (
     DeltaFunctionCall,

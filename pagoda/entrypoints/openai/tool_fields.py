@@ -143,7 +143,7 @@ class ToolCall(_Response):
 
 
 class ResponseToolCalls(_Response):
-    """Mixed into protocol.ChatResponseMessage: its calls, last, and left out when the
+    """Mixed into responses.ChatResponseMessage: its calls, last, and left out when the
     answer made none (as OpenAI does)."""
 
     tool_calls: list[ToolCall] | None = None

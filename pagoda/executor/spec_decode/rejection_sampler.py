@@ -29,13 +29,13 @@ import torch
 
 from pagoda.executor.sampler import (
     Sampler,
-    SamplingMetadata,
     _argmax,
     draw_uniforms,
     gather_logprobs,
     probabilities,
     random_sample,
 )
+from pagoda.executor.sampling_metadata import SamplingMetadata
 
 
 @dataclass
