@@ -41,7 +41,9 @@ def test_a_short_soak_loses_nothing_and_leaks_nothing(tmp_path) -> None:
     assert report["num_preemptions"] > 0  # the cache was too small, as meant
     assert report["num_greedy_checked"] >= 30 and report["greedy_mismatches"] == []
     assert report["after_drain"]["num_kv_blocks_held"] == 0
-    assert len(report["rss_samples"]) >= 5 and abs(report["rss_growth"]) < 0.05
+    # Growth is the leak; RSS may shrink after the warm-up (the allocator returns memory).
+    assert len(report["rss_samples"]) >= 5 and report["rss_after_warmup"] > 0
+    assert report["rss_growth"] < 0.05
     assert plot_path.stat().st_size > 10_000
 
 
