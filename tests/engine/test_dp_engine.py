@@ -39,8 +39,9 @@ _pids = itertools.count(1000)
 
 
 class FakeReplica:
-    """A replica on a thread: acks each ADD with one output, finishes a request when the
-    test says so; `kill()` closes its pipe end (what the server sees of a SIGKILL)."""
+    """A replica on a thread: acks each ADD with one output (unless `hold_adds`: it keeps
+    them unanswered), finishes a request when the test says so; `kill()` closes its pipe
+    end (what the server sees of a SIGKILL)."""
 
     def __init__(self, spec, tokenizer, fail_start: bool = False,
                  ready: threading.Event | None = None) -> None:
@@ -51,6 +52,7 @@ class FakeReplica:
         self.pid = next(_pids)
         self.exitcode: int | None = None
         self.requests: dict[str, list[int]] = {}
+        self.hold_adds = False
         self._lock = threading.Lock()
         self._killed = threading.Event()
         self._stopped = threading.Event()
@@ -76,6 +78,8 @@ class FakeReplica:
             if message[0] == ADD:
                 request = message[1]
                 self.requests[request.request_id] = request.prompt_token_ids
+                if self.hold_adds:
+                    continue
                 self._send((BATCH, [(ADDED, request.request_id),
                                     (OUT, request.request_id, self.output(request.request_id,
                                                                           False))]))
@@ -202,6 +206,45 @@ def test_a_dead_replica_fails_its_own_streams_and_restarts(launched):
                 pass
         assert not engine.is_alive
         assert all(not r.is_alive() for rs in replicas.values() for r in rs)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_replica_dies_before_taking_it_goes_to_another(launched):
+    launch, replicas, settings = launched
+    engine = make_engine(launch)
+    settings["restarted"].clear()  # the dead one stays down meanwhile
+
+    async def scenario() -> None:
+        engine.start()
+        await until(lambda: engine.replica_states() == ["healthy", "healthy"])
+        for index in (0, 1):
+            replicas[index][-1].hold_adds = True
+        adding = asyncio.ensure_future(engine.add_request(request(engine, "a", [1, 2])))
+        await until(lambda: any("a" in replicas[i][-1].requests for i in (0, 1)))
+        first = next(i for i in (0, 1) if "a" in replicas[i][-1].requests)
+        other = 1 - first
+        replicas[other][-1].hold_adds = False
+        assert not adding.done()  # not taken yet
+        replicas[first][-1].kill()
+        stream = await asyncio.wait_for(adding, 5)  # taken by the other, no error
+        assert "a" in replicas[other][-1].requests
+        assert (await stream.__anext__()).outputs[0].text == "x"
+        assert engine.num_unfinished_seqs == 1
+        assert engine.router.load(first) == 0
+        replicas[other][-1].finish("a")
+        assert (await stream.__anext__()).finished
+        assert engine.num_unfinished_seqs == 0
+        # With no replica left to take it, the request fails with a 503's error.
+        replicas[other][-1].hold_adds = True
+        adding = asyncio.ensure_future(engine.add_request(request(engine, "b", [3])))
+        await until(lambda: "b" in replicas[other][-1].requests)
+        replicas[other][-1].kill()
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(adding, 5)
+        assert engine.num_unfinished_seqs == 0
+        settings["restarted"].set()
+        await engine.shutdown()
 
     asyncio.run(scenario())
 

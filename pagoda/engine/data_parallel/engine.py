@@ -9,8 +9,9 @@ snapshot, is_alive, wait_dead, cancel_all, shutdown, tokenizer, max_model_len, v
   `request_ids` until `_end` (finished, failed or aborted), which undoes all three.
 - A replica that dies (EOF or exit on its pipe): its slot turns RESTARTING, the router
   skips it, its in-flight streams end with ReplicaDiedError (503, or an SSE error event),
-  requests it had not yet acknowledged fail with EngineDeadError (503: retry), and the
-  supervisor (supervisor.py) starts a new process for the same index. `is_alive` (/health) holds while any replica is healthy;
+  requests it had not yet acknowledged are routed to another replica (nothing of them ran;
+  EngineDeadError, a 503, when none is left), and the supervisor (supervisor.py) starts a
+  new process for the same index. `is_alive` (/health) holds while any replica is healthy;
   `wait_dead` returns only once every slot is given up (the server then exits 1).
 - All state is touched on the server's event loop only; reader threads post to it.
 """
@@ -52,6 +53,11 @@ from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+class ReplicaLostBeforeAckError(EngineDeadError):
+    """The replica a request was sent to died before it took the request: nothing of it
+    ran, so add_request routes it to another replica."""
 
 
 class ReplicaDiedError(EngineDeadError):
@@ -139,15 +145,36 @@ class DataParallelEngine:
 
     async def add_request(self, request: EngineRequest) -> RequestStream:
         """Route a validated request to a replica; returns its stream once the replica took
-        it. Raises QueueFullError, EngineDeadError (no healthy replica, or its replica died
-        before taking it), or InvalidRequestError (an id in use, or refused there)."""
+        it (a replica that dies before taking it is skipped for the next healthy one).
+        Raises QueueFullError, EngineDeadError (no healthy replica), or InvalidRequestError
+        (an id in use, or refused there)."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_message())
         request_id = request.request_id
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        num_seqs = request.params.n
-        self.check_queue(num_seqs)
+        self.check_queue(request.params.n)
+        while True:  # each pass routes to another replica: a lost one is no longer healthy
+            stream, ack = self._send_to_a_replica(request)
+            try:
+                await ack
+            except ReplicaLostBeforeAckError as error:
+                # Nothing of it ran there: route it again if it still has a stream (a
+                # concurrent abort or cancel_all ends it).
+                if request_id not in self._streams:
+                    raise EngineDeadError(str(error)) from None
+                logger.info("request %s: %s; routing it again", request_id, error)
+                self._end(request_id)
+                continue
+            except BaseException:
+                self.abort(request_id)
+                raise
+            return stream
+
+    def _send_to_a_replica(self, request: EngineRequest) -> tuple[RequestStream, asyncio.Future]:
+        """Route, count (the module's invariant) and send; the future is set once the
+        replica took the request, or fails."""
+        request_id, num_seqs = request.request_id, request.params.n
         try:
             index = self.router.route(request_id, request.prompt_token_ids, num_seqs)
         except NoHealthyReplicaError:
@@ -157,15 +184,9 @@ class DataParallelEngine:
         self._streams[request_id] = (stream, index)
         slot.request_ids.add(request_id)
         self.num_unfinished_seqs += num_seqs
-        ack = self._loop.create_future()
-        slot.pending_acks[request_id] = ack
+        ack = slot.pending_acks[request_id] = self._loop.create_future()
         slot.send((ADD, request))  # if it is gone, its loss fails the ack
-        try:
-            await ack
-        except BaseException:
-            self.abort(request_id)
-            raise
-        return stream
+        return stream, ack
 
     def check_queue(self, num_seqs: int = 1) -> None:
         """As AsyncLLMEngine.check_queue, over the healthy replicas together."""
@@ -277,14 +298,15 @@ class DataParallelEngine:
         self._publish_state(slot)
 
     def on_lost(self, slot: ReplicaSlot, how: str) -> None:
-        """Fail its requests: in flight with ReplicaDiedError, not yet taken with
-        EngineDeadError (a 503: nothing ran, retry); keep its counters."""
+        """Fail its requests in flight with ReplicaDiedError; those it had not yet taken
+        go to another replica (add_request); keep its counters."""
         self.router.set_healthy(slot.index, False)
         message = f"engine replica {slot.index} died ({how}) while running this request; retry it"
         for request_id in list(slot.request_ids):
             ack = slot.pending_acks.pop(request_id, None)
             if ack is not None and not ack.done():
-                ack.set_exception(EngineDeadError(message.replace("running", "receiving")))
+                ack.set_exception(ReplicaLostBeforeAckError(
+                    f"engine replica {slot.index} died ({how}) before it took the request"))
             else:
                 self._deliver(request_id, ReplicaDiedError(message))
         slot.retire_snapshot()
