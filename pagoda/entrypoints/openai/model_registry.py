@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import time
@@ -261,9 +260,10 @@ class ModelRegistry:
 def release_memory() -> None:
     """Return freed memory (a stopped model's weights and KV cache) to the system: collect
     the cycles that still hold tensors, then have glibc give back its free pages."""
+    from pagoda.executor.loader.model_loader import release_freed_memory
+
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_freed_memory()
 
 
 def release_with_response(response: Response, release: Callable[[], None]) -> Response:
