@@ -102,3 +102,37 @@ def test_float_and_quantized_linears_cut() -> None:
         torch.testing.assert_close(
             linear_columns(quantized, 0, 32, True)(x[:, :32]) + cut(x[:, 32:]), quantized(x),
             rtol=1e-4, atol=1e-4)
+
+
+def test_a_start_up_that_lost_its_rendezvous_port_is_tried_again(caplog) -> None:
+    from pagoda.executor.parallel import tp_runner
+
+    taken = ValueError("tensor-parallel start-up failed: tensor-parallel rank 0: "
+                       "DistNetworkError: ... code: -98, name: EADDRINUSE, message: address "
+                       "already in use")
+    attempts = []
+
+    def start(config):
+        attempts.append(config)
+        if len(attempts) < tp_runner.RENDEZVOUS_ATTEMPTS:
+            raise taken
+        return "workers", ["built"]
+
+    assert tp_runner.start_with_a_free_rendezvous(start, "config") == ("workers", ["built"])
+    assert attempts == ["config"] * tp_runner.RENDEZVOUS_ATTEMPTS
+    assert "rendezvous port was taken" in caplog.text
+
+    def always_taken(config):
+        raise taken
+
+    with pytest.raises(ValueError, match="EADDRINUSE"):  # not forever
+        tp_runner.start_with_a_free_rendezvous(always_taken, "config")
+
+    def other_failure(config):
+        attempts.append(config)
+        raise ValueError("tensor-parallel start-up failed: no such model")
+
+    attempts.clear()
+    with pytest.raises(ValueError, match="no such model"):  # other errors are not retried
+        tp_runner.start_with_a_free_rendezvous(other_failure, "config")
+    assert len(attempts) == 1

@@ -56,8 +56,26 @@ def start_tensor_parallel_runner(config: EngineConfig):
         from pagoda.executor.parallel.ray_workers import start_ray_workers as start
     else:
         from pagoda.executor.parallel.mp_workers import start_local_workers as start
-    workers, built = start(config)
+    workers, built = start_with_a_free_rendezvous(start, config)
     return TensorParallelRunner(workers), built[0]
+
+
+RENDEZVOUS_ATTEMPTS = 3
+"""Start-ups tried while the rendezvous port is lost to another process: a backend picks a
+free port, and rank 0 listens on it a moment later (EADDRINUSE if something took it)."""
+
+
+def start_with_a_free_rendezvous(start, config: EngineConfig):
+    """`start(config)`, again (each time on a newly picked port) when rank 0 could not
+    listen on the port picked for the group's rendezvous."""
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        try:
+            return start(config)
+        except ValueError as error:
+            if "EADDRINUSE" not in str(error) or attempt == RENDEZVOUS_ATTEMPTS:
+                raise
+            logger.warning("tensor-parallel start-up, attempt %d: the rendezvous port was "
+                           "taken meanwhile; starting again on another", attempt)
 
 
 class TensorParallelRunner:
