@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,11 +66,17 @@ def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path
 @pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
 @pytest.mark.parametrize("flags", [("-march=x86-64",), ("-march=haswell",),
                                    ("-march=skylake-avx512",), ("-march=sapphirerapids",)])
-def test_every_x86_instruction_set_path_compiles(flags, tmp_path, monkeypatch) -> None:
+def test_every_x86_instruction_set_path_compiles(flags, tmp_path_factory, monkeypatch) -> None:
     """Each per-ISA piece compiles, including those this CPU cannot run (the run tests below
-    cover what it can)."""
-    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+    cover what it can, on these same builds)."""
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
     assert build_library(extra_flags=flags).exists()
+
+
+def isa_build_cache(tmp_path_factory) -> Path:
+    """The session's own kernel cache for instruction-set builds: each build (its flags and
+    sources are in its cache key) is compiled once however many tests use it."""
+    return tmp_path_factory.getbasetemp() / "isa-builds"
 
 
 def runnable_builds() -> list:
@@ -82,13 +89,12 @@ def runnable_builds() -> list:
 @pytest.fixture(params=runnable_builds())
 def isa_build(request, tmp_path_factory, monkeypatch):
     """The float32 kernels as one instruction-set build of the library, which ops then call.
-    Yields the vector width in bytes. Each build is compiled once per session, into a
-    temporary cache of the session's own (its flags are in its cache key)."""
+    Yields the vector width in bytes. Each build is compiled once per session
+    (isa_build_cache)."""
     if request.param == "native":
         lib = build.load_cpu_kernels()
     else:
-        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() /
-                                                      "isa-builds"))
+        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
         lib = build._declare(ctypes.CDLL(str(build_library(
             extra_flags=X86_BUILDS[request.param][0]))))
         monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
