@@ -3,12 +3,14 @@ group-quantized matmul in both formats and every row count, its dequantized larg
 path, the packing that re-finds GGUF Q4_1 / Q8_0 codes, and attention over a scattered paged
 cache (decodes, prefills, chunked prefills, sliding window).
 
-Each test runs in both activation dtypes the library has: float32 (portable_f32.c, every
-CPU with a C compiler, which CI has) and bfloat16 (avx512_bf16.c, CPUs with AVX-512 BF16
-only: elsewhere those cases are skipped, as there is no instruction to run them). The
-float32 kernels are also built for every instruction set this CPU can run (generic 4-lane
-vectors, AVX2, AVX-512F, native) and each build is tested; ARM64 builds are tested under
-qemu in test_kernels_aarch64.py."""
+Each test runs in both activation dtypes the library has: float32 (gemm_f32.c,
+attention_f32.c: every CPU with a C compiler, which CI has) and bfloat16 (avx512_bf16.c) two
+ways: natively where the CPU has AVX-512 BF16, and through its emulation build
+(csrc/avx512_emulated.h: portable code with the instructions' arithmetic) on every CPU, so
+the bf16 path is proven whatever CPU CI draws; where the CPU has the instructions, the two
+builds must agree bit for bit. The float32 kernels are also built for every instruction set
+this CPU can run (generic 4-lane vectors, AVX2, AVX-512F, native) and each build is tested;
+ARM64 builds are tested under qemu in test_kernels_aarch64.py."""
 
 from __future__ import annotations
 
@@ -32,14 +34,18 @@ CPU_FLAGS = set(cpu_flags().split())
 CPU_HAS_AVX512_BF16 = "avx512_bf16" in CPU_FLAGS
 needs_bf16_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16,
                                         reason="this CPU lacks AVX-512 BF16")
-DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_kernels)]
+DTYPES = ["float32", pytest.param("bfloat16", marks=needs_bf16_kernels), "bfloat16-emulated"]
+"""Kernel paths of the `dtype` fixture (indirect): float32, bf16 on this CPU's instructions,
+bf16 through the emulation build (any CPU)."""
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
-X86_BUILDS = {  # name: (flags, CPU features the build needs)
-    "generic": (("-march=x86-64",), set()),
-    "avx2": (("-march=haswell",), {"avx2", "fma", "f16c"}),
-    "avx512f": (("-march=skylake-avx512",), {"avx512f", "avx512bw", "avx512vl"}),
+X86_FEATURES = {  # build.ISA_BUILDS name: CPU features the build needs to run
+    "generic": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512f": {"avx512f", "avx512bw", "avx512vl"},
 }
+X86_BUILDS = {name: (build.ISA_BUILDS[name], needs) for name, needs in X86_FEATURES.items()}
+"""name: (flags, CPU features the build needs)"""
 ON_X86 = platform.machine() in ("x86_64", "AMD64")
 
 
@@ -65,7 +71,8 @@ def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path
 
 @pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
 @pytest.mark.parametrize("flags", [("-march=x86-64",), ("-march=haswell",),
-                                   ("-march=skylake-avx512",), ("-march=sapphirerapids",)])
+                                   ("-march=skylake-avx512",), ("-march=sapphirerapids",),
+                                   build.ISA_BUILDS["avx512bf16-emulated"]])
 def test_every_x86_instruction_set_path_compiles(flags, tmp_path_factory, monkeypatch) -> None:
     """Each per-ISA piece compiles, including those this CPU cannot run (the run tests below
     cover what it can, on these same builds)."""
@@ -86,19 +93,34 @@ def runnable_builds() -> list:
     return builds
 
 
+def isa_library(name: str, tmp_path_factory) -> ctypes.CDLL:
+    """build.ISA_BUILDS[name] of the library, declared; compiled once per session."""
+    if name == "native":
+        return build.load_cpu_kernels()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
+        return build._declare(ctypes.CDLL(str(build_library(
+            extra_flags=build.ISA_BUILDS[name]))))
+
+
 @pytest.fixture(params=runnable_builds())
 def isa_build(request, tmp_path_factory, monkeypatch):
     """The float32 kernels as one instruction-set build of the library, which ops then call.
-    Yields the vector width in bytes. Each build is compiled once per session
-    (isa_build_cache)."""
-    if request.param == "native":
-        lib = build.load_cpu_kernels()
-    else:
-        monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
-        lib = build._declare(ctypes.CDLL(str(build_library(
-            extra_flags=X86_BUILDS[request.param][0]))))
-        monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    Yields the vector width in bytes."""
+    lib = isa_library(request.param, tmp_path_factory)
+    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
     yield lib.pagoda_f32_vector_bytes()
+
+
+@pytest.fixture
+def dtype(request, tmp_path_factory, monkeypatch) -> torch.dtype:
+    """The activation dtype of a kernel test (parametrized indirectly by DTYPES); for
+    "bfloat16-emulated", ops call the emulation build of the bf16 kernels."""
+    if request.param == "bfloat16-emulated":
+        lib = isa_library("avx512bf16-emulated", tmp_path_factory)
+        assert lib.pagoda_bf16_kernels_available() == 2
+        monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    return torch.float32 if request.param == "float32" else torch.bfloat16
 
 
 def gguf_like_weight(format: str, out_features: int, in_features: int):
@@ -141,7 +163,7 @@ def gemm_case(format: str, rows: int, dtype: torch.dtype):
     return out.float(), x.float() @ quantized.dequantize().to(dtype).float().T
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, indirect=True)
 @pytest.mark.parametrize("format", ["q4", "q8"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 21])
 def test_gemm_q_matches_a_matmul_by_the_dequantized_weight(dtype, format, rows) -> None:
@@ -187,7 +209,7 @@ def test_packing_rejects_shapes_the_kernel_cannot_tile() -> None:
 SMOLLM_HEADS = (9, 3, 64)  # query heads, KV heads, head dim
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, indirect=True)
 @pytest.mark.parametrize(
     "seqs",
     [
@@ -213,7 +235,7 @@ def test_float32_attention_on_every_instruction_set_build(isa_build, heads) -> N
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, indirect=True)
 def test_kernel_attention_sliding_window(dtype) -> None:
     out, expected = run_step([(50, 1), (9, 1), (2, 9)], window=20, seed=3,
                              backend_class=CpuKernelAttentionBackend, dtype=dtype,
@@ -235,7 +257,7 @@ def test_kernel_attention_takes_each_layers_window(seqs) -> None:
         torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4, msg=f"layer {layer}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, indirect=True)
 def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix(dtype) -> None:
     """The kernel itself (the backend feeds it decodes only, see cpu_backend.py): a 150-token
     prompt, each token attending keys 0 .. its position, against float32 causal attention."""
@@ -256,7 +278,7 @@ def test_kernel_attention_takes_prefill_tokens_against_their_causal_prefix(dtype
     torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, indirect=True)
 def test_kernel_writes_the_decode_steps_keys_and_values_as_it_attends(dtype) -> None:
     """new_keys: the kernel stores each token's K/V row at its slot (the cache ends up as
     write_kv_cache leaves it, nothing else touched) and attends with it. K/V come as views of
@@ -287,7 +309,7 @@ def test_the_kernel_backend_is_chosen_only_where_it_applies() -> None:
     assert isinstance(select_backend(16, cpu, torch.float32, 9, 3, 64, None),
                       CpuKernelAttentionBackend)
     bf16_backend = select_backend(16, cpu, torch.bfloat16, 9, 3, 64, None)
-    assert isinstance(bf16_backend, CpuKernelAttentionBackend) == CPU_HAS_AVX512_BF16
+    assert isinstance(bf16_backend, CpuKernelAttentionBackend) == kernels_available(torch.bfloat16)
     for dtype, heads in [(torch.float16, (9, 3, 64)), (torch.float32, (4, 4, 8))]:
         backend = select_backend(16, cpu, dtype, *heads, None)
         assert type(backend) is TorchAttentionBackend
@@ -305,3 +327,51 @@ def test_rms_norm_kernel_matches_torch(with_residual) -> None:
     assert (new_residual is None) != with_residual
     if with_residual:
         assert torch.equal(new_residual, summed)
+
+
+def bf16_kernel_outputs(seed: int) -> list[torch.Tensor]:
+    """What the bf16 kernels (whichever build ops calls) make of fixed inputs: the matmul in
+    both formats at row counts that take every pass shape, and attention over a paged cache
+    (decodes, a prefill, grouped queries)."""
+    outputs = []
+    for format in ("q4", "q8"):
+        for rows in (1, 2, 5, 8, 13, 16, 21):
+            torch.manual_seed(seed + rows)
+            codes, scales, mins = pack(quantize_groups(torch.randn(64, 256) * 0.05, format))
+            outputs.append(gemm_q(torch.randn(rows, 256).bfloat16(), codes, scales, mins,
+                                  format, 64))
+    for heads in (SMOLLM_HEADS, (8, 1, 128)):
+        out, _ = run_step([(7, 1), (0, 5), (130, 1), (33, 1)], heads=heads, seed=seed,
+                          backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
+                          block_size=16, num_blocks=64)
+        outputs.append(out)
+    return outputs
+
+
+@needs_bf16_kernels
+def test_the_emulated_bf16_build_equals_the_native_one_bit_for_bit(tmp_path_factory,
+                                                                     monkeypatch) -> None:
+    """The emulation build is what CPUs without AVX-512 BF16 test the bf16 path with: it is
+    only a proof if it computes exactly what vdpbf16ps, vcvtneps2bf16 and friends compute."""
+    native = bf16_kernel_outputs(seed=5)
+    lib = isa_library("avx512bf16-emulated", tmp_path_factory)
+    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    emulated = bf16_kernel_outputs(seed=5)
+    for index, (a, b) in enumerate(zip(native, emulated)):
+        assert torch.equal(a, b), f"output {index}: max difference {(a - b).abs().max()}"
+
+
+def test_the_kernel_build_is_chosen_by_pagoda_kernel_isa(monkeypatch, tmp_path) -> None:
+    """$PAGODA_KERNEL_ISA names a build (what the end-to-end tests of every CPU kind use); a
+    wrong name is an error naming the choices, not a silent native build."""
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("PAGODA_KERNEL_ISA", "avx512bf16-emulated")
+    assert build.isa_build_flags() == build.EMULATE_AVX512_BF16
+    monkeypatch.setenv("PAGODA_KERNEL_ISA", "avx9000")
+    build.load_cpu_kernels.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="avx512bf16-emulated"):
+            build.load_cpu_kernels()
+    finally:
+        monkeypatch.delenv("PAGODA_KERNEL_ISA")
+        build.load_cpu_kernels.cache_clear()

@@ -35,6 +35,23 @@ BASE_FLAGS = ("-O3", "-shared", "-fPIC")
 OPTIONAL_FLAGS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 """Tried in order until one builds: the CPU's own instruction set and torch's thread pool."""
 
+EMULATE_AVX512_BF16 = ("-DPAGODA_EMULATE_AVX512_BF16", "-ffp-contract=off")
+"""avx512_bf16.c's emulation build (csrc/avx512_emulated.h): its bf16 kernels on any CPU, in
+portable code with the instructions' arithmetic (no contraction of a*b+c into one rounding
+where the intrinsics have two)."""
+ISA_BUILDS = {
+    "native": (),
+    "generic": ("-march=x86-64",),
+    "avx2": ("-march=haswell",),
+    "avx512f": ("-march=skylake-avx512",),
+    "avx512bf16-emulated": EMULATE_AVX512_BF16,
+}
+"""Named builds of the library, for $PAGODA_KERNEL_ISA: the instruction-set paths of the x86
+CPU kinds Pagoda runs on (generic SSE2 vectors, AVX2, AVX-512F: each only where the CPU can
+run it), and the bf16 kernels emulated (any CPU, ARM included). "native" (the default) is
+what this CPU has. Tests and `pagoda generate` take any of them, so every CPU kind's path
+runs end to end from whichever CPU is at hand."""
+
 
 def cpu_flags() -> str:
     """The CPU's feature flags as /proc/cpuinfo lists them (else the processor's name)."""
@@ -130,15 +147,25 @@ def declare_packed_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def isa_build_flags() -> tuple[str, ...]:
+    """The compiler flags of the build $PAGODA_KERNEL_ISA names (ISA_BUILDS; unset: native)."""
+    name = os.environ.get("PAGODA_KERNEL_ISA") or "native"
+    if name not in ISA_BUILDS:
+        raise ValueError(f"PAGODA_KERNEL_ISA={name!r} is not a kernel build; choose one of "
+                         f"{', '.join(ISA_BUILDS)}")
+    return ISA_BUILDS[name]
+
+
 @functools.cache
 def load_cpu_kernels() -> ctypes.CDLL | None:
     """The built kernel library, or None (logged once) where it cannot be built or loaded.
     Its float32 kernels run on any CPU; its bf16 ones where `pagoda_bf16_kernels_available()`
-    (AVX-512 BF16), and only those are declared."""
+    (AVX-512 BF16, or the emulation build), and only those are declared. $PAGODA_KERNEL_ISA
+    picks a named build (ISA_BUILDS); `load_cpu_kernels.cache_clear()` after changing it."""
     if os.environ.get("PAGODA_DISABLE_KERNELS"):
         return None
     try:
-        return _declare(ctypes.CDLL(str(build_library())))
+        return _declare(ctypes.CDLL(str(build_library(extra_flags=isa_build_flags()))))
     except (RuntimeError, OSError) as error:
         logger.warning("Pagoda's CPU kernels are unavailable, using PyTorch's: %s", error)
         return None

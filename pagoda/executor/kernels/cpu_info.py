@@ -56,8 +56,9 @@ def describe_kernels() -> str:
     isa = float32_kernel_isa()
     if isa is None:
         return "Pagoda's CPU kernels: unavailable (no C compiler?), PyTorch's kernels only"
-    bf16 = "yes (AVX-512 BF16)" if load_cpu_kernels().pagoda_bf16_kernels_available() else (
-        "no (needs AVX-512 BF16)")
+    bf16 = {0: "no (needs AVX-512 BF16)", 1: "yes (AVX-512 BF16)",
+            2: "emulated (portable code, for tests: slow)"}[
+        load_cpu_kernels().pagoda_bf16_kernels_available()]
     return f"Pagoda's CPU kernels: float32 on {isa}; bfloat16: {bf16}"
 
 

@@ -57,6 +57,9 @@ class PackedLinear(nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.bias = bias
 
+    takes_float32 = True
+    """Float32 rows run the float32 kernels on every CPU (a logits head is fed float32)."""
+
     @property
     def formats(self) -> list[str]:
         return [segment.format for segment in self.segments]

@@ -130,6 +130,12 @@ class QuantizedLinear(nn.Module):
         self.dense_weight = weight if keep_dense else None
         self.dense_from_rows = dense_from_rows
 
+    @property
+    def takes_float32(self) -> bool:
+        """Whether float32 rows run as they are, whatever the run dtype (a logits head is
+        fed float32 then): Pagoda's kernel with no float weight kept for large batches."""
+        return self.kernel == "pagoda" and self.dense_weight is None
+
     @classmethod
     def from_linear(cls, linear: Linear, method: str, **kwargs) -> QuantizedLinear:
         return cls(linear.weight, linear.bias, method, **kwargs)

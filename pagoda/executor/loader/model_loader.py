@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from pagoda.executor.kernels.build import load_cpu_kernels
-from pagoda.executor.kernels.ops import kernels_available
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.layers.quantization import (
     QuantizedLinear,
@@ -59,25 +58,18 @@ def set_cpu_threads(num_ranks: int = 1) -> int:
     return torch.get_num_threads()
 
 
-def cpu_has_fast_bfloat16() -> bool:
-    """True where the CPU multiplies bf16 natively (AVX-512 BF16, which AMX machines also
-    have) and Pagoda's bf16 kernels run. oneDNN alone is not enough: on AVX-512F or AVX2
-    without BF16 it emulates bf16, slower than float32 (MACHINE-FACTS, BENCHMARKS.md)."""
-    try:
-        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-    return onednn_bf16 and kernels_available(torch.bfloat16)
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bfloat16 on CUDA, and on CPUs with native bf16 (faster than float32 there in
-    decode and prefill: BENCHMARKS.md section 10); float32 on other CPUs (AVX2, AVX-512F without BF16, ARM),
-    where Pagoda's float32 kernels run the quantized weights."""
+    """`auto`: bfloat16 on CUDA; float32 on every CPU, in prefill and in decode.
+
+    Measured per phase on each CPU kind (BENCHMARKS.md section 19): where Pagoda's bf16
+    kernels run (AVX-512 BF16, AMX) float32 activations over the file's own packed types are
+    as fast or faster in decode (the kernels stream the same packed bytes; bf16 adds
+    conversions) and within a few percent in prefill, and bf16 is the coarser mode (its
+    rounding made exact ties of the bundled model's first answer token); AVX2, AVX-512F
+    without BF16 and ARM have no native bf16 arithmetic at all. `--dtype bfloat16` still
+    runs the bf16 kernels where the CPU has them."""
     if name == "auto":
-        if device.type == "cuda" or cpu_has_fast_bfloat16():
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]
 
 

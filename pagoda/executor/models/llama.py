@@ -203,12 +203,16 @@ class LlamaForCausalLM(nn.Module):
         return self.head_logits(hidden).float()
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (n, hidden_size) -> logits (n, vocab_size) in the model's dtype (the sampler
-        converts only when it must: a greedy batch needs no float copy).
+        """hidden (n, hidden_size) -> logits (n, vocab_size), float32 wherever the head's
+        weights allow it cheaply: a packed or Pagoda-quantized head takes float32 rows (its
+        kernels accumulate and write float32), so bf16 activations never round the logits
+        the sampler ranks (bf16 logits make exact ties: the bundled model's first answer
+        token was one). A float head runs in the model's dtype (the sampler converts).
 
         `quantized_head`, when set, stands in for the head's float weight."""
         if self.quantized_head is not None:
-            logits = self.quantized_head(hidden)
+            takes_float32 = getattr(self.quantized_head, "takes_float32", False)
+            logits = self.quantized_head(hidden.float() if takes_float32 else hidden)
         else:
             logits = torch.nn.functional.linear(hidden, self.logits_head_weight())
         cap = self.final_logit_softcap

@@ -6,6 +6,10 @@
  * groups of 32 inputs with float16 scales, dequantized to bf16 once per tile and reused for
  * every row of x (PyTorch's int4/int8 CPU kernels dequantize per row and turn compute-bound
  * from ~8 rows on; this one stays near the bf16 dot-product rate up to 16 rows).
+ *
+ * Built with -DPAGODA_EMULATE_AVX512_BF16, the same source runs on any CPU through
+ * avx512_emulated.h (portable stand-ins for the intrinsics, the same arithmetic): the tests'
+ * way to prove this path where the CPU lacks it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,10 +24,18 @@
  * the row count (vdpbf16ps has a latency of several cycles; one chain would wait on it). */
 #define CHAINS(rows) ((rows) >= 8 ? 1 : (rows) >= 4 ? 2 : (rows) >= 2 ? 4 : 8)
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(PAGODA_EMULATE_AVX512_BF16)
+#include "avx512_emulated.h" /* the emulation build: portable code, the same arithmetic */
+#define PAGODA_BF16_PATH 2
+#elif defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
+#define PAGODA_BF16_PATH 1
+#endif
 
-int pagoda_bf16_kernels_available(void) { return 1; }
+#ifdef PAGODA_BF16_PATH
+
+/* 1: the native instructions; 2: the emulation build (avx512_emulated.h) */
+int pagoda_bf16_kernels_available(void) { return PAGODA_BF16_PATH; }
 
 /* Ask for `bytes` (a multiple of 64) at p: the weight stream runs ahead of the hardware
  * prefetcher, which restarts at every call and tile (measured: ~6 % off a decode step). */
