@@ -87,7 +87,9 @@ def isa_build_cache(tmp_path_factory) -> Path:
 
 
 def runnable_builds() -> list:
-    builds = ["native"]
+    """The float32 builds this CPU runs: its own, each x86 kind's it can run natively, and the
+    AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU)."""
+    builds = ["native", "avx512f-emulated", "avx2-emulated"]
     if ON_X86:
         builds += [name for name, (_, needs) in X86_BUILDS.items() if needs <= CPU_FLAGS]
     return builds
@@ -375,3 +377,38 @@ def test_the_kernel_build_is_chosen_by_pagoda_kernel_isa(monkeypatch, tmp_path) 
     finally:
         monkeypatch.delenv("PAGODA_KERNEL_ISA")
         build.load_cpu_kernels.cache_clear()
+
+
+def float32_kernel_outputs(seed: int) -> list[torch.Tensor]:
+    """The float32 kernels' results on fixed inputs: matmul (both formats, every pass
+    shape) and attention (decodes, grouped queries)."""
+    outputs = []
+    for format in ("q4", "q8"):
+        for rows in (1, 3, 4, 7):
+            torch.manual_seed(seed + rows)
+            codes, scales, mins = pack(quantize_groups(torch.randn(64, 256) * 0.05, format))
+            outputs.append(gemm_q(torch.randn(rows, 256), codes, scales, mins, format, 64))
+    for heads in (SMOLLM_HEADS, (8, 1, 128)):
+        outputs.append(run_step([(7, 1), (0, 1), (130, 1), (33, 1)], heads=heads, seed=seed,
+                                backend_class=CpuKernelAttentionBackend, dtype=torch.float32,
+                                block_size=16, num_blocks=64)[0])
+    return outputs
+
+
+@pytest.mark.skipif(not (ON_X86 and X86_FEATURES["avx512f"] <= CPU_FLAGS),
+                    reason="needs AVX-512F to compare with")
+def test_the_emulated_avx512f_width_equals_the_native_build_bit_for_bit(tmp_path_factory,
+                                                                         monkeypatch) -> None:
+    """What an AVX2-only CPU runs as its proof of the AVX-512F path (16-lane portable vectors
+    lowered to AVX2) computes exactly what AVX-512F does."""
+    results = []
+    for flags in (build.ISA_BUILDS["avx512f"],
+                  ("-march=haswell", *build.ISA_BUILDS["avx512f-emulated"])):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
+            lib = build._declare(ctypes.CDLL(str(build_library(extra_flags=flags))))
+        assert lib.pagoda_f32_vector_bytes() == 64
+        monkeypatch.setattr(ops, "load_cpu_kernels", lambda lib=lib: lib)
+        results.append(float32_kernel_outputs(seed=6))
+    for index, (a, b) in enumerate(zip(*results)):
+        assert torch.equal(a, b), f"output {index}: max difference {(a - b).abs().max()}"

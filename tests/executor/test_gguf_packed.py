@@ -26,7 +26,7 @@ from pagoda.executor.kernels.packed_weight import (
 )
 from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
-from tests.executor.test_cpu_kernels import X86_BUILDS, isa_build_cache, runnable_builds
+from tests.executor.test_cpu_kernels import isa_build_cache, runnable_builds
 
 Q = gguf.GGMLQuantizationType
 SCALE_OFFSETS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
@@ -95,14 +95,14 @@ def test_large_batches_dequantize_slice_by_slice(monkeypatch) -> None:
 
 @pytest.fixture(scope="module")
 def isa_libraries(tmp_path_factory) -> dict:
-    """Each x86 instruction-set build this CPU runs (test_cpu_kernels.X86_BUILDS), the
+    """Each x86 instruction-set build this CPU runs (test_cpu_kernels.runnable_builds), the
     packed gemm's functions of it; the builds test_cpu_kernels compiles (isa_build_cache)."""
     libraries = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
         for name in runnable_builds():
             if name != "native":
-                library = build.build_library(extra_flags=X86_BUILDS[name][0])
+                library = build.build_library(extra_flags=build.ISA_BUILDS[name])
                 libraries[name] = build.declare_packed_gemm(ctypes.CDLL(str(library)))
     return libraries
 

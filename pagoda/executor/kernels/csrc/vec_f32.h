@@ -2,6 +2,10 @@
  * GCC vector extensions. The vector width follows what the compiler targets (-march=native):
  * 16 lanes with AVX-512F, 8 with AVX (AVX2 + FMA: the products contract to vfmadd), 4
  * elsewhere (SSE2, NEON on ARM64, and the compiler's generic lowering on anything else).
+ * -DPAGODA_F32_VECTOR_BYTES=64 (or 32) sets the width instead: the emulation build of the
+ * AVX-512F (AVX2) path on a CPU without it. The arithmetic is the same lane for lane (GCC
+ * splits a wide generic vector into the target's own; a*b+c contracts to an FMA wherever
+ * the target has one, as on every CPU kind Pagoda runs on), so the results are bit-equal.
  */
 #ifndef PAGODA_VEC_F32_H
 #define PAGODA_VEC_F32_H
@@ -10,7 +14,9 @@
 
 #include "kernels.h"
 
-#if defined(__AVX512F__)
+#if defined(PAGODA_F32_VECTOR_BYTES) /* an emulation build: another kind's width */
+#define VECTOR_BYTES PAGODA_F32_VECTOR_BYTES
+#elif defined(__AVX512F__)
 #define VECTOR_BYTES 64
 #elif defined(__AVX__)
 #define VECTOR_BYTES 32
@@ -38,7 +44,7 @@ ALWAYS_INLINE void store_f32(float *p, vf32 v) { memcpy(p, &v, sizeof v); }
 
 /* Widening loads: GCC lowers __builtin_convertvector of a loaded vector to two half-width
  * conversions on x86, so x86 takes the one instruction (vpmovzxwd / vpmovsxbd) directly. */
-#if VECTOR_BYTES == 64
+#if VECTOR_BYTES == 64 && defined(__AVX512F__)
 #include <immintrin.h>
 #define WIDEN_U16(p) ((vu32)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))))
 #define WIDEN_I8(p) ((vi32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
