@@ -4,6 +4,7 @@
     ---------------------------------              ---------------------------------------
     add_request() --_Add--> commands (SimpleQueue) --> engine.add_engine_request -> ack
     abort()       --_Abort-->                      --> engine.abort_request (frees KV blocks)
+    synchronize() --_Sync--> (after those before it)  --> publish the snapshot -> ack
     RequestStream.queue <-- loop.call_soon_threadsafe <-- engine.step() outputs / errors
     self.snapshot       <-- (attribute swap)         <-- engine.snapshot() after each step
 
@@ -66,6 +67,11 @@ class _Abort:
 
 
 @dataclass
+class _Sync:
+    ack: asyncio.Future
+
+
+@dataclass
 class _Stop:
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -101,6 +107,9 @@ class AsyncLLMEngine:
         # Event-loop side: open streams and the sequences they stand for.
         self._streams: dict[str, RequestStream] = {}
         self.num_unfinished_seqs = 0
+        self._sync_lock = threading.Lock()
+        self._syncs_answered = True
+        """Whether a _Sync put now will be answered (False once the engine loop has ended)."""
         self.snapshot: EngineSnapshot = engine.snapshot()
         """The engine's state after its last step, published by the engine thread (one
         attribute swap: atomic to read from the event loop)."""
@@ -223,6 +232,19 @@ class AsyncLLMEngine:
             stream.put(None)  # wakes a consumer still waiting on it
         self._commands.put(_Abort(request_id))
 
+    async def synchronize(self) -> None:
+        """Return once the engine thread has handled every command queued before this call
+        and published its snapshot after them: after `abort(request_id)`, the engine holds
+        nothing of that request (no sequence running or waiting, no KV block) and
+        `self.snapshot` and the metrics gauges say so. Waits for the step in progress, if any.
+        Returns at once when the engine loop is not running."""
+        with self._sync_lock:
+            if self._thread is None or not self._syncs_answered:
+                return
+            ack = asyncio.get_running_loop().create_future()
+            self._commands.put(_Sync(ack))
+        await ack
+
     def generate(
         self,
         request_id: str,
@@ -288,6 +310,7 @@ class AsyncLLMEngine:
                 self.engine.shutdown()
             self._call_in_loop(self._fail_all, EngineDeadError(self.dead_message()))
             self._publish()
+            self._answer_syncs_left()
             if self.dead_error is not None:
                 self._call_in_loop(self._died.set)
             if stop is not None:
@@ -305,12 +328,30 @@ class AsyncLLMEngine:
                 self._add(command)
             elif isinstance(command, _Abort):
                 self._abort(command.request_id)
+            elif isinstance(command, _Sync):
+                self._publish()  # what came before it, visible before it is answered
+                self._call_in_loop(_resolve, command.ack, None)
             elif isinstance(command, _Stop):
                 for later in commands[i + 1:]:
                     if isinstance(later, _Add):
                         self._call_in_loop(_resolve, later.ack, EngineDeadError("shutting down"))
+                    elif isinstance(later, _Sync):  # (answered after the loop's last publish)
+                        self._commands.put(later)
                 return command
         return None
+
+    def _answer_syncs_left(self) -> None:
+        """The loop has ended (its last snapshot published): answer every _Sync queued, and
+        any later one at once (`synchronize` then puts none)."""
+        with self._sync_lock:
+            self._syncs_answered = False
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Sync):
+                self._call_in_loop(_resolve, command.ack, None)
 
     def _add(self, command: _Add) -> None:
         try:

@@ -16,7 +16,10 @@ from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 API_KEY = "guard-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LIMIT = 4000
-TIMEOUT_S = 3
+# Long enough for a 3-token request on a loaded 2-core box (seen taking up to ~4 s there),
+# short of what LONG tokens take at any decode speed yet seen (2000 tokens: 6 s is 333 tok/s)
+TIMEOUT_S = 6
+LONG = 2000  # tokens (--max-model-len 2048, a 4-token prompt)
 ORIGIN = "https://app.example.com"
 TLS = pathlib.Path(__file__).parents[1] / "data" / "tls"  # a self-signed 127.0.0.1 pair
 
@@ -71,18 +74,33 @@ def test_the_api_key_is_checked_before_the_body_is_read(http) -> None:
     assert_error(response, 401, "invalid_api_key")
 
 
+def assert_engine_holds_nothing(server) -> None:
+    """No sequence running or waiting, no request tracked, no KV block held. Read right
+    after the 408 (no sleep): the server answers it only once the engine has aborted the
+    request and published the snapshot after the abort (AsyncLLMEngine.synchronize)."""
+    for gauge in ("num_requests_running", "num_requests_waiting", "num_requests_tracked",
+                  "num_kv_blocks_held"):
+        assert server.metric(gauge) == 0, gauge
+
+
 def test_a_request_past_the_deadline_is_stopped_with_408(server, http) -> None:
     assert http.post("/v1/completions", json=completion(3), headers=AUTH).status_code == 200
-    response = http.post("/v1/completions", json=completion(1500), headers=AUTH)
+    response = http.post("/v1/completions", json=completion(LONG), headers=AUTH)
     assert_error(response, 408, "request_timeout")
-    with http.stream("POST", "/v1/completions", json=completion(1500, stream=True),
+    assert_engine_holds_nothing(server)
+    with http.stream("POST", "/v1/completions", json=completion(LONG, stream=True),
                      headers=AUTH) as stream:
-        events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+        events = []
+        for line in stream.iter_lines():
+            if line.startswith("data: {\"error\""):  # before [DONE]: the engine let it go
+                assert_engine_holds_nothing(server)
+            if line:
+                events.append(line.removeprefix("data: "))
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "request_timeout"
     assert len(events) > 3  # tokens streamed before the deadline
-    # the engine dropped both requests: nothing left running, the server still answers
-    assert server.metric("num_requests_running") == 0
+    # the engine dropped both requests: nothing left, and the server still answers
+    assert_engine_holds_nothing(server)
     assert http.post("/v1/completions", json=completion(3), headers=AUTH).status_code == 200
 
 

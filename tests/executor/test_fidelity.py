@@ -55,8 +55,20 @@ BARS = {  # mode: (least top-1 agreement, most mean KL divergence)
     # 95.35% +-0.51%, KL 0.0063, +0.06%; fp8_e5m2 (a 2-bit mantissa) 91.48% +-0.68%, KL
     # 0.026, +3.0%. Bars ~3 standard errors below the agreement, about twice the KL. The
     # third figure: the most relative perplexity change (0.01 where not given).
+    # The perplexity change of an fp8 cache is a noisy figure, not a CPU-independent one:
+    # its expectation is of the order of the mean KL (over the model's own next token,
+    # E[log p - log q] is KL(p || q) exactly), and which K/V values fp8 rounds up or down
+    # (e4m3: a 3-bit mantissa, steps of 2^-4 relative) is decided by float32 rounding, so
+    # by the CPU's summation order. Weights perturbed by 2^-21 relative (KL against float32
+    # 5e-9: nothing by themselves) moved fp8_e4m3's change between +0.19% and +1.02%
+    # (+1.02%, +0.29%, +0.19%, +0.28% on an AVX-512 BF16 / AMX Xeon; +0.06% on the EPYC;
+    # +0.24% and +0.43% over all five texts, BENCHMARKS.md section 12) with top-1 and KL
+    # unchanged; the per-position change of the target's log-probability has a standard
+    # deviation of 0.137 (~sqrt(2 KL)), a standard error of 0.34% over 1678 positions.
+    # fp8_e5m2: +2.8%, +2.8%, +3.2% here, +3.0% on the EPYC, standard error 0.65%. Bars:
+    # about the KL bar plus 2.5-3 standard errors: 2% (e4m3), 5% (e5m2).
     "float32:none:int8": (0.985, 0.0006),
-    "float32:none:fp8_e4m3": (0.94, 0.012),
+    "float32:none:fp8_e4m3": (0.94, 0.012, 0.02),
     "float32:none:fp8_e5m2": (0.895, 0.05, 0.05),
 }
 FP8_KV_TEXTS = 2
@@ -93,7 +105,8 @@ def assert_meets(report: FidelityReport, mode: str, min_positions: int = MIN_POS
     assert report.mean_kl_divergence <= most_kl, report.summary()
     # Real text, a real model: perplexity is finite and far below the vocabulary size.
     assert report.reference_perplexity < 50
-    assert abs(report.perplexity_delta) < most_perplexity_change * report.reference_perplexity
+    assert abs(report.perplexity_delta) < most_perplexity_change * report.reference_perplexity, (
+        report.summary())
 
 
 def test_the_default_mode_follows_float32(float32_logits, texts) -> None:

@@ -185,6 +185,7 @@ class ServingPipeline(ABC):
         except (EngineDeadError, EngineStepError) as e:
             raise engine_error(e) from None
         except RequestTimeout as e:
+            await self.abort_and_wait(streams)
             raise e.error() from None
         finally:
             self.abort(streams)
@@ -295,6 +296,16 @@ class ServingPipeline(ABC):
         except QueueFullError as e:
             raise server_overloaded(str(e)) from None
 
+    async def abort_and_wait(self, streams: list[RequestStream]) -> None:
+        """Abort, then wait until the engine has released the requests (none running or
+        waiting, their KV blocks free, its snapshot and /metrics saying so): a 408 goes out
+        only once nothing of its request is left. An engine without `synchronize` (the data
+        parallel one: its replicas do not acknowledge aborts) is not waited for."""
+        self.abort(streams)
+        synchronize = getattr(self.engine, "synchronize", None)
+        if synchronize is not None:
+            await synchronize()
+
     def abort(self, streams: list[RequestStream]) -> None:
         for stream in streams:
             if not stream.finished:
@@ -343,6 +354,7 @@ class ServingPipeline(ABC):
         except (EngineDeadError, EngineStepError) as e:
             yield sse_error(engine_error(e))
         except RequestTimeout as e:
+            await self.abort_and_wait(streams)
             yield sse_error(e.error())
         finally:
             self.abort(streams)

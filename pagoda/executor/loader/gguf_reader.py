@@ -5,7 +5,7 @@ the tokenizer's arrays of a 49K vocabulary (tokens, scores, types, merges) becom
 small objects, ~120 MB held while the file is open and ~60 MB of fragmented heap after.
 Pagoda reads the tokenizer separately (loader/tokenizer.py), so here an array longer than
 COMPACT_ARRAY_LENGTH is kept as one view (numbers) or skipped (strings: only its length
-stays). Such a field's parts are [item type, length(, values)]; `array_length` reads it.
+stays). `array_length` reads an array's length from its header in either form.
 """
 
 from __future__ import annotations
@@ -38,7 +38,17 @@ class CompactGGUFReader(GGUFReader):
         return 12 + int(values.nbytes), [raw_itype, alen, values], [2], types
 
 
+ARRAY_LENGTH_PART = 4
+"""An array field's parts, as GGUFReader._build_fields lays them out: [key length, key bytes,
+value type (ARRAY), item type, array length, items...] (the item parts absent for a compacted
+array of strings); so the length is part 4, whether compacted or not."""
+
+
 def array_length(reader: GGUFReader, key: str) -> int | None:
     """The number of entries of array field `key` (compacted or not), None if absent."""
     field = reader.fields.get(key)
-    return None if field is None else int(field.parts[1][0])
+    if field is None:
+        return None
+    if field.types[:1] != [GGUFValueType.ARRAY]:
+        raise ValueError(f"GGUF field {key!r} is not an array")
+    return int(field.parts[ARRAY_LENGTH_PART][0])

@@ -1,0 +1,168 @@
+"""llama.cpp's own tools for the tests: convert_hf_to_gguf.py (and llama-quantize, built on
+demand), so that Pagoda is tested on GGUF files as llama.cpp writes them, not only as our
+tests' own writer (tests/executor/tiny_gguf.py) does.
+
+Both come from the sdist of `llama-cpp-python` on PyPI, which vendors a whole llama.cpp tree
+(vendor/llama.cpp: the converter, its own gguf-py, the C++ sources). The version is pinned so
+that runs are reproducible; the sdist is fetched with pip once and unpacked into a cache
+folder kept across runs:
+
+    $PAGODA_LLAMA_CPP_CACHE  or  ~/.cache/pagoda/llama-cpp-python-sdist/
+        <version>/llama.cpp/            the unpacked vendor/llama.cpp
+        <version>/build/bin/llama-quantize   (once built)
+
+Cold: the download (~77 MB), pip's metadata step and unpacking take 40-60 s; building
+llama-quantize much longer (see `llama_quantize`), so the tests build it only when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+"""llama-cpp-python's sdist version (vendors llama.cpp of its release); bump deliberately."""
+CACHE_ENV = "PAGODA_LLAMA_CPP_CACHE"
+
+
+class ToolUnavailable(RuntimeError):
+    """The sdist could not be fetched (no network to PyPI) or a tool could not be built."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "pagoda", "llama-cpp-python-sdist")
+    return Path(root) / LLAMA_CPP_PYTHON_VERSION
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """One process at a time (parallel test workers) fetches or builds into the cache."""
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def llama_cpp_source() -> Path:
+    """The llama.cpp source tree (vendor/llama.cpp of the sdist), fetched on first use."""
+    target = cache_dir() / "llama.cpp"
+    if (target / "convert_hf_to_gguf.py").is_file():
+        return target
+    with _locked("source"):
+        if (target / "convert_hf_to_gguf.py").is_file():
+            return target
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                 "--disable-pip-version-check", "-d", tmp,
+                 f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
+                capture_output=True, text=True)
+            archives = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            if result.returncode != 0 or not archives:
+                raise ToolUnavailable(
+                    f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed:\n"
+                    f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+            prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+            with tarfile.open(archives[0]) as archive:
+                members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+                archive.extractall(tmp, members=members, filter="data")
+            # rename last: a half-unpacked tree is never seen as the cache
+            os.replace(Path(tmp) / prefix, target)
+    return target
+
+
+# Runs the converter once per (folder, outtype, outfile) triple in one Python process (the
+# imports of torch and transformers cost more than converting a tiny model); a failed
+# conversion leaves its traceback in outfile + ".failed" and the others go on.
+_CONVERT_DRIVER = r"""
+import runpy, sys, traceback
+script, jobs = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, script.rsplit("/", 1)[0])  # its `conversion` package
+for i in range(0, len(jobs), 3):
+    folder, outtype, outfile = jobs[i:i + 3]
+    sys.argv = [script, folder, "--outtype", outtype, "--outfile", outfile]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            open(outfile + ".failed", "w").write(f"exit status {e.code}")
+    except Exception:
+        open(outfile + ".failed", "w").write(traceback.format_exc())
+"""
+
+
+def convert(jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+    """Run llama.cpp's convert_hf_to_gguf.py on each (Hugging Face folder, outtype (f32, f16,
+    bf16, q8_0), output path), all in one subprocess of this Python, with the sdist's own
+    gguf-py first on the path (the converter goes with its own gguf package). Returns
+    {output path: the converter's error} for those that failed."""
+    source = llama_cpp_source()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    args = [part for job in jobs for part in job]
+    result = subprocess.run(
+        [sys.executable, "-c", _CONVERT_DRIVER, str(source / "convert_hf_to_gguf.py"), *args],
+        env=env, capture_output=True, text=True)
+    failures = {}
+    for _, _, outfile in jobs:
+        failed = Path(outfile + ".failed")
+        if failed.is_file():
+            failures[outfile] = failed.read_text()[-6000:]
+        elif not os.path.isfile(outfile):
+            failures[outfile] = (f"no output (exit status {result.returncode}):\n"
+                                 f"{result.stderr[-6000:]}")
+    return failures
+
+
+def llama_quantize(build: bool = True) -> Path:
+    """The llama-quantize binary, built once into the cache (CPU only, static, no network
+    features). With build=False, raises ToolUnavailable unless it is already built. The
+    build took 21 minutes on 2 cores shared with other work (10.5 minutes of CPU)."""
+    binary = cache_dir() / "build" / "bin" / "llama-quantize"
+    if binary.is_file():
+        return binary
+    if not build:
+        raise ToolUnavailable(f"{binary} is not built")
+    if shutil.which("cmake") is None:
+        raise ToolUnavailable("cmake is not installed")
+    source = llama_cpp_source()
+    with _locked("build"):
+        if binary.is_file():
+            return binary
+        build_dir = cache_dir() / "build"
+        jobs = str(max(1, min(os.cpu_count() or 1, 8)))
+        for command in (
+            ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+             "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"],
+            ["cmake", "--build", str(build_dir), "-j", jobs, "--target", "llama-quantize"],
+        ):
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:  # asked to build: a failure is an error, not a skip
+                raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+    return binary
+
+
+def quantize(source: str, target: str, type_name: str, binary: Path | None = None) -> str:
+    """llama-quantize `source` (a converted GGUF) into `target` as `type_name` (Q4_K_M, Q4_0,
+    Q8_0, ...); returns its output (which lists each tensor's chosen type)."""
+    binary = binary or llama_quantize()
+    result = subprocess.run([str(binary), "--allow-requantize", source, target, type_name],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"llama-quantize failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
