@@ -69,7 +69,7 @@ def llama_cpp_source() -> Path:
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                  "--disable-pip-version-check", "-d", tmp,
                  f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
-                capture_output=True, text=True)
+                capture_output=True, text=True, check=False)
             archives = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
             if result.returncode != 0 or not archives:
                 raise ToolUnavailable(
@@ -115,7 +115,7 @@ def convert(jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
     args = [part for job in jobs for part in job]
     result = subprocess.run(
         [sys.executable, "-c", _CONVERT_DRIVER, str(source / "convert_hf_to_gguf.py"), *args],
-        env=env, capture_output=True, text=True)
+        env=env, capture_output=True, text=True, check=False)
     failures = {}
     for _, _, outfile in jobs:
         failed = Path(outfile + ".failed")
@@ -150,7 +150,7 @@ def llama_quantize(build: bool = True) -> Path:
              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"],
             ["cmake", "--build", str(build_dir), "-j", jobs, "--target", "llama-quantize"],
         ):
-            result = subprocess.run(command, capture_output=True, text=True)
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode != 0:  # asked to build: a failure is an error, not a skip
                 raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
     return binary
@@ -161,7 +161,7 @@ def quantize(source: str, target: str, type_name: str, binary: Path | None = Non
     Q8_0, ...); returns its output (which lists each tensor's chosen type)."""
     binary = binary or llama_quantize()
     result = subprocess.run([str(binary), "--allow-requantize", source, target, type_name],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(
             f"llama-quantize failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
