@@ -97,19 +97,37 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
             partial = Path(tmp.name)
         try:
-            command = [compiler, *BASE_FLAGS, *optional, *extra_flags, "-o", str(partial),
-                       *map(str, sources), "-lm"]
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode == 0:
+            complaint = _compile_and_link(compiler, (*BASE_FLAGS, *optional, *extra_flags),
+                                          sources, partial)
+            if complaint is None:
                 if optional != OPTIONAL_FLAGS[0]:
                     logger.warning("Pagoda's CPU kernels built without %s (the compiler "
                                    "refused them)", " ".join(set(OPTIONAL_FLAGS[0]) - set(optional)))
                 partial.replace(target)  # atomic: concurrent builders each install a whole file
                 return target
-            errors.append(result.stderr.strip()[-1000:])
+            errors.append(complaint.strip()[-1000:])
         finally:
             partial.unlink(missing_ok=True)
     raise RuntimeError(f"{compiler} failed on {source_dir}: {errors[0]}")
+
+
+def _compile_and_link(compiler: str, flags: tuple[str, ...], sources: list[Path],
+                      output: Path) -> str | None:
+    """Each source compiled to an object at once (one process each: the cores share the
+    build, several minutes of one core for an emulation build), then linked into `output`.
+    Returns None, or the compiler's complaint."""
+    with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
+        objects = [Path(scratch) / f"{source.stem}.o" for source in sources]
+        jobs = [subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for source, obj in zip(sources, objects)]
+        complaints = [job.communicate()[1] for job in jobs]
+        failed = [c for job, c in zip(jobs, complaints) if job.returncode != 0]
+        if failed:
+            return failed[0]
+        link = subprocess.run([compiler, *flags, "-o", str(output), *map(str, objects), "-lm"],
+                              capture_output=True, text=True, check=False)
+        return None if link.returncode == 0 else link.stderr
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
