@@ -44,8 +44,6 @@ X86_FEATURES = {  # build.ISA_BUILDS name: CPU features the build needs to run
     "avx2": {"avx2", "fma", "f16c"},
     "avx512f": {"avx512f", "avx512bw", "avx512vl"},
 }
-X86_BUILDS = {name: (build.ISA_BUILDS[name], needs) for name, needs in X86_FEATURES.items()}
-"""name: (flags, CPU features the build needs)"""
 ON_X86 = platform.machine() in ("x86_64", "AMD64")
 
 
@@ -91,7 +89,7 @@ def runnable_builds() -> list:
     AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU)."""
     builds = ["native", "avx512f-emulated", "avx2-emulated"]
     if ON_X86:
-        builds += [name for name, (_, needs) in X86_BUILDS.items() if needs <= CPU_FLAGS]
+        builds += [name for name, needs in X86_FEATURES.items() if needs <= CPU_FLAGS]
     return builds
 
 
@@ -329,86 +327,3 @@ def test_rms_norm_kernel_matches_torch(with_residual) -> None:
     assert (new_residual is None) != with_residual
     if with_residual:
         assert torch.equal(new_residual, summed)
-
-
-def bf16_kernel_outputs(seed: int) -> list[torch.Tensor]:
-    """What the bf16 kernels (whichever build ops calls) make of fixed inputs: the matmul in
-    both formats at row counts that take every pass shape, and attention over a paged cache
-    (decodes, a prefill, grouped queries)."""
-    outputs = []
-    for format in ("q4", "q8"):
-        for rows in (1, 2, 5, 8, 13, 16, 21):
-            torch.manual_seed(seed + rows)
-            codes, scales, mins = pack(quantize_groups(torch.randn(64, 256) * 0.05, format))
-            outputs.append(gemm_q(torch.randn(rows, 256).bfloat16(), codes, scales, mins,
-                                  format, 64))
-    for heads in (SMOLLM_HEADS, (8, 1, 128)):
-        out, _ = run_step([(7, 1), (0, 5), (130, 1), (33, 1)], heads=heads, seed=seed,
-                          backend_class=CpuKernelAttentionBackend, dtype=torch.bfloat16,
-                          block_size=16, num_blocks=64)
-        outputs.append(out)
-    return outputs
-
-
-@needs_bf16_kernels
-def test_the_emulated_bf16_build_equals_the_native_one_bit_for_bit(tmp_path_factory,
-                                                                     monkeypatch) -> None:
-    """The emulation build is what CPUs without AVX-512 BF16 test the bf16 path with: it is
-    only a proof if it computes exactly what vdpbf16ps, vcvtneps2bf16 and friends compute."""
-    native = bf16_kernel_outputs(seed=5)
-    lib = isa_library("avx512bf16-emulated", tmp_path_factory)
-    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
-    emulated = bf16_kernel_outputs(seed=5)
-    for index, (a, b) in enumerate(zip(native, emulated)):
-        assert torch.equal(a, b), f"output {index}: max difference {(a - b).abs().max()}"
-
-
-def test_the_kernel_build_is_chosen_by_pagoda_kernel_isa(monkeypatch, tmp_path) -> None:
-    """$PAGODA_KERNEL_ISA names a build (what the end-to-end tests of every CPU kind use); a
-    wrong name is an error naming the choices, not a silent native build."""
-    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("PAGODA_KERNEL_ISA", "avx512bf16-emulated")
-    assert build.isa_build_flags() == build.EMULATE_AVX512_BF16
-    monkeypatch.setenv("PAGODA_KERNEL_ISA", "avx9000")
-    build.load_cpu_kernels.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="avx512bf16-emulated"):
-            build.load_cpu_kernels()
-    finally:
-        monkeypatch.delenv("PAGODA_KERNEL_ISA")
-        build.load_cpu_kernels.cache_clear()
-
-
-def float32_kernel_outputs(seed: int) -> list[torch.Tensor]:
-    """The float32 kernels' results on fixed inputs: matmul (both formats, every pass
-    shape) and attention (decodes, grouped queries)."""
-    outputs = []
-    for format in ("q4", "q8"):
-        for rows in (1, 3, 4, 7):
-            torch.manual_seed(seed + rows)
-            codes, scales, mins = pack(quantize_groups(torch.randn(64, 256) * 0.05, format))
-            outputs.append(gemm_q(torch.randn(rows, 256), codes, scales, mins, format, 64))
-    for heads in (SMOLLM_HEADS, (8, 1, 128)):
-        outputs.append(run_step([(7, 1), (0, 1), (130, 1), (33, 1)], heads=heads, seed=seed,
-                                backend_class=CpuKernelAttentionBackend, dtype=torch.float32,
-                                block_size=16, num_blocks=64)[0])
-    return outputs
-
-
-@pytest.mark.skipif(not (ON_X86 and X86_FEATURES["avx512f"] <= CPU_FLAGS),
-                    reason="needs AVX-512F to compare with")
-def test_the_emulated_avx512f_width_equals_the_native_build_bit_for_bit(tmp_path_factory,
-                                                                         monkeypatch) -> None:
-    """What an AVX2-only CPU runs as its proof of the AVX-512F path (16-lane portable vectors
-    lowered to AVX2) computes exactly what AVX-512F does."""
-    results = []
-    for flags in (build.ISA_BUILDS["avx512f"],
-                  ("-march=haswell", *build.ISA_BUILDS["avx512f-emulated"])):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
-            lib = build._declare(ctypes.CDLL(str(build_library(extra_flags=flags))))
-        assert lib.pagoda_f32_vector_bytes() == 64
-        monkeypatch.setattr(ops, "load_cpu_kernels", lambda lib=lib: lib)
-        results.append(float32_kernel_outputs(seed=6))
-    for index, (a, b) in enumerate(zip(*results)):
-        assert torch.equal(a, b), f"output {index}: max difference {(a - b).abs().max()}"

@@ -23,7 +23,6 @@ Each path is held, against float32 over exactly dequantized weights (PyTorch's m
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -33,13 +32,12 @@ import torch.nn.functional as F
 from pagoda import LLM, SamplingParams
 from pagoda.executor.fidelity import compare_teacher_forced, decode_kernels_only
 from pagoda.executor.kernels import build
-from tests.executor.test_cpu_kernels import CPU_FLAGS, X86_FEATURES
+from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, X86_FEATURES
 
 pytestmark = pytest.mark.slow
 
 TEXTS = sorted((Path(__file__).parent.parent / "data" / "fidelity").glob("*.txt"))
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-ON_X86 = platform.machine() in ("x86_64", "AMD64")
 
 
 def kernel_build(kind: str) -> str:
@@ -53,7 +51,7 @@ def kernel_build(kind: str) -> str:
 PATHS = {  # path id: (kernel build, --dtype)
     "avx512f": (kernel_build("avx512f"), "auto"),
     "avx2": (kernel_build("avx2"), "auto"),
-    "generic-x86": ("generic", "auto"),
+    **({"generic-x86": ("generic", "auto")} if ON_X86 else {}),  # an x86 -march
     "avx512bf16-bfloat16": ("avx512bf16-emulated", "bfloat16"),
 }
 BARS = {  # --dtype: (least top-1 agreement, most mean KL divergence) vs float32
