@@ -21,14 +21,16 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
+"""`quantization` values: auto (a GGUF file's own types, run packed, where Pagoda's kernels
+build: pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 """`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
 KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
 DISTRIBUTED_BACKENDS = ("mp", "ray")
-RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`distributed_executor_backend` values: local processes (mp) or actors on a Ray cluster."""
-"""`quantization` values: auto (int4 for a Q4_1 GGUF model where Pagoda's kernel runs it,
-see pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
+RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+"""`ray_placement_strategy` values, Ray's placement group strategies."""
+
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,8 @@ class ModelConfig:
     """GGUF file or Hugging Face model folder (config.json + *.safetensors); None: the bundled
     SmolLM2-135M-Instruct."""
     dtype: str = field(default="auto", metadata={"choices": SUPPORTED_DTYPES})
-    """Run dtype of weights and activations. auto: bfloat16 on CUDA and on CPUs with native
-    bf16, else float32."""
+    """Run dtype of weights and activations. auto: bfloat16 on CUDA, float32 on every CPU
+    (measured fastest there in prefill and decode; BENCHMARKS.md section 19)."""
     max_model_len: int | None = None
     """Longest prompt plus output, in tokens; None means the model's context length."""
     tokenizer: str | None = None
@@ -48,14 +50,22 @@ class ModelConfig:
     quantization: str | None = field(default="auto", metadata={"choices": QUANTIZATION_CHOICES})
     """Weight-only quantized linear layers, CPU only (activations stay in the run dtype), in
     groups of 32: int4 (Q4_1's form; on a Q4_1 GGUF model its own 4-bit weights) or int8
-    (Q8_0's form); the logits head then runs int8. none (or None): weights in the run dtype.
-    auto: int4 for a Q4_1 GGUF model wherever Pagoda's CPU kernels build (float32, or bfloat16
-    with AVX-512 BF16), else none; for an AWQ or GPTQ folder (4-bit, zero points) its own
-    4-bit weights, run packed (auto or int4 only); `pagoda env` shows the choice."""
+    (Q8_0's form); the logits head then runs int8. none (or None): weights in the run dtype
+    (a GGUF file dequantized). auto: a GGUF file's own quantized types (Q4_0 ... Q6_K), run
+    packed by Pagoda's CPU kernels wherever they build, else none; for an AWQ or GPTQ folder
+    (4-bit, zero points) its own 4-bit weights, run packed (auto or int4 only); `pagoda env`
+    shows the choice."""
     compile: bool = False
     """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
     quantized weights); BENCHMARKS.md has the measurements."""
+    deterministic: bool = False
+    """Batch-invariant execution: an identical request gives bit-identical logits, and so the
+    same greedy tokens, whatever batch it lands in, however its prompt is chunked and
+    whatever the prefix cache holds. Every token is computed on its own (row-wise matmul,
+    norm and activation kernels; each token's attention by the paged kernel; no whole-stack
+    decode step), at a cost in speed that BENCHMARKS.md measures. CPU, float32 activations,
+    the Llama family (Llama, Mistral, Qwen2/3, Phi-3, SmolLM) with a float32 KV cache."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -64,6 +74,11 @@ class ModelConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.deterministic and self.dtype not in ("auto", "float32"):
+            raise ValueError(f"deterministic runs float32 activations; got dtype {self.dtype!r} "
+                             "(use dtype auto or float32)")
+        if self.deterministic and self.compile:
+            raise ValueError("deterministic runs the eager model; drop compile")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(
                 f"quantization must be None or one of {', '.join(QUANTIZATION_CHOICES)}, "
@@ -274,6 +289,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", parse_speculative_config(self.speculative_config))
+        if self.model.deterministic and self.cache.kv_cache_dtype != "auto":
+            raise ValueError(f"deterministic runs a float32 KV cache; got kv_cache_dtype "
+                             f"{self.cache.kv_cache_dtype!r} (use auto)")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser,

@@ -13,7 +13,7 @@ import os
 import sys
 
 from pagoda.cli import bench_serve, bench_soak
-from pagoda.cli.bench_args import check_workload_args
+from pagoda.cli.bench_args import DefaultsHelpFormatter, check_workload_args
 from pagoda.cli.shared_args import add_engine_args, engine_kwargs
 
 
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     bench_soak.register(sub)
 
     throughput = sub.add_parser("throughput", help="offline engine throughput on a fixed workload",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     add_workload_args(throughput, num_prompts=True)
     throughput.add_argument("--output", default=None, help="write the result JSON here")
     throughput.add_argument("--label", default=None, help="name of this run in `bench compare`")
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     throughput.set_defaults(func=run_throughput)
 
     latency = sub.add_parser("latency", help="single-request prefill time and decode speed",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                             formatter_class=DefaultsHelpFormatter)
     add_workload_args(latency, num_prompts=False)
     latency.add_argument("--num-iters", type=int, default=5, help="measured requests")
     latency.add_argument("--num-warmup-iters", type=int, default=1, help="untimed requests first")

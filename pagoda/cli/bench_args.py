@@ -11,6 +11,15 @@ import math
 from pagoda.bench import BenchError
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: ...)" to a flag's help unless the help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_rates(text: str) -> list[float]:
     rates = []
     for part in text.split(","):

@@ -18,7 +18,12 @@ from pagoda.bench.datasets import (
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
 )
-from pagoda.cli.bench_args import check_workload_args, parse_extra_body, traffic_sweep
+from pagoda.cli.bench_args import (
+    DefaultsHelpFormatter,
+    check_workload_args,
+    parse_extra_body,
+    traffic_sweep,
+)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
@@ -27,7 +32,7 @@ def register(bench_subparsers) -> None:
     """Add `serve` under `pagoda bench`."""
     serve = bench_subparsers.add_parser(
         "serve", help="load an OpenAI-compatible server and measure it",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_serve_args(serve)
     serve.set_defaults(func=run_bench_serve)
 

@@ -10,13 +10,14 @@ import json
 import os
 import sys
 
+from pagoda.cli.bench_args import DefaultsHelpFormatter
 from pagoda.cli.bench_serve import DEFAULT_BASE_URL
 
 
 def register(bench_subparsers) -> None:
     soak = bench_subparsers.add_parser(
         "soak", help="a long mixed load that checks outputs, leaks and memory",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     soak.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the server")
     soak.add_argument("--model", default=None, help="model name to send (default: none sent)")
     soak.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),

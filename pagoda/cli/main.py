@@ -35,7 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.register(subparsers)
+    _add_log_level_to_subcommands(parser)
     return parser
+
+
+def _add_log_level_to_subcommands(parser: argparse.ArgumentParser) -> None:
+    """--log-level after a subcommand too (`pagoda serve --log-level INFO`), at any depth
+    (`pagoda bench serve ...`). SUPPRESS: a subcommand that is not given it leaves the value
+    set before the subcommand (or the default) alone."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                subparser.add_argument("--log-level", default=argparse.SUPPRESS,
+                                       choices=LOG_LEVELS,
+                                       help="level of the engine's log on stderr")
+                _add_log_level_to_subcommands(subparser)
 
 
 def main(argv: list[str] | None = None) -> int:

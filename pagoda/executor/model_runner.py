@@ -76,10 +76,14 @@ class ModelRunner:
         dtype: torch.dtype,
         cache_config: CacheConfig,
         eos_token_ids: list[int],
+        batch_invariant: bool = False,
     ) -> None:
+        """`batch_invariant`: the model was made so (executor/batch_invariant.py); the
+        attention backends are then the kernel's batch-invariant one."""
         self.model = model
         self.device = device
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
         self.cache_config = cache_config
         self.eos_token_ids = eos_token_ids
         hf_config = model.config
@@ -121,7 +125,7 @@ class ModelRunner:
              for layer in model.attention_layers()], max_model_len)
         self.backends = [select_backend(
             self.block_size, self.device, self.dtype, self.num_heads, self.num_kv_heads,
-            self.head_dim, model.sliding_window, self.kv_cache_dtype,
+            self.head_dim, model.sliding_window, self.kv_cache_dtype, self.batch_invariant,
         ) for _ in self.kv_cache_windows]
         self.backend = self.backends[0]
         self.input_batch = InputBatch(num_kv_cache_groups=len(self.kv_cache_windows))

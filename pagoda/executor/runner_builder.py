@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pagoda.config import EngineConfig
+from pagoda.executor.batch_invariant import make_batch_invariant
 from pagoda.executor.kernels.cpu_info import describe_run
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.loader.model_files import resolve_model_files
@@ -79,12 +80,16 @@ def build_runner(
     if group is not None:
         shard_model(model, group)
         release_freed_memory()
+    if config.model.deterministic:
+        make_batch_invariant(model, dtype, device)
     tokenizer = tokenizer or load_tokenizer(resolve_model_files(config.model.tokenizer)
                                             if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
-    runner = ModelRunner(model, device, dtype, config.cache, eos_ids)
+    runner = ModelRunner(model, device, dtype, config.cache, eos_ids,
+                         batch_invariant=config.model.deterministic)
     if device.type == "cpu":
-        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name))
+        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name)
+                    + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
     if config.speculative is not None:

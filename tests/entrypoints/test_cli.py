@@ -4,6 +4,7 @@ and the shape of pagoda/cli/: one module per subcommand, no import cycle, a fast
 from __future__ import annotations
 
 import ast
+import re
 import pathlib
 import subprocess
 import sys
@@ -248,3 +249,22 @@ def test_llm_rejects_an_unknown_keyword_before_loading() -> None:
 
     with pytest.raises(TypeError, match="'max_num_sequences'.*max_num_seqs"):
         LLM(max_num_sequences=4)
+
+
+def test_log_level_goes_before_or_after_the_subcommand() -> None:
+    from pagoda.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--log-level", "INFO"]).log_level == "INFO"
+    assert parser.parse_args(["bench", "latency", "--log-level", "DEBUG"]).log_level == "DEBUG"
+    assert parser.parse_args(["--log-level", "ERROR", "bench", "latency"]).log_level == "ERROR"
+    assert parser.parse_args(["bench", "latency"]).log_level == "WARNING"
+
+
+@pytest.mark.parametrize("command", [("bench", "serve"), ("bench", "soak"), ("bench", "latency")])
+def test_help_names_each_default_once(command) -> None:
+    result = run_cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "(default:" in text
+    assert not re.search(r"\(default:[^()]*(\([^()]*\))?[^()]*\) \(default:", text)

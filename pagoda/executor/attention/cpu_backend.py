@@ -14,6 +14,11 @@ attention. Prefills stay on the torch path all the same: the switch lowered the 
 model's top-1 agreement with float32 (tests/executor/test_fidelity.py) below the project's
 bar, by flipping near-tied positions (figures: BENCHMARKS.md section 10).
 
+Batch-invariant (`--deterministic`, executor/batch_invariant.py): every token of the step,
+prefill or decode, is one query of the same kernel call against its own causal prefix
+(`KernelTokenGroup`), so a token's attention is computed alike whatever else the step holds,
+however its prompt was chunked and whether its prefix came from the cache.
+
 With an 8-bit KV cache (kv_quant.py) the float32 kernel reads codes and scales in place and
 quantizes the decode step's keys and values as it writes them; prefills quantize through
 the torch path's write_kv_cache, bit for bit the same.
@@ -28,7 +33,11 @@ import torch
 
 from pagoda.executor.attention.backend import AttentionBackend, AttentionMetadata
 from pagoda.executor.attention.kv_quant import is_quantized
-from pagoda.executor.attention.torch_backend import AttentionGroup, TorchAttentionBackend
+from pagoda.executor.attention.torch_backend import (
+    AttentionGroup,
+    TorchAttentionBackend,
+    write_kv_cache,
+)
 from pagoda.executor.kernels.ops import paged_attention, paged_attention_supported
 
 
@@ -44,8 +53,36 @@ class KernelDecodeGroup(AttentionGroup):
     """(num_seqs,) int64: keys each sequence's query token attends"""
 
 
+@dataclass
+class KernelTokenGroup:
+    """Every token of a step as a query of the kernel (batch-invariant mode)."""
+
+    block_tables: torch.Tensor
+    """(num_seqs, max_blocks) int64"""
+    query_seq: torch.Tensor
+    """(num_tokens,) int64: the sequence of each token"""
+    key_lens: torch.Tensor
+    """(num_tokens,) int64: keys each token attends, its position + 1"""
+
+
 class CpuKernelAttentionBackend(TorchAttentionBackend):
     name = "cpu-kernel"
+
+    def __init__(self, block_size: int, device: torch.device, sliding_window: int | None = None,
+                 batch_invariant: bool = False):
+        super().__init__(block_size, device, sliding_window)
+        self.batch_invariant = batch_invariant
+
+    def prepare(
+        self, metadata: AttentionMetadata, query_lens: np.ndarray, block_tables: np.ndarray
+    ) -> list[AttentionGroup] | list[KernelTokenGroup]:
+        if not self.batch_invariant:
+            return super().prepare(metadata, query_lens, block_tables)
+        return [KernelTokenGroup(
+            block_tables=torch.from_numpy(np.ascontiguousarray(block_tables, dtype=np.int64)),
+            query_seq=torch.from_numpy(np.repeat(np.arange(len(query_lens)), query_lens)),
+            key_lens=metadata.positions.to(torch.int64) + 1,
+        )]
 
     def _group(
         self,
@@ -81,6 +118,13 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         has no soft-capping: layers with it (Gemma 2) take the torch path throughout."""
         window = self.sliding_window if window is None else window
         groups = metadata.backend_data
+        if self.batch_invariant:
+            if softcap is not None:
+                raise ValueError("batch-invariant attention has no soft-capping")
+            write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+            group = groups[0]
+            return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
+                                   group.key_lens, scale, window)
         if softcap is None and len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
                 groups[0].query_token_index is None):
             group = groups[0]
@@ -103,10 +147,20 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
 def select_backend(
     block_size: int, device: torch.device, dtype: torch.dtype, num_heads: int,
     num_kv_heads: int, head_dim: int, sliding_window: int | None, kv_cache_dtype: str = "auto",
+    batch_invariant: bool = False,
 ) -> AttentionBackend:
     """The C-kernel backend on CPU where it takes these shapes, else the torch backend. An
     8-bit KV cache has a kernel for float32 activations only (attention_f32.c): with bf16
-    ones it takes the torch backend, which dequantizes the gathered tiles."""
+    ones it takes the torch backend, which dequantizes the gathered tiles.
+    `batch_invariant`: the kernel backend in that mode, or ValueError where it cannot run."""
+    if batch_invariant:
+        if device.type != "cpu" or not paged_attention_supported(
+                dtype, num_heads, num_kv_heads, head_dim):
+            raise ValueError(
+                f"--deterministic needs Pagoda's C attention kernel, which does not take "
+                f"{dtype} on {device} with {num_heads} heads / {num_kv_heads} KV heads of "
+                f"{head_dim}")
+        return CpuKernelAttentionBackend(block_size, device, sliding_window, batch_invariant=True)
     if is_quantized(kv_cache_dtype) and dtype != torch.float32:
         return TorchAttentionBackend(block_size, device, sliding_window)
     if device.type == "cpu" and paged_attention_supported(dtype, num_heads, num_kv_heads, head_dim):

@@ -151,6 +151,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     declare_packed_gemm(lib)
     lib.pagoda_rms_norm_f32.argtypes = [ptr, ptr, ptr, f32, i64, i64, ptr, ptr]
     lib.pagoda_rms_norm_f32.restype = None
+    lib.pagoda_silu_and_mul_f32.argtypes = [ptr, i64, i64, ptr]
+    lib.pagoda_silu_and_mul_f32.restype = None
     return lib
 
 
@@ -159,8 +161,9 @@ def declare_packed_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
     [x, M,] K, N, codes, high, scales, mins, sub_scales, sub_mins, ...)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     planes = [ptr] * 6
-    lib.pagoda_gemm_packed_f32.argtypes = [ctypes.c_int, ptr, i64, i64, i64, *planes, ptr]
-    lib.pagoda_gemm_packed_f32.restype = None
+    for gemm in (lib.pagoda_gemm_packed_f32, lib.pagoda_gemm_packed_rowwise_f32):
+        gemm.argtypes = [ctypes.c_int, ptr, i64, i64, i64, *planes, ptr]
+        gemm.restype = None
     lib.pagoda_dequantize_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr]
     lib.pagoda_dequantize_packed_f32.restype = None
     lib.pagoda_dequantize_rows_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr,

@@ -55,7 +55,9 @@ def describe_kernels() -> str:
     """One line: which kernel paths run here."""
     isa = float32_kernel_isa()
     if isa is None:
-        return "Pagoda's CPU kernels: unavailable (no C compiler?), PyTorch's kernels only"
+        why = ("turned off by PAGODA_DISABLE_KERNELS" if os.environ.get("PAGODA_DISABLE_KERNELS")
+               else "unavailable (they did not build: no C compiler?)")
+        return f"Pagoda's CPU kernels: {why}, PyTorch's kernels only"
     bf16 = {0: "no (needs AVX-512 BF16)", 1: "yes (AVX-512 BF16)",
             2: "emulated (portable code, for tests: slow)"}[
         load_cpu_kernels().pagoda_bf16_kernels_available()]

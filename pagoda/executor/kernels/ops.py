@@ -35,19 +35,28 @@ def _kernel(name: str, dtype: torch.dtype):
 
 def gemm_q(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-    format: str, out_features: int,
+    format: str, out_features: int, rowwise: bool = False,
 ) -> torch.Tensor:
     """x (M, K) bf16 or float32 contiguous, weight packed by packing.pack -> (M, out_features)
     in x's dtype. A direct call (an op through the dispatcher costs 3-11 us more per call);
-    under torch.compile call `gemm_q_op`, which the graph treats as opaque."""
+    under torch.compile call `gemm_q_op`, which the graph treats as opaque. `rowwise`
+    (float32 only): batch-invariant, as packed_weight.gemm_packed's."""
     if x.dim() != 2 or not x.is_contiguous() or x.dtype not in KERNEL_DTYPES:
         raise ValueError(f"gemm_q takes a contiguous 2-D bfloat16 or float32 input, got "
                          f"{x.dtype} {tuple(x.shape)}")
     kernel = _kernel("gemm_q", x.dtype)
     rows, in_features = x.shape
-    if x.dtype == torch.float32 and rows >= DEQUANTIZE_FROM_ROWS:
+    if rowwise and x.dtype != torch.float32:
+        raise ValueError(f"the row-wise gemm_q takes float32 rows, got {x.dtype}")
+    if x.dtype == torch.float32 and rows >= DEQUANTIZE_FROM_ROWS and not rowwise:
         return _dequantized_matmul(x, codes, scales, mins, format, out_features)
     y = x.new_empty(rows, out_features)
+    if rowwise:  # the Q4 / Q8 planes are (codes, scales, mins) of the any-format entry
+        load_cpu_kernels().pagoda_gemm_packed_rowwise_f32(
+            FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
+            None, scales.data_ptr(), None if mins is None else mins.data_ptr(), None, None,
+            y.data_ptr())
+        return y
     kernel(FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
            scales.data_ptr(), None if mins is None else mins.data_ptr(), y.data_ptr())
     return y
@@ -207,6 +216,17 @@ def _token_rows(t: torch.Tensor) -> torch.Tensor:
 RMS_NORM_KERNEL_MAX_ROWS = 64
 """Up to this many float32 rows RMSNorm takes the C kernel (one thread, no dispatch);
 torch's rms_norm is as fast from there on."""
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (M, 2I) float32 contiguous, rows [gate | up] -> silu(gate) * up (M, I), each
+    row computed alike whatever M (torch's elementwise loops take a scalar path for the tail
+    of a range, whose silu rounds differently from the vector body's)."""
+    rows, width = gate_up.shape
+    out = gate_up.new_empty(rows, width // 2)
+    load_cpu_kernels().pagoda_silu_and_mul_f32(gate_up.data_ptr(), rows, width // 2,
+                                               out.data_ptr())
+    return out
 
 
 def rms_norm(

@@ -128,21 +128,25 @@ def _kernels():
     return lib
 
 
-def gemm_packed(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False) -> torch.Tensor:
     """x (M, K) float32 contiguous @ W^T -> (M, N) float32. From ops.DEQUANTIZE_FROM_ROWS
-    rows on, W is dequantized a slice at a time for torch's BLAS matmul (prefills)."""
+    rows on, W is dequantized a slice at a time for torch's BLAS matmul (prefills).
+    `rowwise`: batch-invariant, row m of the result bit for bit what x[m:m+1] alone gives,
+    whatever M (the kernel's one-row tiles at every M; --deterministic)."""
     if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() \
             or x.shape[1] != w.in_features:
         raise ValueError(f"gemm_packed takes a contiguous float32 (M, {w.in_features}) input, "
                          f"got {x.dtype} {tuple(x.shape)}")
     if x.shape[0] == 0:
         return x.new_empty(0, w.out_features)
-    if x.shape[0] >= ops.DEQUANTIZE_FROM_ROWS:
+    if x.shape[0] >= ops.DEQUANTIZE_FROM_ROWS and not rowwise:
         return ops.dequantized_matmul(
             x, w.out_features, lambda start, stop: dequantize_transposed(w.rows(start, stop)))
     y = x.new_empty(x.shape[0], w.out_features)
-    _kernels().pagoda_gemm_packed_f32(FORMAT_CODES[w.format], x.data_ptr(), x.shape[0],
-                                      w.in_features, w.out_features, *w.pointers(), y.data_ptr())
+    lib = _kernels()
+    gemm = lib.pagoda_gemm_packed_rowwise_f32 if rowwise else lib.pagoda_gemm_packed_f32
+    gemm(FORMAT_CODES[w.format], x.data_ptr(), x.shape[0], w.in_features, w.out_features,
+         *w.pointers(), y.data_ptr())
     return y
 
 

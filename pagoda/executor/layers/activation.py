@@ -6,11 +6,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagoda.executor.kernels.ops import silu_and_mul
+
 
 class SiluAndMul(nn.Module):
     """x (..., 2 * d) holding [gate | up] -> silu(gate) * up, (..., d)."""
 
+    batch_invariant = False
+    """Set by executor/batch_invariant.py: float32 rows through the C kernel (ops.silu_and_mul)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            rows = silu_and_mul(x.reshape(-1, x.shape[-1]).contiguous())
+            return rows.view(*x.shape[:-1], rows.shape[-1])
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -19,8 +19,22 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear a row at a time: row i of the result is what x's row i alone gives, whatever
+    the number of rows (a BLAS matmul picks its blocking, and with it each row's summation
+    order, by the whole shape). x (..., in) -> (..., out). For --deterministic."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = x.new_empty(rows.shape[0], weight.shape[0])
+    for i in range(rows.shape[0]):
+        out[i:i + 1] = F.linear(rows[i:i + 1], weight, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b). weight (out_features, in_features)."""
+
+    batch_invariant = False
+    """Set by executor/batch_invariant.py: rows one at a time (`linear_rows`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -33,6 +47,8 @@ class Linear(nn.Module):
             param.weight_loader = default_weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return linear_rows(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -10,6 +10,10 @@ from pagoda.executor.kernels.ops import RMS_NORM_KERNEL_MAX_ROWS, kernels_availa
 
 
 class RMSNorm(nn.Module):
+    batch_invariant = False
+    """Set by executor/batch_invariant.py: float32 rows always through the C kernel, which
+    normalises each row on its own (torch's may change its reduction with the shape)."""
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
@@ -25,6 +29,12 @@ class RMSNorm(nn.Module):
         (torch's float32 rms_norm costs ~50 us a call on a 2-core CPU). Half precision
         follows the reference implementation's roundings exactly: normalise in float32,
         cast, then scale by the weight in the input dtype."""
+        if self.batch_invariant:
+            normed, residual = rms_norm(
+                x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.eps,
+                None if residual is None else residual.reshape(-1, x.shape[-1]).contiguous())
+            normed = normed.view(x.shape)
+            return normed if residual is None else (normed, residual.view(x.shape))
         if self._takes_kernel(x, residual):
             normed, residual = rms_norm(x, self.weight, self.eps, residual)
             return normed if residual is None else (normed, residual)

@@ -59,6 +59,8 @@ class PackedLinear(nn.Module):
 
     takes_float32 = True
     """Float32 rows run the float32 kernels on every CPU (a logits head is fed float32)."""
+    batch_invariant = False
+    """Set by executor/batch_invariant.py: float32 rows through the row-wise kernel."""
 
     @property
     def formats(self) -> list[str]:
@@ -69,10 +71,14 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()  # (M, in)
-        if len(self.segments) == 1:
-            y = self._matmul(rows, self.segments[0])
+        if self.batch_invariant:
+            matmul = lambda segment: gemm_packed(rows, segment, rowwise=True)  # noqa: E731
         else:
-            y = torch.cat([self._matmul(rows, segment) for segment in self.segments], dim=1)
+            matmul = lambda segment: self._matmul(rows, segment)  # noqa: E731
+        if len(self.segments) == 1:
+            y = matmul(self.segments[0])
+        else:
+            y = torch.cat([matmul(segment) for segment in self.segments], dim=1)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

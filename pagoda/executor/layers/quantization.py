@@ -130,6 +130,10 @@ class QuantizedLinear(nn.Module):
         self.dense_weight = weight if keep_dense else None
         self.dense_from_rows = dense_from_rows
 
+    batch_invariant = False
+    """Set by executor/batch_invariant.py (float32 on the "pagoda" kernel, no dense weight):
+    the row-wise kernel at every row count."""
+
     @property
     def takes_float32(self) -> bool:
         """Whether float32 rows run as they are, whatever the run dtype (a logits head is
@@ -151,6 +155,9 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def _quantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return gemm_q(rows, self.codes, self.scales, self.mins, self.format,
+                          self.out_features, rowwise=True)
         if self.kernel == "pagoda":
             gemm = gemm_q_op if torch.compiler.is_compiling() else gemm_q
             return gemm(rows, self.codes, self.scales, self.mins, self.format, self.out_features)

@@ -18,7 +18,12 @@ from torch import nn
 from pagoda.executor.attention.layer import Attention
 from pagoda.executor.forward_context import get_forward_context
 from pagoda.executor.layers.activation import gated_activation
-from pagoda.executor.layers.linear import Linear, MergedLinear, default_weight_loader
+from pagoda.executor.layers.linear import (
+    Linear,
+    MergedLinear,
+    default_weight_loader,
+    linear_rows,
+)
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rotary import RotaryEmbedding
 from pagoda.executor.models.llama_decode_kernel import LlamaDecodeKernel
@@ -168,6 +173,8 @@ class LlamaForCausalLM(nn.Module):
     """(fused parameter, checkpoint part, shard id): checkpoint tensors loaded into a part."""
     final_logit_softcap: float | None = None
     """Logits become cap * tanh(logits / cap) (Gemma 2)."""
+    batch_invariant = False
+    """Set by executor/batch_invariant.py: a float head multiplies a row at a time."""
 
     def __init__(self, config, max_position: int) -> None:
         super().__init__()
@@ -213,6 +220,8 @@ class LlamaForCausalLM(nn.Module):
         if self.quantized_head is not None:
             takes_float32 = getattr(self.quantized_head, "takes_float32", False)
             logits = self.quantized_head(hidden.float() if takes_float32 else hidden)
+        elif self.batch_invariant:
+            logits = linear_rows(hidden, self.logits_head_weight())
         else:
             logits = torch.nn.functional.linear(hidden, self.logits_head_weight())
         cap = self.final_logit_softcap

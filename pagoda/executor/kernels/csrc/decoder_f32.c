@@ -81,7 +81,7 @@ static void rotate(float *heads, int64_t n, int64_t D, int64_t R, const float *c
 
 /* gate_up (T, 2I) rows [gate | up] -> out (T, I) = silu(gate) * up, silu(g) = g * sigmoid(g)
  * with sigmoid from e = exp(-|g|): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
-static void silu_and_mul(const float *gate_up, int64_t T, int64_t I, float *out) {
+void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *out) {
     for (int64_t t = 0; t < T; t++) {
         const float *gate = gate_up + t * 2 * I, *up = gate + I;
         float *o = out + t * I;
@@ -139,7 +139,7 @@ void pagoda_decode_layers_f32(const decoder_t *model, int64_t T, float *x,
         linear(&layer->o, attended, T, sum);
         pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
         linear(&layer->gate_up, normed, T, gate_up);
-        silu_and_mul(gate_up, T, I, activated);
+        pagoda_silu_and_mul_f32(gate_up, T, I, activated);
         linear(&layer->down, activated, T, sum);
         for (int64_t i = 0; i < T * Hd; i++) x[i] += sum[i];
     }

@@ -155,10 +155,11 @@ ALWAYS_INLINE void tile_q8(int rows, const float *x, int64_t ldx, int64_t groups
 
 /* y (M, N) float32 = x (M, K) float32 . W^T, row m of y at y + m * ldy (ldy >= N: a
  * column block of a wider output); N % 16 == 0, K % 32 == 0 (K-quants: 256; the caller
- * checks). Each tile of weights is decoded once per GEMM_ROWS rows: the kernel for small
- * batches (decode steps). */
-void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                             planes_t planes, float *y, int64_t ldy) {
+ * checks). Each tile of weights is decoded once per `tile_rows` (<= GEMM_ROWS) rows.
+ * The summation order of a row depends on how many rows share its tile (CHAINS, factored),
+ * so only tile_rows = 1 makes row m of y a function of row m of x alone, whatever M. */
+static void gemm_packed_tiles(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                              planes_t planes, float *y, int64_t ldy, int64_t tile_rows) {
     const int64_t groups = K / GROUP_K, tiles = N / TILE_N;
     float *xsum = NULL; /* (M, groups): sums of x over each group, for the factored form */
     float *x_scaled = NULL; /* (M, K): x / CODE_SCALE, for the factored form's scaled codes */
@@ -179,8 +180,8 @@ void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, i
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const planes_t tp = tile_planes(format, planes, K, t);
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
-            const int rows = M - m0 < GEMM_ROWS ? (int)(M - m0) : GEMM_ROWS;
+        for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
+            const int rows = M - m0 < tile_rows ? (int)(M - m0) : (int)tile_rows;
             const float *xr = x + m0 * K, *xs = xsum == NULL ? NULL : xsum + m0 * groups;
             float *yr = y + m0 * ldy + t * TILE_N;
             switch (format) {
@@ -197,6 +198,23 @@ void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, i
     }
     free(xsum);
     free(x_scaled);
+}
+
+/* The kernel for small batches (decode steps): a tile of weights decoded once per
+ * GEMM_ROWS rows. */
+void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                             planes_t planes, float *y, int64_t ldy) {
+    gemm_packed_tiles(format, x, M, K, N, planes, y, ldy, GEMM_ROWS);
+}
+
+/* Batch-invariant (--deterministic): every row on its own, as a one-row batch computes it. */
+void pagoda_gemm_packed_rowwise_f32(int format, const float *x, int64_t M, int64_t K,
+                                    int64_t N, const uint8_t *codes, const uint8_t *high,
+                                    const uint16_t *scales, const uint16_t *mins,
+                                    const uint8_t *sub_scales, const uint8_t *sub_mins,
+                                    float *y) {
+    const planes_t planes = {codes, high, scales, mins, sub_scales, sub_mins};
+    gemm_packed_tiles(format, x, M, K, N, planes, y, N, 1);
 }
 
 void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,

@@ -89,6 +89,13 @@ void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, in
                             const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
                             const uint16_t *mins, const uint8_t *sub_scales,
                             const uint8_t *sub_mins, float *y);
+/* The same product with each row on its own: row m of y depends on row m of x only,
+ * whatever M (bit for bit a one-row call; --deterministic). */
+void pagoda_gemm_packed_rowwise_f32(int format, const float *x, int64_t M, int64_t K,
+                                    int64_t N, const uint8_t *codes, const uint8_t *high,
+                                    const uint16_t *scales, const uint16_t *mins,
+                                    const uint8_t *sub_scales, const uint8_t *sub_mins,
+                                    float *y);
 void pagoda_dequantize_packed_f32(int format, int64_t K, int64_t N, const uint8_t *codes,
                                   const uint8_t *high, const uint16_t *scales,
                                   const uint16_t *mins, const uint8_t *sub_scales,
@@ -112,5 +119,9 @@ void pagoda_paged_attention_q8_f32(
     int64_t k_stride, int64_t v_stride, const int64_t *slots, float *out);
 void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
                          int64_t M, int64_t H, float *out, float *new_residual);
+
+/* decoder_f32.c: gate_up (T, 2I) rows [gate | up] -> out (T, I) = silu(gate) * up, each row
+ * on its own */
+void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *out);
 
 #endif
