@@ -47,3 +47,69 @@ def test_nothing_in_the_executor_imports_the_engine():
     # (the check itself works: the engine does import the executor's builder pieces)
     assert any(n.startswith("pagoda.executor") for n in imported_modules(
         PACKAGE / "engine" / "builder.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the pagoda modules it imports anywhere in its file (top level or inside a
+    function: a lazy import still ties the two modules together). Every code import names
+    absolute modules (the tree has no relative imports); `from pagoda.x import name` counts
+    as importing pagoda.x.name where that is a module, else pagoda.x."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert node.level == 0, f"{name}: relative import"
+                candidates = [f"{node.module}.{alias.name}" for alias in node.names]
+                edges |= {c for c in candidates if c in modules} or {node.module}
+            elif isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names}
+        graph[name] = {edge for edge in edges if edge in modules and edge != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_the_tree():
+    graph = import_graph()
+    assert len(graph) > 150
+    assert "pagoda.executor.loader.model_loader" in graph["pagoda.executor.runner_builder"]
+    assert cycles(graph) == []
+    # the check itself finds one
+    assert cycles({**graph, "pagoda.config": graph["pagoda.config"] | {"pagoda.engine.builder"}})

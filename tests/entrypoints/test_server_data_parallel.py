@@ -263,7 +263,8 @@ def test_sigterm_stops_the_server_and_all_its_processes(server):
 PARENT = textwrap.dedent("""
     import os, sys, time
     from pagoda.config import EngineConfig
-    from pagoda.engine.data_parallel.launcher import ReplicaSpec, launch_replica
+    from pagoda.engine.data_parallel.launcher import launch_replica
+    from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
     spec = ReplicaSpec(0, EngineConfig.from_kwargs(dtype="float32"), 1, os.getpid(), 30)
     replica = launch_replica(spec)
     print(replica.pid, flush=True)

@@ -23,26 +23,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Protocol
 
-from pagoda.config import EngineConfig
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """Everything a replica needs to start (pickled into it)."""
-
-    index: int
-    config: EngineConfig
-    """The engine's config with data_parallel_size 1."""
-    num_threads: int
-    """Its CPU threads (OMP_NUM_THREADS, unless the server's environment sets one)."""
-    parent_pid: int
-    log_level: int
-    send_tokenizer: bool = False
-    """Ship the tokenizer in the ready message (the server's first start needs it)."""
+from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
 
 
 class ReplicaHandle(Protocol):

@@ -23,7 +23,7 @@ import os
 import secrets
 from multiprocessing.connection import Client, Listener
 
-from pagoda.engine.data_parallel.launcher import ReplicaSpec
+from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

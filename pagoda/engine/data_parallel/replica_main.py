@@ -27,7 +27,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from pagoda.engine.data_parallel.launcher import ReplicaSpec
+from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
 from pagoda.engine.data_parallel.messages import (
     ABORT,
     ADD,

@@ -153,7 +153,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Decode steps in one C call where the model's weights and the step allow it
-        self.decode_kernel = LlamaDecodeKernel(self)
+        self.decode_kernel = LlamaDecodeKernel(self, (LlamaDecoderLayer, LlamaAttention, LlamaMLP))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         stream = self.decode_kernel.forward(input_ids, positions)

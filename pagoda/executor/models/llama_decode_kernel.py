@@ -102,10 +102,13 @@ def _linear(module: nn.Module) -> _Linear | None:
 
 class LlamaDecodeKernel:
     """Owned by a LlamaModel (`model.decode_kernel`); `enabled = False` turns it off (tests
-    compare both paths)."""
+    compare both paths). `block_types`: the (decoder layer, attention, MLP) classes whose
+    exact instances it covers, given by llama.py (which imports this module, not the
+    reverse)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, block_types: tuple[type, type, type]) -> None:
         self.model = model
+        self.block_types = block_types
         self.enabled = True
         self.calls = 0  # steps it ran (tests check it was used)
         self._plan: _Decoder | None = None
@@ -181,8 +184,7 @@ class LlamaDecodeKernel:
             signed_sin_cache=sin.data_ptr(), layers=layers)
 
     def _describe_layer(self, layer: nn.Module) -> _Layer | None:
-        from pagoda.executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
-
+        decoder_layer_type, attention_type, mlp_type = self.block_types
         attention = layer.self_attn
         mlp = getattr(layer, layer.mlp_name, None)
         attn = attention.attn
@@ -190,8 +192,8 @@ class LlamaDecodeKernel:
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if attention.q_norm is not None:
             norms += [attention.q_norm, attention.k_norm]
-        if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
-                or type(mlp) is not LlamaMLP or type(mlp.act) is not SiluAndMul
+        if (type(layer) is not decoder_layer_type or type(attention) is not attention_type
+                or type(mlp) is not mlp_type or type(mlp.act) is not SiluAndMul
                 or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
                        or n.weight.dtype != torch.float32 for n in norms)
                 or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
