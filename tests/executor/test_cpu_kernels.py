@@ -86,10 +86,13 @@ def isa_build_cache(tmp_path_factory) -> Path:
 
 def runnable_builds() -> list:
     """The float32 builds this CPU runs: its own, each x86 kind's it can run natively, and the
-    AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU)."""
+    AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU), and on x86
+    ARM64's (NEON's width and fused multiply-adds)."""
     builds = ["native", "avx512f-emulated", "avx2-emulated"]
     if ON_X86:
         builds += [name for name, needs in X86_FEATURES.items() if needs <= CPU_FLAGS]
+        if "fma" in CPU_FLAGS:  # ARM64's path (its contractions need the host's FMA)
+            builds.append("arm64-emulated")
     return builds
 
 

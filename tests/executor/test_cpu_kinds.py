@@ -8,8 +8,9 @@ forced through $PAGODA_KERNEL_ISA, natively where this CPU runs it, else through
 emulation build (the same lane arithmetic in portable vectors: test_cpu_kernels.py shows
 the two bit-equal). `--dtype bfloat16` runs the AVX-512 BF16 kernels, here always through
 their emulation build (bit-equal to the native one, test_cpu_kernels.py), so every CPU
-proves them. ARM's NEON build is proven at the kernel level under qemu
-(test_kernels_aarch64.py).
+proves them. ARM64's NEON path (4 lanes, fused multiply-adds) runs here through its
+emulation build, which test_kernels_aarch64.py shows bit-equal to the real ARM64 build run
+under qemu.
 
 Each path is held, against float32 over exactly dequantized weights (PyTorch's matmul):
 - in prefill (the dequantize-and-BLAS path of long prompts) and through the decode kernels
@@ -52,6 +53,7 @@ PATHS = {  # path id: (kernel build, --dtype)
     "avx512f": (kernel_build("avx512f"), "auto"),
     "avx2": (kernel_build("avx2"), "auto"),
     **({"generic-x86": ("generic", "auto")} if ON_X86 else {}),  # an x86 -march
+    "arm64": ("arm64-emulated" if ON_X86 else "native", "auto"),
     "avx512bf16-bfloat16": ("avx512bf16-emulated", "bfloat16"),
 }
 BARS = {  # --dtype: (least top-1 agreement, most mean KL divergence) vs float32

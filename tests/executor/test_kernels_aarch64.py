@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from pagoda.executor.kernels import build
 from pagoda.executor.kernels.build import SOURCE_DIR, kernel_sources
 from pagoda.executor.kernels.packing import FORMATS, pack, quantize_groups
 from tests.executor.test_attention_backend import reference_attention
+from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86
 
 CROSS_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
 SYSROOT = "/usr/aarch64-linux-gnu"
@@ -34,10 +36,25 @@ def driver(tmp_path_factory) -> Path:
     return target
 
 
+@pytest.fixture(scope="module")
+def emulating_driver(tmp_path_factory) -> Path:
+    """The same driver for this x86 CPU, its kernels as build.ISA_BUILDS["arm64-emulated"]
+    builds them (with the library's own optional flags)."""
+    if not ON_X86 or "fma" not in CPU_FLAGS:
+        pytest.skip("the ARM64 emulation build runs on x86 CPUs with FMA")
+    target = tmp_path_factory.mktemp("arm64-emulated") / "kernel_driver"
+    source = Path(__file__).with_name("kernel_driver.c")
+    subprocess.run(["cc", "-O3", *build.OPTIONAL_FLAGS[0], *build.ISA_BUILDS["arm64-emulated"],
+                    f"-I{SOURCE_DIR}", "-o", str(target), str(source),
+                    *map(str, kernel_sources()), "-lm"], check=True)
+    return target
+
+
 def run(driver: Path, command: str, inputs: list[np.ndarray], tmp_path: Path) -> np.ndarray:
     path_in, path_out = tmp_path / f"{command}.in", tmp_path / f"{command}.out"
     path_in.write_bytes(b"".join(np.ascontiguousarray(a).tobytes() for a in inputs))
-    subprocess.run([QEMU, "-L", SYSROOT, str(driver), command, str(path_in), str(path_out)],
+    emulator = [] if driver.read_bytes()[18:20] != b"\xb7\x00" else [QEMU, "-L", SYSROOT]
+    subprocess.run([*emulator, str(driver), command, str(path_in), str(path_out)],
                    check=True, timeout=300, env={"OMP_NUM_THREADS": "2"})
     return np.frombuffer(path_out.read_bytes(), dtype=np.float32)
 
@@ -68,22 +85,29 @@ def test_gemm_on_arm64_matches_the_dequantized_matmul(driver, tmp_path, format, 
     assert torch.equal(torch.from_numpy(w_t.copy()), quantized.dequantize().T)
 
 
+def packed_case(ggml_type: str, rows: int) -> tuple[list[np.ndarray], torch.Tensor]:
+    """The driver's "packed" inputs for a random (32, 256) weight of `ggml_type` and `rows`
+    rows of x; and the weight as gguf dequantizes it."""
+    from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
+    from tests.executor.test_gguf_packed import case
+
+    _, packed, reference = case(gguf.GGMLQuantizationType[ggml_type], 32, 256, seed=4)
+    planes = [packed.planes[name].contiguous().view(torch.uint8).numpy()
+              if name in packed.planes else np.zeros(0, np.uint8) for name in PLANE_NAMES]
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+    header = np.array([FORMAT_CODES[packed.format], rows, 256, 32]
+                      + [p.nbytes for p in planes], dtype=np.int64)
+    return [header, x.numpy(), *planes], reference
+
+
 @pytest.mark.parametrize("ggml_type", ["Q5_1", "Q4_K", "Q6_K"])
 def test_packed_gguf_on_arm64_matches_gguf(driver, tmp_path, ggml_type) -> None:
     """The packed GGUF formats on NEON: the factored 1-2 row path and the 3-4 row one (5
     rows), against gguf's dequantization, bit for bit where it dequantizes."""
-    from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
-    from tests.executor.test_gguf_packed import case
-
-    ggml_type = gguf.GGMLQuantizationType[ggml_type]
-    _, packed, reference = case(ggml_type, 32, 256, seed=4)
-    planes = [packed.planes[name].contiguous().view(torch.uint8).numpy()
-              if name in packed.planes else np.zeros(0, np.uint8) for name in PLANE_NAMES]
     for rows in (2, 5):
-        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
-        header = np.array([FORMAT_CODES[packed.format], rows, 256, 32]
-                          + [p.nbytes for p in planes], dtype=np.int64)
-        out = torch.from_numpy(run(driver, "packed", [header, x.numpy(), *planes], tmp_path).copy())
+        inputs, reference = packed_case(ggml_type, rows)
+        x = torch.from_numpy(inputs[1])
+        out = torch.from_numpy(run(driver, "packed", inputs, tmp_path).copy())
         y, w_t, w_rows = out.split([rows * 32, 256 * 32, 32 * 256])
         bound = 1e-5 * (x.abs() @ reference.abs().T)
         assert ((y.view(rows, 32) - x @ reference.T).abs() <= bound).all()
@@ -91,21 +115,33 @@ def test_packed_gguf_on_arm64_matches_gguf(driver, tmp_path, ggml_type) -> None:
         assert torch.equal(w_rows.view(32, 256), reference.flip(0))
 
 
+ATTENTION_LENS = [8, 1, 131, 34]
+BLOCK_SIZE, NUM_BLOCKS = 16, 40
+
+
+def attention_case(heads: tuple[int, int, int], window: int | None) -> list:
+    """Decode tokens of four sequences over scattered blocks: the driver's "attention"
+    inputs, and (query, kv_cache, tables) for the reference."""
+    num_heads, num_kv_heads, dim = heads
+    gen = torch.Generator().manual_seed(0)
+    kv_cache = torch.randn(2, num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, dim, generator=gen)
+    tables = torch.randperm(NUM_BLOCKS, generator=gen)[:4 * 9].view(4, 9)
+    query = torch.randn(len(ATTENTION_LENS), num_heads, dim, generator=gen)
+    header = np.array([len(ATTENTION_LENS), num_heads, num_kv_heads, dim, NUM_BLOCKS,
+                       BLOCK_SIZE, 9, window or 0, len(ATTENTION_LENS)], dtype=np.int64)
+    arrays = [header, np.array([dim**-0.5]), query.numpy(), kv_cache.numpy(), tables.numpy(),
+              np.arange(len(ATTENTION_LENS), dtype=np.int64),
+              np.array(ATTENTION_LENS, dtype=np.int64)]
+    return [arrays, (query, kv_cache, tables)]
+
+
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("heads", [(9, 3, 64), (8, 1, 128)])
 def test_paged_attention_on_arm64_matches_naive_attention(driver, tmp_path, heads, window) -> None:
     """Decode tokens of four sequences over scattered blocks, with and without a window."""
     num_heads, num_kv_heads, dim = heads
-    block_size, num_blocks = 16, 40
-    gen = torch.Generator().manual_seed(0)
-    lens = [8, 1, 131, 34]
-    kv_cache = torch.randn(2, num_kv_heads, num_blocks, block_size, dim, generator=gen)
-    tables = torch.randperm(num_blocks, generator=gen)[:4 * 9].view(4, 9)
-    query = torch.randn(len(lens), num_heads, dim, generator=gen)
-    header = np.array([len(lens), num_heads, num_kv_heads, dim, num_blocks, block_size, 9,
-                       window or 0, len(lens)], dtype=np.int64)
-    arrays = [header, np.array([dim**-0.5]), query.numpy(), kv_cache.numpy(), tables.numpy(),
-              np.arange(len(lens), dtype=np.int64), np.array(lens, dtype=np.int64)]
+    block_size, lens = BLOCK_SIZE, ATTENTION_LENS
+    arrays, (query, kv_cache, tables) = attention_case(heads, window)
     out = torch.from_numpy(run(driver, "attention", arrays, tmp_path).copy())
     expected = []
     for seq, length in enumerate(lens):
@@ -116,3 +152,24 @@ def test_paged_attention_on_arm64_matches_naive_attention(driver, tmp_path, head
         expected.append(reference_attention(query[seq:seq + 1], keys, values, length - 1, window))
     torch.testing.assert_close(out.view(len(lens), num_heads, dim), torch.cat(expected),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K",
+                                       "Q6_K"])
+def test_the_emulation_build_packs_and_multiplies_as_arm64_does(driver, emulating_driver,
+                                                                tmp_path, ggml_type) -> None:
+    """What every x86 CPU runs as ARM64's path (tests/executor/test_cpu_kinds.py runs it end
+    to end) is bit for bit what the ARM64 build computes, every format, 1-5 rows."""
+    for rows in (1, 2, 3, 5):
+        inputs, _ = packed_case(ggml_type, rows)
+        arm64 = run(driver, "packed", inputs, tmp_path)
+        assert np.array_equal(run(emulating_driver, "packed", inputs, tmp_path), arm64)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 1, 128)])
+def test_the_emulation_build_attends_as_arm64_does(driver, emulating_driver, tmp_path, heads,
+                                                   window) -> None:
+    arrays, _ = attention_case(heads, window)
+    arm64 = run(driver, "attention", arrays, tmp_path)
+    assert np.array_equal(run(emulating_driver, "attention", arrays, tmp_path), arm64)

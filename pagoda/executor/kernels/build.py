@@ -46,13 +46,19 @@ ISA_BUILDS = {
     "avx512f": ("-march=skylake-avx512",),
     "avx512f-emulated": ("-DPAGODA_F32_VECTOR_BYTES=64",),
     "avx2-emulated": ("-DPAGODA_F32_VECTOR_BYTES=32",),
+    # ARM64's NEON path: 4 lanes, products contracted to fused multiply-adds (fmla), as GCC
+    # does on ARM64; on x86 -mfma gives the same contractions (the host needs FMA: every
+    # x86 kind Pagoda runs on has it). Bit-equal to the ARM64 build run under qemu
+    # (tests/executor/test_kernels_aarch64.py).
+    "arm64-emulated": ("-DPAGODA_F32_VECTOR_BYTES=16",
+                       *(("-mfma",) if platform.machine() in ("x86_64", "AMD64") else ())),
     "avx512bf16-emulated": EMULATE_AVX512_BF16,
 }
 """Named builds of the library, for $PAGODA_KERNEL_ISA: the instruction-set paths of the x86
 CPU kinds Pagoda runs on (generic SSE2 vectors, AVX2, AVX-512F: each only where the CPU can
 run it), and their emulation builds for any CPU, ARM included: the float32 kernels at
-AVX-512F's (AVX2's) vector width in portable vectors, and the bf16 kernels in portable code
-(csrc/vec_f32.h, csrc/avx512_emulated.h). "native" (the default) is
+AVX-512F's (AVX2's, ARM64 NEON's) vector width in portable vectors, and the bf16 kernels in
+portable code (csrc/vec_f32.h, csrc/avx512_emulated.h). "native" (the default) is
 what this CPU has. Tests and `pagoda generate` take any of them, so every CPU kind's path
 runs end to end from whichever CPU is at hand."""
 

@@ -2,8 +2,8 @@
  * GCC vector extensions. The vector width follows what the compiler targets (-march=native):
  * 16 lanes with AVX-512F, 8 with AVX (AVX2 + FMA: the products contract to vfmadd), 4
  * elsewhere (SSE2, NEON on ARM64, and the compiler's generic lowering on anything else).
- * -DPAGODA_F32_VECTOR_BYTES=64 (or 32) sets the width instead: the emulation build of the
- * AVX-512F (AVX2) path on a CPU without it. The arithmetic is the same lane for lane (GCC
+ * -DPAGODA_F32_VECTOR_BYTES=64 (32, 16) sets the width instead: the emulation build of the
+ * AVX-512F (AVX2, ARM64 NEON) path on a CPU without it. The arithmetic is the same lane for lane (GCC
  * splits a wide generic vector into the target's own; a*b+c contracts to an FMA wherever
  * the target has one, as on every CPU kind Pagoda runs on), so the results are bit-equal.
  */
