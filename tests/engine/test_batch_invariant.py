@@ -60,8 +60,8 @@ def test_float_and_quantized_weights_repeat_themselves_bit_for_bit(quantization,
     quantized kernel), head_dim 32 for the attention kernel."""
     folder = build_checkpoint_with_bundled_tokenizer(
         str(tmp_path), "llama", num_attention_heads=2, num_key_value_heads=1)
-    options = dict(model=folder, deterministic=True, quantization=quantization, block_size=4,
-                   kv_cache_memory=4 << 20, max_model_len=256)
+    options = {"model": folder, "deterministic": True, "quantization": quantization,
+               "block_size": 4, "kv_cache_memory": 4 << 20, "max_model_len": 256}
     prompts = [list(range(3, 60)), [120, 4] * 9, [7, 8, 9, 10, 11]]
     every_way(LLM(**options), LLM(**options, max_num_batched_tokens=16), prompts)
 

@@ -4,8 +4,8 @@ and the shape of pagoda/cli/: one module per subcommand, no import cycle, a fast
 from __future__ import annotations
 
 import ast
-import re
 import pathlib
+import re
 import subprocess
 import sys
 

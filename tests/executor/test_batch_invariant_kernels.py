@@ -39,7 +39,7 @@ def test_the_rowwise_quantized_matmul_gives_each_row_its_one_row_result(fmt) -> 
     weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(4)) * 0.05
     codes, scales, mins = quantize_and_pack(weight, fmt)
     x = torch.randn(max(ROW_COUNTS), 256, generator=torch.Generator().manual_seed(5))
-    gemm = lambda rows, **kw: ops.gemm_q(rows, codes, scales, mins, fmt, 64, **kw)  # noqa: E731
+    gemm = lambda rows, **kw: ops.gemm_q(rows, codes, scales, mins, fmt, 64, **kw)
     alone = one_row_at_a_time(gemm, x)
     for rows in ROW_COUNTS:
         assert torch.equal(gemm(x[:rows], rowwise=True), alone[:rows])

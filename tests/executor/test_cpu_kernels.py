@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, select_backend
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
-from pagoda.executor.kernels import build, ops
+from pagoda.executor.kernels import abi, build, ops
 from pagoda.executor.kernels.build import build_library, cpu_flags
 from pagoda.executor.kernels.ops import gemm_q, kernels_available, paged_attention
 from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
@@ -58,7 +58,7 @@ def test_the_kernels_build_and_run_here() -> None:
 @pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
 def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path, monkeypatch) -> None:
     """What a CPU without the feature gets: the float32 kernels, the bf16 availability
-    check (0) and no bf16 kernel symbols (_declare checks before declaring any)."""
+    check (0) and no bf16 kernel symbols (abi.declare checks before declaring any)."""
     monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
     lib = ctypes.CDLL(str(build_library(extra_flags=("-mno-avx512bf16",))))
     assert lib.pagoda_bf16_kernels_available() == 0
@@ -102,7 +102,7 @@ def isa_library(name: str, tmp_path_factory) -> ctypes.CDLL:
         return build.load_cpu_kernels()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
-        return build._declare(ctypes.CDLL(str(build_library(
+        return abi.declare(ctypes.CDLL(str(build_library(
             extra_flags=build.ISA_BUILDS[name]))))
 
 

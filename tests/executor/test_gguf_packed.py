@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from pagoda.executor.kernels import build, ops
+from pagoda.executor.kernels import abi, build, ops
 from pagoda.executor.kernels.packed_weight import (
     PackedWeight,
     dequantize_rows,
@@ -103,7 +103,7 @@ def isa_libraries(tmp_path_factory) -> dict:
         for name in runnable_builds():
             if name != "native":
                 library = build.build_library(extra_flags=build.ISA_BUILDS[name])
-                libraries[name] = build.declare_packed_gemm(ctypes.CDLL(str(library)))
+                libraries[name] = abi.declare(ctypes.CDLL(str(library)))
     return libraries
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend
-from pagoda.executor.kernels import build, ops
+from pagoda.executor.kernels import abi, build, ops
 from pagoda.executor.kernels.build import build_library
 from pagoda.executor.kernels.ops import gemm_q
 from pagoda.executor.kernels.packing import pack, quantize_groups
@@ -102,7 +102,7 @@ def test_the_emulated_avx512f_width_equals_the_native_build_bit_for_bit(tmp_path
                   ("-march=haswell", *build.ISA_BUILDS["avx512f-emulated"])):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
-            lib = build._declare(ctypes.CDLL(str(build_library(extra_flags=flags))))
+            lib = abi.declare(ctypes.CDLL(str(build_library(extra_flags=flags))))
         assert lib.pagoda_f32_vector_bytes() == 64
         monkeypatch.setattr(ops, "load_cpu_kernels", lambda lib=lib: lib)
         results.append(float32_kernel_outputs(seed=6))

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from pagoda.executor.kernels import build
+from pagoda.executor.kernels.abi import weight_format
 from pagoda.executor.kernels.build import SOURCE_DIR, kernel_sources
-from pagoda.executor.kernels.packing import FORMATS, pack, quantize_groups
+from pagoda.executor.kernels.packing import pack, quantize_groups
 from tests.executor.test_attention_backend import reference_attention
 from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86
 
@@ -74,7 +75,7 @@ def test_gemm_on_arm64_matches_the_dequantized_matmul(driver, tmp_path, format, 
     quantized = quantize_groups(torch.randn(96, 160) * 0.05, format)
     codes, scales, mins = pack(quantized)
     x = torch.randn(rows, 160)
-    header = np.array([FORMATS[format], rows, 160, 96], dtype=np.int64)
+    header = np.array([weight_format(format), rows, 160, 96], dtype=np.int64)
     arrays = [header, x.numpy(), codes.numpy(), scales.view(torch.int16).numpy()]
     if mins is not None:
         arrays.append(mins.view(torch.int16).numpy())
@@ -88,14 +89,14 @@ def test_gemm_on_arm64_matches_the_dequantized_matmul(driver, tmp_path, format, 
 def packed_case(ggml_type: str, rows: int) -> tuple[list[np.ndarray], torch.Tensor]:
     """The driver's "packed" inputs for a random (32, 256) weight of `ggml_type` and `rows`
     rows of x; and the weight as gguf dequantizes it."""
-    from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
+    from pagoda.executor.kernels.packed_weight import PLANE_NAMES
     from tests.executor.test_gguf_packed import case
 
     _, packed, reference = case(gguf.GGMLQuantizationType[ggml_type], 32, 256, seed=4)
     planes = [packed.planes[name].contiguous().view(torch.uint8).numpy()
               if name in packed.planes else np.zeros(0, np.uint8) for name in PLANE_NAMES]
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
-    header = np.array([FORMAT_CODES[packed.format], rows, 256, 32]
+    header = np.array([weight_format(packed.format), rows, 256, 32]
                       + [p.nbytes for p in planes], dtype=np.int64)
     return [header, x.numpy(), *planes], reference
 

@@ -27,7 +27,6 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
 from pagoda.engine.data_parallel.messages import (
     ABORT,
     ADD,
@@ -44,6 +43,7 @@ from pagoda.engine.data_parallel.messages import (
     encode_error,
     snapshot_fields,
 )
+from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
 from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)

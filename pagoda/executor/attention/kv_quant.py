@@ -41,8 +41,6 @@ FLOAT8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 """Largest code magnitude: int8 is symmetric (-127 .. 127, never -128); fp8: the format's
 largest finite value."""
-KERNEL_FORMATS = {"int8": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}
-"""KV_* of csrc/kernels.h"""
 SCALE_BYTES = 2
 SMALLEST_SCALE_BITS = 0x0080
 """bfloat16 2^-126 (smallest normal): the scale of an all-zero row (codes 0)."""

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: see the module docstring)
 
+from pagoda.executor.kernels import abi
+
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
@@ -136,48 +138,6 @@ def _compile_and_link(compiler: str, flags: tuple[str, ...], sources: list[Path]
         return None if link.returncode == 0 else link.stderr
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    lib.pagoda_bf16_kernels_available.restype = ctypes.c_int
-    lib.pagoda_f32_vector_bytes.restype = ctypes.c_int
-    attention_args = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, f32,
-                      ptr, ptr, i64, i64, ptr, ptr]
-    gemm_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
-    names = ["f32"] + (["bf16"] if lib.pagoda_bf16_kernels_available() else [])
-    for name in names:
-        getattr(lib, f"pagoda_gemm_q_{name}").argtypes = gemm_args
-        getattr(lib, f"pagoda_gemm_q_{name}").restype = None
-        getattr(lib, f"pagoda_paged_attention_{name}").argtypes = attention_args
-        getattr(lib, f"pagoda_paged_attention_{name}").restype = None
-    # (format, query, kv_codes, kv_scales, then as attention_args from block_tables on)
-    lib.pagoda_paged_attention_q8_f32.argtypes = [ctypes.c_int, ptr, ptr] + attention_args[1:]
-    lib.pagoda_paged_attention_q8_f32.restype = None
-    lib.pagoda_dequantize_q_f32.argtypes = [ctypes.c_int, i64, i64, ptr, ptr, ptr, ptr]
-    lib.pagoda_dequantize_q_f32.restype = None
-    declare_packed_gemm(lib)
-    lib.pagoda_rms_norm_f32.argtypes = [ptr, ptr, ptr, f32, i64, i64, ptr, ptr]
-    lib.pagoda_rms_norm_f32.restype = None
-    lib.pagoda_silu_and_mul_f32.argtypes = [ptr, i64, i64, ptr]
-    lib.pagoda_silu_and_mul_f32.restype = None
-    return lib
-
-
-def declare_packed_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The packed-weight entries of gemm_f32.c and gemm_dequantize_f32.c (kernels.h): (format,
-    [x, M,] K, N, codes, high, scales, mins, sub_scales, sub_mins, ...)."""
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    planes = [ptr] * 6
-    for gemm in (lib.pagoda_gemm_packed_f32, lib.pagoda_gemm_packed_rowwise_f32):
-        gemm.argtypes = [ctypes.c_int, ptr, i64, i64, i64, *planes, ptr]
-        gemm.restype = None
-    lib.pagoda_dequantize_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr]
-    lib.pagoda_dequantize_packed_f32.restype = None
-    lib.pagoda_dequantize_rows_packed_f32.argtypes = [ctypes.c_int, i64, i64, *planes, ptr,
-                                                      i64, ptr]
-    lib.pagoda_dequantize_rows_packed_f32.restype = None
-    return lib
-
-
 def isa_build_flags() -> tuple[str, ...]:
     """The compiler flags of the build $PAGODA_KERNEL_ISA names (ISA_BUILDS; unset: native)."""
     name = os.environ.get("PAGODA_KERNEL_ISA") or "native"
@@ -196,7 +156,7 @@ def load_cpu_kernels() -> ctypes.CDLL | None:
     if os.environ.get("PAGODA_DISABLE_KERNELS"):
         return None
     try:
-        return _declare(ctypes.CDLL(str(build_library(extra_flags=isa_build_flags()))))
+        return abi.declare(ctypes.CDLL(str(build_library(extra_flags=isa_build_flags()))))
     except (RuntimeError, OSError) as error:
         logger.warning("Pagoda's CPU kernels are unavailable, using PyTorch's: %s", error)
         return None

@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 import torch
 
-from pagoda.executor.attention.kv_quant import KERNEL_FORMATS, QuantizedKVCache
+from pagoda.executor.attention.kv_quant import QuantizedKVCache
+from pagoda.executor.kernels.abi import kv_cache_format, weight_format
 from pagoda.executor.kernels.build import load_cpu_kernels
-from pagoda.executor.kernels.packing import FORMATS, TILE_N
+from pagoda.executor.kernels.packing import TILE_N
 
 KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
@@ -53,11 +54,11 @@ def gemm_q(
     y = x.new_empty(rows, out_features)
     if rowwise:  # the Q4 / Q8 planes are (codes, scales, mins) of the any-format entry
         load_cpu_kernels().pagoda_gemm_packed_rowwise_f32(
-            FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
+            weight_format(format), x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
             None, scales.data_ptr(), None if mins is None else mins.data_ptr(), None, None,
             y.data_ptr())
         return y
-    kernel(FORMATS[format], x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
+    kernel(weight_format(format), x.data_ptr(), rows, in_features, out_features, codes.data_ptr(),
            scales.data_ptr(), None if mins is None else mins.data_ptr(), y.data_ptr())
     return y
 
@@ -121,7 +122,7 @@ def dequantize_transposed(
         raise RuntimeError("dequantize_transposed needs Pagoda's CPU kernels, unavailable here")
     if out is None:
         out = torch.empty(in_features, out_features)
-    lib.pagoda_dequantize_q_f32(FORMATS[format], in_features, out_features, codes.data_ptr(),
+    lib.pagoda_dequantize_q_f32(weight_format(format), in_features, out_features, codes.data_ptr(),
                                 scales.data_ptr(), None if mins is None else mins.data_ptr(),
                                 out.data_ptr())
     return out
@@ -194,7 +195,7 @@ def paged_attention(
         slot_mapping = new_keys[2].to(torch.int64).contiguous()
         new_k, new_v, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
         k_stride, v_stride = key.stride(0), value.stride(0)
-    cache_args = ((KERNEL_FORMATS[kv_cache.kv_cache_dtype], query.data_ptr(),
+    cache_args = ((kv_cache_format(kv_cache.kv_cache_dtype), query.data_ptr(),
                    kv_cache.codes.data_ptr(), kv_cache.scales.data_ptr()) if quantized
                   else (query.data_ptr(), kv_cache.data_ptr()))
     kernel(

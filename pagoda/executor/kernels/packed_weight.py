@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from pagoda.executor.kernels import ops
+from pagoda.executor.kernels.abi import weight_format
 from pagoda.executor.kernels.packing import (
     GROUP_K,
     TILE_N,
@@ -34,8 +35,6 @@ from pagoda.executor.kernels.packing import (
     pack,
 )
 
-FORMAT_CODES = {"q4": 0, "q8": 1, "q5": 2, "q4k": 3, "q5k": 4, "q6k": 5}
-"""format name -> the FORMAT_* code of csrc/kernels.h"""
 PLANE_NAMES = ("codes", "high", "scales", "mins", "sub_scales", "sub_mins")
 """in the order the kernels take them"""
 FORMAT_PLANES = {
@@ -145,7 +144,7 @@ def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False) -> torc
     y = x.new_empty(x.shape[0], w.out_features)
     lib = _kernels()
     gemm = lib.pagoda_gemm_packed_rowwise_f32 if rowwise else lib.pagoda_gemm_packed_f32
-    gemm(FORMAT_CODES[w.format], x.data_ptr(), x.shape[0], w.in_features, w.out_features,
+    gemm(weight_format(w.format), x.data_ptr(), x.shape[0], w.in_features, w.out_features,
          *w.pointers(), y.data_ptr())
     return y
 
@@ -155,7 +154,7 @@ def dequantize_transposed(w: PackedWeight, out: torch.Tensor | None = None) -> t
     `out` when given."""
     if out is None:
         out = torch.empty(w.in_features, w.out_features)
-    _kernels().pagoda_dequantize_packed_f32(FORMAT_CODES[w.format], w.in_features,
+    _kernels().pagoda_dequantize_packed_f32(weight_format(w.format), w.in_features,
                                             w.out_features, *w.pointers(), out.data_ptr())
     return out
 
@@ -168,7 +167,7 @@ def dequantize_rows(w: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
         raise IndexError(f"row indices must lie in [0, {w.out_features})")
     out = torch.empty(rows.numel(), w.in_features)
     _kernels().pagoda_dequantize_rows_packed_f32(
-        FORMAT_CODES[w.format], w.in_features, w.out_features, *w.pointers(), rows.data_ptr(),
+        weight_format(w.format), w.in_features, w.out_features, *w.pointers(), rows.data_ptr(),
         rows.numel(), out.data_ptr())
     return out
 

@@ -16,8 +16,8 @@ import torch
 
 GROUP_K = 32
 TILE_N = 16
-FORMATS = {"q4": 0, "q8": 1}
-"""format name -> the FORMAT_* code of csrc/kernels.h"""
+FORMATS = ("q4", "q8")
+"""The formats pack() writes (their codes: abi.WeightFormat)."""
 
 
 @dataclass

@@ -72,9 +72,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()  # (M, in)
         if self.batch_invariant:
-            matmul = lambda segment: gemm_packed(rows, segment, rowwise=True)  # noqa: E731
+            matmul = lambda segment: gemm_packed(rows, segment, rowwise=True)
         else:
-            matmul = lambda segment: self._matmul(rows, segment)  # noqa: E731
+            matmul = lambda segment: self._matmul(rows, segment)
         if len(self.segments) == 1:
             y = matmul(self.segments[0])
         else:

@@ -30,8 +30,9 @@ from torch import nn
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, KernelDecodeGroup
 from pagoda.executor.forward_context import get_forward_context
+from pagoda.executor.kernels.abi import weight_format
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, kernels_available, load_cpu_kernels
-from pagoda.executor.kernels.packed_weight import FORMAT_CODES, PLANE_NAMES
+from pagoda.executor.kernels.packed_weight import PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedLinear
@@ -93,7 +94,7 @@ def _linear(module: nn.Module) -> _Linear | None:
                      out_features=module.out_features,
                      bias=None if bias is None else bias.data_ptr())
     for slot, (format, out_features, planes) in zip(linear.segments, segments):
-        slot.format, slot.out_features = FORMAT_CODES[format], out_features
+        slot.format, slot.out_features = weight_format(format), out_features
         for name in PLANE_NAMES:
             plane = planes.get(name)
             setattr(slot, name, None if plane is None else plane.data_ptr())
@@ -139,8 +140,8 @@ class LlamaDecodeKernel:
         slots = metadata.slot_mapping.to(torch.int64).contiguous()
         key_lens = group.seq_lens.contiguous()
         tables = group.block_tables.contiguous()
-        _decode_layers()(
-            ctypes.byref(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
+        load_cpu_kernels().pagoda_decode_layers_f32(
+            ctypes.addressof(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
             tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
         self.calls += 1
         return x
@@ -215,12 +216,4 @@ class LlamaDecodeKernel:
             qkv=linears[0], o=linears[1], gate_up=linears[2], down=linears[3],
             kv_cache=attn.kv_cache.data_ptr(), window=window or 0, scale=attn.scale)
 
-
-def _decode_layers():
-    """The kernel's entry, its signature declared on first use."""
-    function = load_cpu_kernels().pagoda_decode_layers_f32
-    if function.restype is not None:  # ctypes starts every entry at c_int
-        function.argtypes = [ctypes.POINTER(_Decoder), _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]
-        function.restype = None
-    return function
 

@@ -42,7 +42,7 @@ typedef struct {
     float scale;     /* of the attention scores */
 } decoder_layer_t;
 
-typedef struct {
+typedef struct pagoda_decoder { /* kernels.h's opaque struct pagoda_decoder */
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, rotary_dim;
     int64_t num_blocks, block_size;
     float eps;

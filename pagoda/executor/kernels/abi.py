@@ -1,0 +1,89 @@
+"""The C library's interface in one place: the format codes of csrc/kernels.h and every
+exported entry's ctypes signature. tests/executor/test_kernel_abi.py parses kernels.h and
+checks both against this module, so a changed prototype or code fails there, not as a
+crash or a silently wrong argument.
+
+Imports nothing of Pagoda (every other kernel-facing module imports it)."""
+
+from __future__ import annotations
+
+import ctypes
+from enum import IntEnum
+
+
+class WeightFormat(IntEnum):
+    """FORMAT_* of kernels.h: the packed weight formats (kernels.h describes each layout)."""
+
+    Q4 = 0
+    Q8 = 1
+    Q5 = 2
+    Q4K = 3
+    Q5K = 4
+    Q6K = 5
+
+
+class KVCacheFormat(IntEnum):
+    """KV_* of kernels.h: the 8-bit KV cache formats (attention/kv_quant.py)."""
+
+    INT8 = 0
+    FP8_E4M3 = 1
+    FP8_E5M2 = 2
+
+
+def weight_format(name: str) -> int:
+    """A packed format's name ("q4", "q6k", ...) -> its FORMAT_* code."""
+    return int(WeightFormat[name.upper()])
+
+
+def kv_cache_format(name: str) -> int:
+    """An 8-bit KV cache dtype ("int8", "fp8_e4m3", "fp8_e5m2") -> its KV_* code."""
+    return int(KVCacheFormat[name.upper()])
+
+
+_int, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_PLANES = [_ptr] * 6
+"""codes, high, scales, mins, sub_scales, sub_mins (packed_weight.PLANE_NAMES)"""
+_ATTENTION_TAIL = [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32,
+                   _ptr, _ptr, _i64, _i64, _ptr, _ptr]
+"""paged attention from block_tables on: block_tables, query_seq, key_lens, T, H, Hkv, D,
+num_blocks, block_size, table_width, window, scale, new_k, new_v, k_stride, v_stride, slots,
+out"""
+_GEMM_Q = [_int, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr]
+_GEMM_PACKED = [_int, _ptr, _i64, _i64, _i64, *_PLANES, _ptr]
+
+SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
+    # avx512_bf16.c
+    "pagoda_bf16_kernels_available": (_int, []),
+    "pagoda_gemm_q_bf16": (None, _GEMM_Q),
+    "pagoda_paged_attention_bf16": (None, [_ptr, _ptr, *_ATTENTION_TAIL]),
+    # gemm_f32.c, gemm_dequantize_f32.c
+    "pagoda_f32_vector_bytes": (_int, []),
+    "pagoda_gemm_q_f32": (None, _GEMM_Q),
+    "pagoda_dequantize_q_f32": (None, [_int, _i64, _i64, _ptr, _ptr, _ptr, _ptr]),
+    "pagoda_gemm_packed_f32": (None, _GEMM_PACKED),
+    "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
+    "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
+    "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),
+    # attention_f32.c
+    "pagoda_paged_attention_f32": (None, [_ptr, _ptr, *_ATTENTION_TAIL]),
+    "pagoda_paged_attention_q8_f32": (None, [_int, _ptr, _ptr, _ptr, *_ATTENTION_TAIL]),
+    "pagoda_rms_norm_f32": (None, [_ptr, _ptr, _ptr, _f32, _i64, _i64, _ptr, _ptr]),
+    # decoder_f32.c (the model: models/llama_decode_kernel.py's _Decoder, by address)
+    "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),
+    "pagoda_decode_layers_f32": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]),
+}
+"""Every entry of kernels.h: name -> (restype, argtypes)."""
+BF16_ENTRIES = ("pagoda_gemm_q_bf16", "pagoda_paged_attention_bf16")
+"""Built only where the CPU (or the emulation build) has AVX-512 BF16."""
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set every entry's signature on a loaded library (the bf16 ones only where it has
+    them: pagoda_bf16_kernels_available() is checked before they are looked up)."""
+    has_bf16 = bool(lib.pagoda_bf16_kernels_available())
+    for name, (restype, argtypes) in SIGNATURES.items():
+        if name in BF16_ENTRIES and not has_bf16:
+            continue
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib
