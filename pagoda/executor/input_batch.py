@@ -47,11 +47,6 @@ class InputBatch:
         self.free_rows = list(range(num_rows - 1, -1, -1))
         self.requests: dict[str, CachedRequestState] = {}
 
-    @property
-    def block_table(self) -> np.ndarray:
-        """The first (or only) KV-cache group's table."""
-        return self.block_tables[0]
-
     def _per_group(self, block_ids: list[int] | tuple[list[int], ...]) -> tuple[list[int], ...]:
         """Block ids as sent (step_data.py: a list for one group, a tuple of lists for several)
         -> one list per group."""

@@ -97,6 +97,7 @@ def test_the_page(server: RemoteServer, browser) -> None:
     wait(browser, lambda d: by_id(d, "model").get_attribute("value"), 20, "no model listed")
     wait(browser, lambda d: int(by_id(d, "engine").get_attribute("data-ticks")) >= 3, 20,
          "the engine view gets no ticks")
+    assert by_id(browser, "batch-text").text == "idle: no request running"
     assert browser.execute_script("return localStorage.getItem('pagoda.apiKey')") == API_KEY
 
     # A short answer streams; keyboard: Tab goes from the message to Send.
@@ -165,5 +166,7 @@ def test_the_page(server: RemoteServer, browser) -> None:
         for thread in threads:
             thread.join(60)
     browser.set_window_size(1400, 1250)
+    wait(browser, lambda d: by_id(d, "batch-text").text == "idle: no request running", 30,
+         "the view does not say idle once the load stops")
     errors = [e for e in console_errors(browser) if "401" not in e["message"]]
     assert errors == [], errors

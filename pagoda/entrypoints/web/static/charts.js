@@ -43,9 +43,9 @@ export function formatNumber(value, digits = 1) {
 export function lineChart(canvas, series, unit) {
   const [ctx, width, height] = fit(canvas);
   const top = 16, bottom = height - 4, left = 4, right = width - 4;
-  let max = 0;
-  for (const s of series) for (const v of s.values) if (v !== null && v > max) max = v;
-  max = max > 0 ? max * 1.1 : 1;
+  let peak = 0;
+  for (const s of series) for (const v of s.values) if (v !== null && v > peak) peak = v;
+  const max = peak > 0 ? peak * 1.1 : 1;  // (an empty chart's axis still spans 0 .. 1)
   ctx.strokeStyle = COLORS.grid;
   ctx.lineWidth = 1;
   for (const f of [0, 0.5, 1]) {
@@ -57,7 +57,7 @@ export function lineChart(canvas, series, unit) {
   }
   ctx.fillStyle = COLORS.text;
   ctx.textBaseline = "top";
-  ctx.fillText(`${formatNumber(max / 1.1, 2)} ${unit}`, left, 1);
+  ctx.fillText(`${formatNumber(peak, 2)} ${unit}`, left, 1);
   let x = right;
   ctx.textAlign = "right";
   for (const s of [...series].reverse()) {
@@ -153,8 +153,28 @@ export function timeline(canvas, requests) {
       ctx.fillText(label, 2, y + bar / 2, labelWidth - 4);
     }
   });
+  // the time axis: a line under the rows, a tick every quarter of the span, labelled
+  const axisY = height - axis + 2;
+  ctx.strokeStyle = COLORS.text;
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  ctx.moveTo(left, axisY);
+  ctx.lineTo(right, axisY);
+  for (let quarter = 0; quarter <= 4; quarter++) {
+    const tickX = left + ((right - left) * quarter) / 4;
+    ctx.moveTo(tickX, axisY);
+    ctx.lineTo(tickX, axisY + 3);
+  }
+  ctx.stroke();
   ctx.fillStyle = COLORS.text;
   ctx.textBaseline = "bottom";
+  ctx.textAlign = "center";
+  for (let quarter = 1; quarter < 4; quarter++) {
+    const seconds = (span * (4 - quarter)) / 4;
+    ctx.fillText(`-${seconds.toFixed(seconds < 10 ? 1 : 0)} s`,
+                 left + ((right - left) * quarter) / 4, height);
+  }
+  ctx.textAlign = "left";
   ctx.fillText(`-${span.toFixed(0)} s`, left, height);
   ctx.textAlign = "right";
   ctx.fillText("now", right, height);

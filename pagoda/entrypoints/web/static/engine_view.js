@@ -63,11 +63,14 @@ export function setupEngineView() {
       ? "–" : `${(prefix.hit_rate * 100).toFixed(1)}%`;
     $("steps-rate").textContent = formatNumber(throughput.steps_per_s);
     $("generated").textContent = event.counters.num_generation_tokens.toLocaleString("en-US");
+    // Idle (nothing running or waiting): no step runs, whatever the last one held.
+    const idle = queue.running === 0 && queue.waiting === 0;
     const total = Math.max(batch.num_tokens, 1);
-    $("batch-prefill").style.width = `${(100 * batch.num_prefill_tokens) / total}%`;
-    $("batch-decode").style.width = `${(100 * batch.num_decode_tokens) / total}%`;
-    $("batch-text").textContent = `${batch.num_seqs} sequence${batch.num_seqs === 1 ? "" : "s"}: ` +
-      `${batch.num_prefill_tokens} prefill + ${batch.num_decode_tokens} decode tokens`;
+    $("batch-prefill").style.width = idle ? "0%" : `${(100 * batch.num_prefill_tokens) / total}%`;
+    $("batch-decode").style.width = idle ? "0%" : `${(100 * batch.num_decode_tokens) / total}%`;
+    $("batch-text").textContent = idle ? "idle: no request running"
+      : `${batch.num_seqs} sequence${batch.num_seqs === 1 ? "" : "s"}: ` +
+        `${batch.num_prefill_tokens} prefill + ${batch.num_decode_tokens} decode tokens`;
     $("kv-used").textContent = kv.used;
     $("kv-cached").textContent = kv.cached;
     $("kv-free").textContent = kv.free;
