@@ -109,3 +109,6 @@ class ModelRunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
     """Request id -> why it cannot go on (its logits were not finite): nothing was sampled
     for it; the engine fails that request alone."""
+    step_executor: str | None = None
+    """Which executor ran the step's forward (executor/model_runner.py): "whole-stack",
+    "compiled" or "eager"; None for a step with no request."""

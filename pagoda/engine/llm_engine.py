@@ -98,6 +98,7 @@ class LLMEngine:
         self._num_structured_requests = 0
         self._batch_sizes: Counter = Counter()
         self._finished_by_reason: Counter = Counter()
+        self._steps_by_executor: Counter = Counter()
         self._failed_requests: dict[str, str] = {}
         """Requests the engine stopped for a fault of their own (take_failed_requests)."""
         self._last_step = (0, 0, 0)  # (sequences, tokens, prefill tokens among them)
@@ -213,6 +214,7 @@ class LLMEngine:
             self._keep_grammar_valid_proposals(runner_output.spec_token_ids)
         self._fail_sequences(self._lifecycle.take_failed())  # grammar or detokenizer faults
         self._num_steps += 1
+        self._steps_by_executor[runner_output.step_executor] += 1
         num_seqs = len(scheduler_output.request_ids)
         self._batch_sizes[num_seqs] += 1
         self._last_step = (num_seqs, scheduler_output.total_num_scheduled_tokens,
@@ -336,5 +338,6 @@ class LLMEngine:
                 self.grammar_compiler.compile_seconds if self.grammar_compiler else 0.0),
             batch_sizes=self._batch_sizes,
             finished_by_reason=self._finished_by_reason,
+            steps_by_executor=self._steps_by_executor,
             spec_decode=self._spec_stats.frozen(),
         )

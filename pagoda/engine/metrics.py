@@ -110,6 +110,11 @@ class EngineMetrics:
         )
         for reason in ("stop", "length", "abort"):
             self._request_success.labels(*values, reason)  # exported as 0 from the start
+        self._model_steps = Counter(
+            PREFIX + "model_steps", "Model forwards, by the executor that ran them: "
+            "whole-stack (one C call for every layer of a decode step), compiled or eager.",
+            labels + ["executor"], registry=self.registry,
+        )
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first generated token.", _LATENCY_BUCKETS
         )
@@ -203,6 +208,9 @@ class EngineMetrics:
         for position, total in enumerate(spec.accepted_per_position):
             self._advance(self._spec_decode_accepted_per_pos.labels(*self._label_values, str(position)),
                           f"spec_accepted_{position}", total)
+        for executor, total in snapshot.steps_by_executor.items():
+            self._advance(self._model_steps.labels(*self._label_values, executor),
+                          f"model_steps_{executor}", total)
         for reason, total in snapshot.finished_by_reason.items():
             previous = self._finished_by_reason.get(reason, 0)
             if total > previous:

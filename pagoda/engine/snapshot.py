@@ -122,6 +122,9 @@ class EngineSnapshot:
     """Sequences per step -> number of steps."""
     finished_by_reason: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
     """Finished sequences by reason: stop, length, abort."""
+    steps_by_executor: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+    """Model steps by the executor that ran their forward (executor/model_runner.py):
+    "whole-stack" (the C decode step), "compiled" or "eager"."""
     spec_decode: SpecDecodeTotals = field(default_factory=SpecDecodeTotals)
     """Speculative decoding counts (all zero when it is off)."""
 
@@ -129,6 +132,7 @@ class EngineSnapshot:
         # a read-only copy: the engine goes on counting in its own mappings
         object.__setattr__(self, "batch_sizes", _frozen(self.batch_sizes))
         object.__setattr__(self, "finished_by_reason", _frozen(self.finished_by_reason))
+        object.__setattr__(self, "steps_by_executor", _frozen(self.steps_by_executor))
 
     @property
     def kv_capacity_tokens(self) -> int:

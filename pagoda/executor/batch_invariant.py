@@ -16,7 +16,8 @@ In this mode every per-token computation is done on its own, in one fixed order:
     - RMSNorm and SiLU-and-mul: the C kernels, a row at a time;
     - attention: every token, prefill or decode, one query of the paged kernel against its
       own causal prefix (cpu_backend.KernelTokenGroup);
-    - no whole-stack decode step (its matmuls share tiles across the batch's rows).
+    - no whole-stack decode step (its matmuls share tiles across the batch's rows): a
+      batch-invariant ModelRunner runs every step eager.
 Everything else a layer does is elementwise IEEE arithmetic (adds, the rotary's products)
 or a lookup, the same bits at any shape. The sampler ranks each row of float32 logits alone.
 
@@ -69,8 +70,6 @@ def make_batch_invariant(model: nn.Module, dtype: torch.dtype, device: torch.dev
     for module in model.modules():
         if isinstance(module, (*SWITCHED, LlamaForCausalLM)):
             module.batch_invariant = True
-        if isinstance(module, LlamaModel):
-            module.decode_kernel.enabled = False
 
 
 def _covered(module: nn.Module) -> bool:

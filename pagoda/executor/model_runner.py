@@ -26,6 +26,7 @@ from pagoda.executor.attention.cpu_backend import select_backend
 from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
+from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
 from pagoda.executor.kv_cache_allocation import allocate_kv_caches, kv_bytes_per_token
 from pagoda.executor.kv_cache_layout import (
     cdiv,
@@ -45,6 +46,7 @@ from pagoda.executor.step_sampling import (
     prompt_logprobs,
     sample_last_positions,
 )
+from pagoda.executor.whole_stack_decode import WholeStackDecode
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -77,13 +79,24 @@ class ModelRunner:
         cache_config: CacheConfig,
         eos_token_ids: list[int],
         batch_invariant: bool = False,
+        whole_stack_decode: bool = True,
     ) -> None:
         """`batch_invariant`: the model was made so (executor/batch_invariant.py); the
-        attention backends are then the kernel's batch-invariant one."""
+        attention backends are then the kernel's batch-invariant one, and decode steps run
+        the eager forward. `whole_stack_decode`: decode steps may take the whole-stack C
+        step where it covers the model (off for a tensor-parallel rank: its layers need
+        collectives between them)."""
         self.model = model
         self.device = device
         self.dtype = dtype
         self.batch_invariant = batch_invariant
+        self.whole_stack = (WholeStackDecode.for_model(model)
+                            if whole_stack_decode and not batch_invariant else None)
+        """The step executors (see `step_executor`): this, torch.compile's graph once
+        `compile_model` ran (which then replaces it), else the eager forward."""
+        self.compiled = False
+        self.last_step_executor = "eager"
+        """Which executor ran the last forward: "whole-stack", "compiled" or "eager"."""
         self.cache_config = cache_config
         self.eos_token_ids = eos_token_ids
         hf_config = model.config
@@ -228,6 +241,7 @@ class ModelRunner:
         so that many tokens is one more shape. Needs the KV cache (its first blocks are
         scratch). Returns the token counts run."""
         stack = self.model.model
+        self.whole_stack, self.compiled = None, True  # the compiled graph runs every step
         # Dynamo keeps compiled graphs, and the guards that pick one, per code object. The
         # stack's forward gets a code object of its own, so that its graphs are only ever
         # offered to this model; then guards on the modules' attributes can go (nothing the
@@ -267,7 +281,23 @@ class ModelRunner:
                     for backend, tables in zip(self.backends, block_tables)]
         input_tensor = torch.from_numpy(input_ids).to(self.device)
         with forward_context(metadata[0] if len(metadata) == 1 else metadata):
+            if self.whole_stack is not None:
+                hidden = self.whole_stack.forward(input_tensor, metadata[0].positions)
+                if hidden is not None:
+                    self.last_step_executor = "whole-stack"
+                    return hidden
+            self.last_step_executor = "compiled" if self.compiled else "eager"
             return self.model(input_tensor, metadata[0].positions)
+
+    def describe_step_executors(self) -> str:
+        """One line for the start-up log: which executor runs which steps. After the KV
+        cache is allocated (the whole-stack step plans over it)."""
+        if self.compiled:
+            return "every step through torch.compile's graph"
+        if self.whole_stack is not None and self.whole_stack.plan() is not None:
+            return (f"decode steps of fewer than {DEQUANTIZE_FROM_ROWS} tokens as one C call "
+                    f"(the whole-stack step, csrc/decoder_f32.c); other steps eager")
+        return "every step eager (op by op)"
 
     @torch.inference_mode()
     def prompt_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -341,6 +371,7 @@ class ModelRunner:
                 num_computed, num_scheduled, block_tables, decode_shaped))
         else:
             hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
+        output.step_executor = self.last_step_executor
 
         query_end = query_start + num_scheduled
         prompt_logprobs(self.model, self.device, states, num_computed, num_scheduled, query_end,

@@ -86,7 +86,8 @@ def build_runner(
                                             if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
     runner = ModelRunner(model, device, dtype, config.cache, eos_ids,
-                         batch_invariant=config.model.deterministic)
+                         batch_invariant=config.model.deterministic,
+                         whole_stack_decode=group is None)
     if device.type == "cpu":
         logger.info(describe_run(dtype, weight_formats(model), runner.backend.name)
                     + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))
@@ -99,6 +100,7 @@ def build_runner(
         sizes = runner.compile_model()
         logger.info("compiled the model for steps of %s tokens in %.0f s",
                     ", ".join(map(str, sizes)), time.perf_counter() - start)
+    logger.info("step executors: %s", runner.describe_step_executors())
     torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
     return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows))
 

@@ -1,15 +1,22 @@
 """A decode step of a Llama-family model with packed weights runs its whole decoder stack in
-one C call (pagoda/executor/models/llama_decode_kernel.py, csrc/decoder_f32.c). It must give
-what the eager forward gives: the same greedy tokens and logprobs within float32 rounding,
-through batched decode steps beside chunked prefills, for every layer variant it covers;
-and it must stand aside for the models and steps it does not cover."""
+one C call (pagoda/executor/whole_stack_decode.py, csrc/decoder_f32.c), an executor the model
+runner chooses. It must give what the eager forward gives: the same greedy tokens and
+logprobs within float32 rounding, through batched decode steps beside chunked prefills, for
+every layer variant it covers; and it must stand aside for the models and steps it does not
+cover. Which executor ran is read where a user reads it: the engine's step counts by
+executor (the `pagoda:model_steps_total` metric) and the start-up line."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import gguf
 import pytest
+from prometheus_client import generate_latest
 
 from pagoda import LLM, SamplingParams
+from pagoda.engine.metrics import EngineMetrics
 from pagoda.executor.loader.model_files import bundled_model_path
 from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
 from tests.executor.tiny_checkpoints import build_checkpoint
@@ -39,19 +46,23 @@ def engine_of(path: str, **options) -> LLM:
                max_num_batched_tokens=16, **options)
 
 def decode_kernel(llm: LLM):
-    return llm.engine.runner.model.model.decode_kernel
+    return llm.engine.runner.whole_stack
+
+
+def whole_stack_steps(llm: LLM) -> int:
+    return llm.engine.snapshot().steps_by_executor.get("whole-stack", 0)
 
 def generate_both_ways(llm: LLM, max_tokens: int = 10):
     """(with the kernel, eager) completions of PROMPTS, greedy, with logprobs; and how many
     steps the kernel ran."""
     kernel = decode_kernel(llm)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
-    results, calls = [], kernel.calls
+    results, calls = [], whole_stack_steps(llm)
     for enabled in (True, False):
         kernel.enabled = enabled
         results.append([out.outputs[0] for out in llm.generate(PROMPTS, params, use_tqdm=False)])
         if enabled:
-            calls = kernel.calls - calls
+            calls = whole_stack_steps(llm) - calls
     kernel.enabled = True
     return results[0], results[1], calls
 
@@ -76,6 +87,7 @@ def test_the_decode_kernel_gives_the_eager_forwards_tokens(arch, types, window,
     if window is not None:  # a GGUF llama carries no window: set one on both paths
         for layer in llm.engine.runner.model.attention_layers():
             layer.sliding_window = window
+        decode_kernel(llm).forget_plan()  # (planned at start, to log what runs)
     fused, eager, calls = generate_both_ways(llm, max_tokens=16 if window else 10)
     # decode-only steps: after the prompts' chunked prefills, about one a generated token
     assert calls >= 8
@@ -120,3 +132,26 @@ def test_a_mixture_of_experts_takes_the_eager_forward(tmp_path) -> None:
     llm = engine_of(tiny_gguf(tmp_path, "mixtral", legacy_quants, **GGUF_SETTINGS["mixtral"]))
     _, _, calls = generate_both_ways(llm, max_tokens=3)
     assert calls == 0 and decode_kernel(llm).plan() is None
+
+
+def test_which_executor_ran_is_logged_counted_and_exported(tmp_path, caplog) -> None:
+    """The start-up line says which executor runs which steps; the engine counts steps by
+    executor, and /metrics exports the counts (pagoda:model_steps_total{executor=...})."""
+    path = tiny_gguf(tmp_path, "llama")
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with caplog.at_level(logging.INFO, logger="pagoda.executor.runner_builder"):
+        packed, dense = engine_of(path), engine_of(path, quantization="none")
+    lines = [r.getMessage() for r in caplog.records if "step executors" in r.getMessage()]
+    assert "one C call (the whole-stack step" in lines[0]
+    assert lines[1] == "step executors: every step eager (op by op)"
+    for llm in (packed, dense):
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    steps, dense_steps = (llm.engine.snapshot().steps_by_executor for llm in (packed, dense))
+    assert steps["whole-stack"] >= 5 and steps["eager"] >= 1  # decodes; the prompts' prefills
+    assert set(dense_steps) == {"eager"}
+    metrics = EngineMetrics("tiny")
+    metrics.update(packed.engine.snapshot())
+    exported = generate_latest(metrics.registry).decode()
+    for executor, count in steps.items():
+        assert re.search(rf'pagoda:model_steps_total{{executor="{executor}",model_name="tiny"}}'
+                         rf" {float(count)}\b", exported), exported

@@ -19,6 +19,7 @@ object itself may not pickle (or may drag a traceback of live objects along).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,5 @@ def snapshot_fields(snapshot: EngineSnapshot) -> dict[str, Any]:
     """The snapshot as picklable fields (its mappings are read-only proxies, which do not
     pickle); `EngineSnapshot(**fields)` rebuilds it."""
     fields = {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(snapshot)}
-    fields["batch_sizes"] = dict(snapshot.batch_sizes)
-    fields["finished_by_reason"] = dict(snapshot.finished_by_reason)
-    return fields
+    return {name: dict(value) if isinstance(value, Mapping) else value
+            for name, value in fields.items()}

@@ -27,13 +27,14 @@ _COUNTERS = (
     "grammar_compile_seconds",
 )
 _CONCATENATED = ("running_request_ids", "waiting_request_ids", "request_timelines")
+_TALLIES = ("batch_sizes", "finished_by_reason", "steps_by_executor")
+"""Counts by a key (mappings), summed key by key."""
 
 
 def counters_only(snapshot: EngineSnapshot) -> EngineSnapshot:
     """The running totals of `snapshot`, its gauges at zero (a dead incarnation's share)."""
     return EngineSnapshot(
-        **{name: getattr(snapshot, name) for name in _COUNTERS},
-        batch_sizes=snapshot.batch_sizes, finished_by_reason=snapshot.finished_by_reason,
+        **{name: getattr(snapshot, name) for name in _COUNTERS + _TALLIES},
         spec_decode=snapshot.spec_decode,
     )
 
@@ -60,13 +61,11 @@ def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
     fields["kv_group_num_blocks"] = _sum_elementwise(s.kv_group_num_blocks for s in snapshots)
     fields["kv_group_num_free_blocks"] = _sum_elementwise(
         s.kv_group_num_free_blocks for s in snapshots)
-    batch_sizes: Counter = Counter()
-    finished: Counter = Counter()
-    for s in snapshots:
-        batch_sizes.update(s.batch_sizes)
-        finished.update(s.finished_by_reason)
-    fields["batch_sizes"] = dict(batch_sizes)
-    fields["finished_by_reason"] = dict(finished)
+    for name in _TALLIES:
+        tally: Counter = Counter()
+        for s in snapshots:
+            tally.update(getattr(s, name))
+        fields[name] = dict(tally)
     specs = [s.spec_decode for s in snapshots]
     fields["spec_decode"] = SpecDecodeTotals(
         sum(x.num_drafts for x in specs), sum(x.num_draft_tokens for x in specs),

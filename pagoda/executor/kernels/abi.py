@@ -68,7 +68,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_paged_attention_f32": (None, [_ptr, _ptr, *_ATTENTION_TAIL]),
     "pagoda_paged_attention_q8_f32": (None, [_int, _ptr, _ptr, _ptr, *_ATTENTION_TAIL]),
     "pagoda_rms_norm_f32": (None, [_ptr, _ptr, _ptr, _f32, _i64, _i64, _ptr, _ptr]),
-    # decoder_f32.c (the model: models/llama_decode_kernel.py's _Decoder, by address)
+    # decoder_f32.c (the model: whole_stack_decode.py's _Decoder, by address)
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),
     "pagoda_decode_layers_f32": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]),
 }

@@ -26,7 +26,6 @@ from pagoda.executor.layers.linear import (
 )
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rotary import RotaryEmbedding
-from pagoda.executor.models.llama_decode_kernel import LlamaDecodeKernel
 
 # (fused parameter, checkpoint part, shard id)
 STACKED_PARAMS = [
@@ -152,13 +151,8 @@ class LlamaModel(nn.Module):
             for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        # Decode steps in one C call where the model's weights and the step allow it
-        self.decode_kernel = LlamaDecodeKernel(self, (LlamaDecoderLayer, LlamaAttention, LlamaMLP))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        stream = self.decode_kernel.forward(input_ids, positions)
-        if stream is not None:
-            return self.norm(stream)
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)

@@ -73,7 +73,6 @@ def shard_model(model: nn.Module, group: TensorParallelGroup) -> nn.Module:
         _shard_attention(layer.self_attn, share, head_dim, config, group)
         _shard_mlp(getattr(layer, layer.mlp_name), group)
     _shard_vocabulary(model, group)
-    model.model.decode_kernel.enabled = False  # one C call for all layers: no room for collectives
     model.tensor_parallel_group = group
     return model
 

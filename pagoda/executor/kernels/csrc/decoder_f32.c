@@ -6,7 +6,7 @@
  * path's: the same matmul and attention kernels, RMSNorm as pagoda_rms_norm_f32; only the
  * elementwise steps (rotary, SiLU, q/k norms) round differently, within float32 rounding.
  *
- * The model is described once (pagoda/executor/models/llama_decode_kernel.py fills these
+ * The model is described once (pagoda/executor/whole_stack_decode.py fills these
  * structs with pointers to the layers' parameters and caches); a step passes its tokens'
  * positions and the attention metadata of a decode-only batch: token t is the one new token
  * of sequence t.

@@ -124,7 +124,7 @@ void pagoda_rms_norm_f32(const float *x, const float *residual, const float *wei
  * on its own */
 void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *out);
 /* decoder_f32.c: a decode step's whole layer stack over x (T, hidden); the model described
- * by decoder_f32.c's struct (models/llama_decode_kernel.py's _Decoder) */
+ * by decoder_f32.c's struct (whole_stack_decode.py's _Decoder) */
 struct pagoda_decoder;
 void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, float *x,
                               const int64_t *positions, const int64_t *block_tables,

@@ -1,5 +1,7 @@
-"""Decode steps of a Llama-family model with packed weights in one C call
-(csrc/decoder_f32.c): every decoder layer without per-op dispatch.
+"""The whole-stack decode step: a decode step of a Llama-family model with packed weights in
+one C call (csrc/decoder_f32.c), every decoder layer without per-op dispatch. One of the
+step executors the model runner chooses between when it is built (model_runner.py: eager,
+torch.compile, this); the model's own forward knows nothing of it.
 
 At single-stream sizes the eager forward's ~40 dispatched ops a layer cost more than its
 matmuls (BENCHMARKS.md section 13), so a decode-only step of a model that the kernel covers
@@ -8,7 +10,7 @@ norm and the head stay in Python (one op each). The kernel reuses the eager path
 attention and RMSNorm kernels, so its hidden states match the eager forward's to float32
 rounding (tests/executor/test_decode_kernel.py).
 
-What it covers, checked once per KV cache (`LlamaDecodeKernel.plan`):
+What it covers, checked once per KV cache (`WholeStackDecode.plan`):
     - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, LlamaMLP with SiLU, RMSNorm):
       Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Phi-3; not Gemma or MoE;
     - every projection packed: a PackedLinear (a GGUF file's own types) of at most
@@ -16,9 +18,8 @@ What it covers, checked once per KV cache (`LlamaDecodeKernel.plan`):
       int4/int8`, AWQ / GPTQ folders);
     - float32 activations and a float32 paged cache on the C attention backend, one
       KV-cache group;
-and per step (`LlamaDecodeKernel.forward`): a decode-only batch (each sequence's one new
-token) of fewer than DEQUANTIZE_FROM_ROWS tokens, not under torch.compile. Anything else
-takes the eager forward.
+and per step (`WholeStackDecode.forward`): a decode-only batch (each sequence's one new
+token) of fewer than DEQUANTIZE_FROM_ROWS tokens. Anything else takes the eager forward.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.layers.quantization import QuantizedLinear
+from pagoda.executor.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaModel,
+)
 
 MAX_SEGMENTS = 4
 """csrc/decoder_f32.c: parts of one fused projection in different formats"""
@@ -101,25 +108,29 @@ def _linear(module: nn.Module) -> _Linear | None:
     return linear
 
 
-class LlamaDecodeKernel:
-    """Owned by a LlamaModel (`model.decode_kernel`); `enabled = False` turns it off (tests
-    compare both paths). `block_types`: the (decoder layer, attention, MLP) classes whose
-    exact instances it covers, given by llama.py (which imports this module, not the
-    reverse)."""
+class WholeStackDecode:
+    """Over a LlamaModel (`model.model` of a Llama-family model: `for_model`); the model
+    runner owns it. `enabled = False` turns it off (tests compare both paths)."""
 
-    def __init__(self, model: nn.Module, block_types: tuple[type, type, type]) -> None:
+    def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.block_types = block_types
         self.enabled = True
-        self.calls = 0  # steps it ran (tests check it was used)
         self._plan: _Decoder | None = None
         self._planned_for: object = None  # the first layer's KV cache the plan was made for
         self._keep: list = []  # the ctypes arrays the plan points into
 
+    @classmethod
+    def for_model(cls, model: nn.Module) -> WholeStackDecode | None:
+        """Over `model`'s decoder stack where it is a LlamaModel (the kernel may still not
+        cover it: `plan`), else None."""
+        stack = getattr(model, "model", None)
+        return cls(stack) if type(stack) is LlamaModel else None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The residual stream after the last layer (T, hidden) (what the final norm takes),
-        or None where this step or model takes the eager forward."""
-        if not self.enabled or torch.compiler.is_compiling():
+        """The final hidden states (T, hidden), the model's final norm applied, or None
+        where this step or model takes the eager forward. Inside the step's forward
+        context."""
+        if not self.enabled:
             return None
         metadata = get_forward_context()
         groups = getattr(metadata, "backend_data", None)
@@ -143,8 +154,7 @@ class LlamaDecodeKernel:
         load_cpu_kernels().pagoda_decode_layers_f32(
             ctypes.addressof(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
             tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
-        self.calls += 1
-        return x
+        return self.model.norm(x)
 
     def plan(self) -> _Decoder | None:
         """The model's C description for its current KV caches, made on first use; None
@@ -157,6 +167,11 @@ class LlamaDecodeKernel:
             self._plan = self._describe()
             self._planned_for = first_cache
         return self._plan
+
+    def forget_plan(self) -> None:
+        """Plan again at the next step: after a layer's settings changed (tests set a
+        window on a model that has none)."""
+        self._planned_for = None
 
     def _describe(self) -> _Decoder | None:
         model = self.model
@@ -185,7 +200,6 @@ class LlamaDecodeKernel:
             signed_sin_cache=sin.data_ptr(), layers=layers)
 
     def _describe_layer(self, layer: nn.Module) -> _Layer | None:
-        decoder_layer_type, attention_type, mlp_type = self.block_types
         attention = layer.self_attn
         mlp = getattr(layer, layer.mlp_name, None)
         attn = attention.attn
@@ -193,8 +207,8 @@ class LlamaDecodeKernel:
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if attention.q_norm is not None:
             norms += [attention.q_norm, attention.k_norm]
-        if (type(layer) is not decoder_layer_type or type(attention) is not attention_type
-                or type(mlp) is not mlp_type or type(mlp.act) is not SiluAndMul
+        if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
+                or type(mlp) is not LlamaMLP or type(mlp.act) is not SiluAndMul
                 or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
                        or n.weight.dtype != torch.float32 for n in norms)
                 or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
