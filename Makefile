@@ -9,7 +9,7 @@ STAMP := $(VENV)/.pagoda-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test serve chat lint
+.PHONY: install test test-fast serve chat lint
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The edit loop's tier: the model-free and tiny-model tests (no test marked slow: end-to-end
+# runs of the bundled model, server processes, kernel builds for other CPUs), in minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 serve: $(STAMP)
 	$(VENV)/bin/pagoda serve --host $(HOST) --port $(PORT)

@@ -12,6 +12,7 @@ from pagoda.cli.main import main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_throughput_runs_the_fixed_workload(bundled_llm):
     summary = offline.run_throughput(bundled_llm, num_prompts=4, input_len=12, output_len=6,
                                      seed=0)
@@ -29,6 +30,7 @@ def test_throughput_runs_the_fixed_workload(bundled_llm):
         offline.random_prompts(tokenizer, 4, 12, 0.0, 0)
 
 
+@pytest.mark.slow
 def test_latency_measures_prefill_and_decode(bundled_llm):
     summary, iterations = offline.run_latency(bundled_llm, input_len=16, output_len=5,
                                               num_iters=2, num_warmup_iters=1)

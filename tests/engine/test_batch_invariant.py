@@ -15,6 +15,8 @@ from pagoda import LLM, SamplingParams
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 from tests.executor.tiny_checkpoints import build_checkpoint_with_bundled_tokenizer
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 TEXTS = sorted((Path(__file__).parent.parent / "data" / "fidelity").glob("*.txt"))
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
 

@@ -10,6 +10,8 @@ import torch
 from pagoda import SamplingParams
 from pagoda.entrypoints.llm import RequestFailedError
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time"]
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 VICTIM = 1  # the prompt whose logits turn NaN from its 4th decode step on

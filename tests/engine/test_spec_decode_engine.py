@@ -21,11 +21,14 @@ from tests.executor.tiny_checkpoints import (
     bundled_tokenizer,
 )
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 PASSAGE = (
     "The river runs past the old mill and under the stone bridge, where the children of "
     "the village fish for trout on summer evenings. The miller keeps bees behind the mill, "
     "and every autumn he sells their honey at the market in the town square."
 )
+
 PROMPTS = [
     f"{PASSAGE}\n\nRepeat the text above word for word:\n",   # proposals match: speculates
     "Write a short list of three colours:",

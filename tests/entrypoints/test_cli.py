@@ -13,6 +13,8 @@ import pytest
 
 import pagoda.cli
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 PAGODA = [sys.executable, "-m", "pagoda"]
 CLI_DIR = pathlib.Path(pagoda.cli.__file__).parent
 CLI_MODULES = sorted(f"pagoda.cli.{p.stem}" for p in CLI_DIR.glob("*.py") if p.stem != "__init__")

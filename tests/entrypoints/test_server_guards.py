@@ -13,6 +13,8 @@ import pytest
 from tests.entrypoints.server_helpers import RemoteServer
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 API_KEY = "guard-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LIMIT = 4000

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from pagoda.bench.server_metrics import parse_spec_decode_counters, spec_decode_figures
 from tests.entrypoints.server_helpers import RemoteServer
+
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
 
 PROMPT = ("The bridge over the river was built of grey stone in the year of the great flood. "
           "The bridge over the river was built of grey stone")

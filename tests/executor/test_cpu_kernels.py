@@ -30,6 +30,8 @@ from pagoda.executor.kernels.ops import gemm_q, kernels_available, paged_attenti
 from pagoda.executor.kernels.packing import GROUP_K, pack, quantize_groups
 from tests.executor.test_attention_backend import run_step
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 CPU_FLAGS = set(cpu_flags().split())
 CPU_HAS_AVX512_BF16 = "avx512_bf16" in CPU_FLAGS
 needs_bf16_kernels = pytest.mark.skipif(not CPU_HAS_AVX512_BF16,

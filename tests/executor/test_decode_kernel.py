@@ -22,6 +22,8 @@ from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
 from tests.executor.tiny_checkpoints import build_checkpoint
 from tests.executor.tiny_gguf import write_gguf
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 Q = gguf.GGMLQuantizationType
 PROMPTS = [list(range(3, 40)), [120, 4] * 9, [7, 8]]
 

@@ -26,6 +26,8 @@ from tests.executor.test_cpu_kernels import (
     needs_bf16_kernels,
 )
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 
 def bf16_kernel_outputs(seed: int) -> list[torch.Tensor]:
     """What the bf16 kernels (whichever build ops calls) make of fixed inputs: the matmul in

@@ -23,8 +23,9 @@ from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86
 
 CROSS_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
 SYSROOT = "/usr/aarch64-linux-gnu"
-pytestmark = pytest.mark.skipif(CROSS_CC is None or QEMU is None,
-                                reason="needs gcc-aarch64-linux-gnu and qemu-user")
+pytestmark = [pytest.mark.slow,  # (make test-fast skips it)
+              pytest.mark.skipif(CROSS_CC is None or QEMU is None,
+                                 reason="needs gcc-aarch64-linux-gnu and qemu-user")]
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,8 @@ from tests.executor.test_model_parity import PROMPTS
 from tests.executor.test_quantization import relative_error
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 
+pytestmark = pytest.mark.slow  # (make test-fast skips it)
+
 SPM_VOCAB = 384
 """The SentencePiece checkpoints' vocabulary: the tokenizer's 256 pieces, the rest padding
 (the converter pads the token list to the config's vocab_size)."""

@@ -93,6 +93,7 @@ def greedy_reference(model, prompt: list[int], num_tokens: int) -> tuple[list[in
     return ids[len(prompt):], logprobs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_greedy_decoding_through_the_paged_cache_matches_transformers(arch, tmp_path) -> None:
     """The engine end to end on a tiny folder (the bundled tokenizer only for the engine's

@@ -257,6 +257,7 @@ def test_cli_rejects_unknown_quantization() -> None:
     assert "--quantization: invalid choice: 'int2'" in result.stderr and "int4" in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_quantization_on_a_non_cpu_device_is_a_one_line_error() -> None:
     result = run_cli("generate", "--quantization", "int4", "--device", "meta", "hi")
     assert result.returncode == 2, result.stderr
