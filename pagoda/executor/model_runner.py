@@ -92,8 +92,9 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.whole_stack = (WholeStackDecode.for_model(model)
                             if whole_stack_decode and not batch_invariant else None)
-        """The step executors (see `step_executor`): this, torch.compile's graph once
-        `compile_model` ran (which then replaces it), else the eager forward."""
+        """The step executors, tried in this order: this (decode steps it covers), else
+        torch.compile's graph once `compile_model` ran (which drops this), else the eager
+        forward."""
         self.compiled = False
         self.last_step_executor = "eager"
         """Which executor ran the last forward: "whole-stack", "compiled" or "eager"."""
