@@ -286,6 +286,8 @@ class EngineConfig:
     """Speculative decoding as a JSON object, vLLM's keys: {"method": "ngram" | "draft_model",
     "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": n, "model":
     draft path, "adaptive": true}; None: off. LLM() also takes a dict."""
+    speculative: SpeculativeConfig | None = field(init=False, default=None, repr=False)
+    """speculative_config parsed and checked (set in __post_init__; not an option)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", parse_speculative_config(self.speculative_config))

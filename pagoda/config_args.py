@@ -95,6 +95,8 @@ def _collect_options(cls: type, section: tuple[str, ...]):
     hints = typing.get_type_hints(cls)
     docs = attribute_docstrings(cls)
     for f in dataclasses.fields(cls):
+        if not f.init:  # derived from the options in __post_init__, not one itself
+            continue
         hint = hints[f.name]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             yield from _collect_options(hint, (*section, f.name))
@@ -199,6 +201,8 @@ def _build(cls: type, values: Mapping[str, Any]):
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         hint = hints[f.name]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[f.name] = _build(hint, values)

@@ -32,10 +32,11 @@ def engine_parser() -> argparse.ArgumentParser:
 
 
 def option_fields():
-    """(section class, field) for every option field, read from the dataclasses themselves."""
+    """(section class, field) for every option field, read from the dataclasses themselves
+    (a field set in __post_init__, init=False, is derived: no option)."""
     for cls in SECTIONS:
         for f in dataclasses.fields(cls):
-            if not (isinstance(f.type, str) and f.type.endswith("Config")):
+            if f.init and not (isinstance(f.type, str) and f.type.endswith("Config")):
                 yield cls, f
 
 
@@ -55,6 +56,17 @@ def test_every_field_is_a_flag_whose_help_is_its_docstring() -> None:
         assert action.dest == f.name
         docstring = attribute_docstrings(cls)[f.name]
         assert docstring and plain_help(action) == docstring
+
+
+def test_a_derived_field_is_no_option_but_is_declared() -> None:
+    """EngineConfig.speculative (speculative_config parsed) is a declared field, not a hidden
+    attribute, and no flag."""
+    assert "--speculative" not in engine_parser()._option_string_actions
+    config = EngineConfig.from_kwargs(speculative_config='{"method": "ngram", '
+                                                         '"num_speculative_tokens": 3}')
+    assert "speculative" in {f.name for f in dataclasses.fields(config)}
+    assert config.speculative.num_speculative_tokens == 3
+    assert EngineConfig().speculative is None
 
 
 def test_help_texts_keep_the_richer_wording() -> None:

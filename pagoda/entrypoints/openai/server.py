@@ -81,7 +81,7 @@ DEAD_ENGINE_EXIT_DELAY_S = 2.0
 
 
 @dataclass
-class ModelServing:
+class RouteHandlers:
     """What the routes call for one served model."""
 
     completions: OpenAIServingCompletion
@@ -182,8 +182,8 @@ def model_card(model: ServedModel, state: str) -> ModelCard:
 
 
 def build_registry(state: ServerState) -> ModelRegistry:
-    def make_serving(model: ServedModel) -> ModelServing:
-        serving = ModelServing(
+    def make_serving(model: ServedModel) -> RouteHandlers:
+        serving = RouteHandlers(
             OpenAIServingCompletion(model.engine, model.name),
             OpenAIServingChat(model.engine, model.name, state.chat_template,
                               state.tool_call_parser))
@@ -229,7 +229,7 @@ def build_app(state: ServerState) -> FastAPI:
                            allow_methods=["*"], allow_headers=["*"])
 
     async def serve_with_model(name: str | None, serve) -> Response:
-        """serve(ModelServing) -> Response, with the model held until the response ends."""
+        """serve(RouteHandlers) -> Response, with the model held until the response ends."""
         model = await registry.acquire(name)
         try:
             response = await serve(model.serving)
