@@ -48,18 +48,25 @@ def test_batch_invariance(bundled_llm: LLM) -> None:
     assert_idle(bundled_llm.engine)
 
 
-def test_one_forward_per_step(bundled_llm: LLM) -> None:
-    """64 prompts: each engine step is exactly one model forward over the whole batch."""
-    model = bundled_llm.engine.runner.model
-    calls = []
-    handle = model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
-    try:
-        steps_before = bundled_llm.engine.snapshot().num_steps
-        outputs = bundled_llm.generate([f"Count to {i}." for i in range(64)], greedy(8), use_tqdm=False)
-    finally:
-        handle.remove()
+def test_one_forward_per_step(bundled_llm: LLM, monkeypatch) -> None:
+    """64 prompts: each engine step is exactly one model forward over the whole batch,
+    whichever executor runs it (the eager model, or the whole-stack C decode step), and
+    the engine counts each step under the executor that ran it."""
+    runner = bundled_llm.engine.runner
+    calls, forward = [], runner._forward
+
+    def counted(input_ids, *args):
+        calls.append(len(input_ids))
+        return forward(input_ids, *args)
+
+    monkeypatch.setattr(runner, "_forward", counted)
+    before = bundled_llm.engine.snapshot()
+    outputs = bundled_llm.generate([f"Count to {i}." for i in range(64)], greedy(8), use_tqdm=False)
+    after = bundled_llm.engine.snapshot()
     assert len(outputs) == 64 and all(len(o.outputs[0].token_ids) == 8 for o in outputs)
-    assert len(calls) == bundled_llm.engine.snapshot().num_steps - steps_before
+    assert len(calls) == after.num_steps - before.num_steps
+    assert len(calls) == sum(after.steps_by_executor.values()) - sum(
+        before.steps_by_executor.values())
     assert len(calls) < 64  # batched, not one call per request
     assert max(calls) > 64  # a step carried many requests' tokens
 
