@@ -37,7 +37,7 @@ from fastapi.responses import Response, StreamingResponse
 from pagoda.entrypoints.openai.errors import OpenAIError, model_not_found
 
 if TYPE_CHECKING:  # `pagoda serve --help` must not import the engine (tests/entrypoints/test_cli.py)
-    from pagoda.engine.async_engine import AsyncLLMEngine
+    from pagoda.engine.protocol import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ DEFAULT_MODEL_LOAD_TIMEOUT_S = 300.0
 @dataclass
 class ServedModel:
     name: str
-    engine: AsyncLLMEngine
+    engine: EngineClient
     root: str
     """The model file or folder it was loaded from."""
     metrics: Any = None

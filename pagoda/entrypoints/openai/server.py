@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server: a FastAPI app in front of one AsyncLLMEngine per
+"""The OpenAI-compatible HTTP server: a FastAPI app in front of one engine (EngineClient) per
 served model (model_registry.py); requests route by their `model` field (none: the first
 model).
 
@@ -37,8 +37,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagoda
-from pagoda.engine.async_engine import AsyncLLMEngine
 from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.protocol import EngineClient
 from pagoda.entrypoints.openai.errors import (
     OpenAIError,
     bad_request,
@@ -90,7 +90,7 @@ class RouteHandlers:
 
 @dataclass
 class ServerState:
-    engine: AsyncLLMEngine
+    engine: EngineClient
     """The first model's (the default for requests that name none)."""
     metrics: EngineMetrics | None
     model_name: str
@@ -162,7 +162,7 @@ async def parse_body(raw_request: Request, model: type):
     return model.model_validate_json(await raw_request.body())
 
 
-async def exit_when_engine_dies(state: ServerState, engine: AsyncLLMEngine) -> None:
+async def exit_when_engine_dies(state: ServerState, engine: EngineClient) -> None:
     """vLLM's behaviour: once the engine loop died (its streams have already ended with an
     error event, /health says 503), refuse new work, wait a moment for health checks and
     open responses, then shut down with exit code 1 so that a supervisor restarts us."""

@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.protocol import EngineClient
 from pagoda.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
@@ -134,8 +135,9 @@ class ServingPipeline(ABC):
     """Takes id, created, model, choices and usage."""
     choice_state_type: ClassVar[type[ChoiceState]] = ChoiceState
 
-    def __init__(self, engine, model_name: str) -> None:
-        """`engine`: the AsyncLLMEngine (input_processor, check_queue, add_request, abort)."""
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
+        """`engine`: the model's engine front-end (input_processor, check_queue, add_request,
+        abort: pagoda/engine/protocol.py)."""
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.tokenizer

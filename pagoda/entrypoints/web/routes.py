@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from pagoda.engine.async_engine import AsyncLLMEngine
+from pagoda.engine.protocol import EngineClient
 from pagoda.entrypoints.openai.errors import bad_request, model_not_found, server_error
 from pagoda.entrypoints.openai.streaming import EventStreamResponse, sse, sse_error
 from pagoda.entrypoints.web.engine_view import EngineView
@@ -52,7 +52,7 @@ def parse_interval(interval: str | None) -> float:
     return min(max(seconds, MIN_INTERVAL_S), MAX_INTERVAL_S)
 
 
-def resolve_model(engines: Mapping[str, AsyncLLMEngine], model: str | None) -> str:
+def resolve_model(engines: Mapping[str, EngineClient], model: str | None) -> str:
     """The served name the stream is for: `model`, or the only one loaded when absent."""
     if model is None:
         if len(engines) == 1:
@@ -65,7 +65,7 @@ def resolve_model(engines: Mapping[str, AsyncLLMEngine], model: str | None) -> s
 
 
 async def engine_events(
-    engines: Callable[[], Mapping[str, AsyncLLMEngine]], model: str, interval: float,
+    engines: Callable[[], Mapping[str, EngineClient]], model: str, interval: float,
     max_seconds: float | None = None,
 ) -> AsyncIterator[str]:
     """The stream's events: one per `interval` from now, until `max_seconds` (default
@@ -88,7 +88,7 @@ async def engine_events(
         await asyncio.sleep(interval)
 
 
-def add_web_routes(app: FastAPI, engines: Callable[[], Mapping[str, AsyncLLMEngine]]) -> None:
+def add_web_routes(app: FastAPI, engines: Callable[[], Mapping[str, EngineClient]]) -> None:
     """Adds GET / (the page), its static files and the live view's stream; `engines()` gives
     the loaded models' engines by served name, at call time (models come and go)."""
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
