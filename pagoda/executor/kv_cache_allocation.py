@@ -1,4 +1,5 @@
-"""The paged KV cache's memory: bytes per token, and each layer's cache tensors.
+"""The paged KV cache's memory: bytes per token, the default CPU budget, and each layer's
+cache tensors.
 
 On CPU every layer of a KV-cache group shares one anonymous mapping, which the kernel
 zero-fills page by page on first write: memory is taken as blocks are used, not all at
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 
 import torch
 
@@ -22,6 +24,34 @@ from pagoda.executor.attention.kv_quant import (
     code_dtype,
     is_quantized,
 )
+
+CPU_KV_CACHE_FRACTION = 0.2
+"""Most of the available RAM the KV cache takes on CPU when no size is given."""
+CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
+"""Default CPU KV cache when no size is given (at least one max_model_len sequence fits):
+the bundled model then holds ~5.7K tokens in float32 (~11K in bf16), room for 16 streams
+of 256 tokens, and runs in well under 1 GB; --kv-cache-memory sets more for large batches."""
+
+
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_default_kv_blocks(one_sequence: int, bytes_per_block: int, most_useful: int) -> int:
+    """Blocks of a CPU KV cache given no size: CPU_KV_CACHE_DEFAULT_BYTES (but at least
+    `one_sequence`, the blocks of one max_model_len sequence), at most CPU_KV_CACHE_FRACTION
+    of the available RAM and `most_useful` (what the engine could ever hold)."""
+    default = max(one_sequence, CPU_KV_CACHE_DEFAULT_BYTES // bytes_per_block)
+    ram_share = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION) // bytes_per_block
+    return max(1, min(default, ram_share, most_useful))
+
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

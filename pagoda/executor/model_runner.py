@@ -14,7 +14,6 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
 from __future__ import annotations
 
 import logging
-import os
 import time
 import types
 
@@ -27,7 +26,11 @@ from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
-from pagoda.executor.kv_cache_allocation import allocate_kv_caches, kv_bytes_per_token
+from pagoda.executor.kv_cache_allocation import (
+    allocate_kv_caches,
+    cpu_default_kv_blocks,
+    kv_bytes_per_token,
+)
 from pagoda.executor.kv_cache_layout import (
     cdiv,
     kv_cache_groups,
@@ -50,25 +53,6 @@ from pagoda.executor.whole_stack_decode import WholeStackDecode
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
-
-CPU_KV_CACHE_FRACTION = 0.2
-"""Most of the available RAM the KV cache takes on CPU when no size is given."""
-CPU_KV_CACHE_DEFAULT_BYTES = 256 << 20
-"""Default CPU KV cache when no size is given (at least one max_model_len sequence fits):
-the bundled model then holds ~5.7K tokens in float32 (~11K in bf16), room for 16 streams
-of 256 tokens, and runs in well under 1 GB; --kv-cache-memory sets more for large batches."""
-
-
-def available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
 
 class ModelRunner:
     def __init__(
@@ -163,10 +147,8 @@ class ModelRunner:
         elif self.device.type == "cuda":
             budget = self._profile_cuda_kv_budget(scheduler_config)
         else:
-            one_sequence = -(-max_model_len // self.block_size)
-            default = max(one_sequence, CPU_KV_CACHE_DEFAULT_BYTES // bytes_per_block)
-            ram_share = int(available_memory_bytes() * CPU_KV_CACHE_FRACTION) // bytes_per_block
-            return max(1, min(default, ram_share, most_useful))
+            return cpu_default_kv_blocks(-(-max_model_len // self.block_size), bytes_per_block,
+                                         most_useful)
         return max(1, budget // bytes_per_block)
 
     def determine_kv_cache_blocks(

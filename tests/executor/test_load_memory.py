@@ -13,7 +13,8 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.kernels.ops import kernels_available
-from pagoda.executor.model_runner import CPU_KV_CACHE_DEFAULT_BYTES, ModelRunner
+from pagoda.executor.kv_cache_allocation import CPU_KV_CACHE_DEFAULT_BYTES
+from pagoda.executor.model_runner import ModelRunner
 
 MEASURE = r"""
 import json, torch
