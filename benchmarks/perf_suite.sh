@@ -2,22 +2,30 @@
 # Issue 6's four comparisons, back to back on one machine (see BENCHMARKS.md section 6).
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]
+#   LLAMA_BIN=... benchmarks/perf_suite.sh --model FILE.gguf OUT_DIR [PAGODA_FLAGS...]
 #   SERVE_ONLY=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR [PAGODA_FLAGS...]   # blocks 2-4 only
 #   NO_TRANSFORMERS=1 LLAMA_BIN=... benchmarks/perf_suite.sh OUT_DIR   # llama.cpp peers only
 #
+# --model: the GGUF file every engine runs (default: the bundled model); real-size files come
+# from benchmarks/synthetic_gguf.py and llama-quantize (benchmarks/PEERS.md section 5).
 # LLAMA_BIN holds llama-server and llama-batched-bench (built as in benchmarks/PEERS.md).
 # PAGODA_FLAGS go to every Pagoda engine (e.g. --compile, --quantization int4). Each block waits for
 # the 1-minute load average to fall below 1.0 first; results land in OUT_DIR as JSON/text.
 set -euo pipefail
-OUT=${1:?usage: perf_suite.sh OUT_DIR [PAGODA_FLAGS...]}
-shift
-FLAGS=("$@")
-: "${LLAMA_BIN:?set LLAMA_BIN to the llama.cpp build/bin folder}"
-mkdir -p "$OUT"
 PY=.venv/bin/python
 PAGODA=.venv/bin/pagoda
 GGUF=$($PY -c "from pagoda.executor.loader.model_files import bundled_model_path as p; print(p())")
-ENGINE=(--max-model-len 2048 --kv-cache-memory 2147483648 "${FLAGS[@]}")
+if [ "${1:-}" = --model ]; then
+  GGUF=${2:?usage: perf_suite.sh [--model FILE.gguf] OUT_DIR [PAGODA_FLAGS...]}
+  shift 2
+fi
+OUT=${1:?usage: perf_suite.sh [--model FILE.gguf] OUT_DIR [PAGODA_FLAGS...]}
+shift
+FLAGS=("$@")
+: "${LLAMA_BIN:?set LLAMA_BIN to the llama.cpp build/bin folder}"
+[ -f "$GGUF" ] || { echo "perf_suite.sh: no such model file: $GGUF" >&2; exit 2; }
+mkdir -p "$OUT"
+ENGINE=(--model "$GGUF" --max-model-len 2048 --kv-cache-memory 2147483648 "${FLAGS[@]}")
 
 quiet() { while awk '{exit !($1 >= 1.0)}' /proc/loadavg; do sleep 5; done; }
 wait_up() { until curl -sf "$1/health" >/dev/null; do sleep 1; done; }
@@ -25,7 +33,7 @@ wait_up() { until curl -sf "$1/health" >/dev/null; do sleep 1; done; }
 # 1. Offline throughput: transformers at batch 8, llama.cpp at 32 sequences, Pagoda on 256.
 if [ -z "${SERVE_ONLY:-}" ]; then
 if [ -z "${NO_TRANSFORMERS:-}" ]; then
-quiet; $PY benchmarks/transformers_baseline.py --num-prompts 32 --input-len 128 \
+quiet; $PY benchmarks/transformers_baseline.py --model "$GGUF" --num-prompts 32 --input-len 128 \
   --output-len 128 --batch-size 8 --output "$OUT/transformers-b8.json"
 fi
 quiet; "$LLAMA_BIN/llama-batched-bench" -m "$GGUF" -c 8192 -b 2048 -ub 512 -t 2 \

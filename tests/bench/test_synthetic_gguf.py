@@ -1,0 +1,68 @@
+"""benchmarks/synthetic_gguf.py: random-weight GGUFs of real models' shapes.
+
+The shapes are checked against the published parameter counts (with each model's own
+vocabulary), and a one-layer file of each architecture is read by transformers (the oracle:
+its GGUF reader follows llama.cpp's converter) and by Pagoda with the same logits, so the
+files are what the peers load too."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks import synthetic_gguf
+from pagoda.executor.loader.model_files import resolve_model_files
+from pagoda.executor.loader.model_loader import load_model, open_checkpoint
+from tests.executor.test_model_parity import PROMPTS, pagoda_runner
+
+pytestmark = pytest.mark.slow  # writes and loads ~0.3 GB files (make test-fast skips it)
+
+PUBLISHED = {  # name -> (the model's own vocabulary, its published parameter count)
+    "llama-3.2-1b": (128256, 1_235_814_400),
+    "llama-3.2-3b": (128256, 3_212_749_824),
+    "llama-3.1-8b": (128256, 8_030_261_248),
+    "qwen2.5-1.5b": (151936, 1_543_714_304),
+}
+
+
+@pytest.mark.parametrize("name", sorted(synthetic_gguf.SHAPES))
+def test_the_shapes_are_the_published_models(name) -> None:
+    vocab, count = PUBLISHED[name]
+    assert synthetic_gguf.parameter_count(synthetic_gguf.SHAPES[name], vocab) == count
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-1.5b"])
+def test_a_written_file_reads_the_same_in_transformers_and_pagoda(name, tmp_path) -> None:
+    path = tmp_path / f"{name}.gguf"
+    synthetic_gguf.main([name, str(path), "--layers", "1", "--outtype", "f16"])
+    shape = synthetic_gguf.SHAPES[name]
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+    config = reference.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads,
+            config.intermediate_size, config.vocab_size) == (
+        shape.hidden, 1, shape.kv_heads, shape.ffn, 49152)
+    runner = pagoda_runner(str(path))
+    with torch.no_grad():
+        for prompt, ours in zip(PROMPTS, runner.prompt_logits(PROMPTS), strict=True):
+            theirs = reference(torch.tensor([prompt])).logits[0].float()
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_q8_0_files_load_packed(tmp_path) -> None:
+    path = tmp_path / "small.gguf"
+    small = dataclasses.replace(synthetic_gguf.SHAPES["llama-3.2-1b"], layers=1)
+    synthetic_gguf.write("llama-3.2-1b", small, str(path), synthetic_gguf.bundled_model(), "q8_0")
+    model = load_model(open_checkpoint(resolve_model_files(str(path))), torch.float32,
+                       torch.device("cpu"), max_position=256, quantization="auto")
+    assert model.model.layers[0].mlp.down_proj.formats == ["q8"]
+
+
+def test_bad_arguments_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic_gguf.main(["llama-3.2-1b", "/tmp/never.gguf", "--layers", "0"])
+    assert exit_info.value.code == 2
+    assert "--layers must be at least 1" in capsys.readouterr().err
