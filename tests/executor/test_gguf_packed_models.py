@@ -6,6 +6,9 @@ weights) within float32 rounding."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import gguf
 import pytest
 import torch
@@ -133,3 +136,21 @@ def test_experts_of_a_stacked_gguf_tensor_are_packed_one_by_one(tmp_path, arch) 
         m, PackedLinear)]
     assert experts and {f for m in experts for f in m.formats} == {"q8"}
     assert_same_logits(packed, reference)
+
+
+def test_loading_leaves_no_cycle_holding_the_file_mapping(mixed_llama) -> None:
+    """The checkpoint (and its memory-mapped file) dies when the caller drops it, without a
+    garbage-collector pass: a 1B Q4_K_M file's pages otherwise stayed resident after loading
+    (0.65 GB of the process's RSS) until the next gc cycle."""
+    gc.collect()
+    gc.disable()
+    try:
+        checkpoint = open_checkpoint(resolve_model_files(mixed_llama))
+        alive = weakref.ref(checkpoint)
+        model = load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=64,
+                           quantization="auto")
+        assert weight_formats(model)  # loaded packed
+        del checkpoint
+        assert alive() is None
+    finally:
+        gc.enable()

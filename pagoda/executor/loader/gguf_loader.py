@@ -11,6 +11,7 @@ holds each architecture's table.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,11 +192,25 @@ class GGUFCheckpoint:
                 for name, part in zip(names, parts):
                     raw = convert_tensor(self.architecture, name, part, cfg)
                     yield name, RawGGUFTensor(raw, tensor.tensor_type, shape[-2:])
+                self._release_pages(tensor)
                 continue
             weight = dequantize_tensor(np.asarray(tensor.data), tensor.tensor_type, shape, dtype)
             parts = weight.unbind(0) if len(names) > 1 else (weight,)
             for name, part in zip(names, parts):
                 yield name, convert_tensor(self.architecture, name, part, cfg)
+            self._release_pages(tensor)
+
+    def _release_pages(self, tensor) -> None:
+        """Drops `tensor`'s file pages from this process's resident set once it is loaded, so
+        that loading's peak memory is the loaded model plus one tensor, not plus the file.
+        Safe whatever still views those bytes: the mapping is read-only, so a later read faults
+        the pages in again from the file (or the OS page cache, where they stay)."""
+        mapping = getattr(self.reader.data, "_mmap", None)
+        if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = int(tensor.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def _hf_names(self, tensor) -> list[str]:
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))

@@ -51,7 +51,9 @@ class PackedGGUFLoader:
                     if gguf_type_packable(*spec)}
         targets = self._linear_targets(matrices)
         self.raw_names = {prefix + ".weight" for prefix in targets}
-        self.linears = QuantizedLinearParts(model, targets, self._make_layer)
+        # a plain function, not a bound method: a method would make loader -> linears ->
+        # loader a cycle that keeps the checkpoint's file mapping resident until a gc pass
+        self.linears = QuantizedLinearParts(model, targets, _packed_linear)
         self.embedding: PackedWeight | None = None
         self.head: PackedWeight | None = None
         self.pack_embedding = EMBEDDING in matrices
@@ -100,9 +102,6 @@ class PackedGGUFLoader:
             else:
                 self.linears.add(name.removesuffix(".weight"), packed)
 
-    def _make_layer(self, module: Linear, parts: list[PackedWeight]) -> nn.Module:
-        return PackedLinear(parts, module.bias)
-
     def finish(self) -> None:
         """After load_weights: install the embedding and head; everything packed arrived."""
         missing = self.linears.missing()
@@ -120,6 +119,10 @@ class PackedGGUFLoader:
             self.model.quantized_head = PackedLinear([self.embedding])  # tied: one table
         logger.info("packed GGUF weights: %s", ", ".join(
             f"{count} {fmt}" for fmt, count in sorted(self.formats.items())))
+
+
+def _packed_linear(module: Linear, parts: list[PackedWeight]) -> nn.Module:
+    return PackedLinear(parts, module.bias)
 
 
 def _drop_weight(module: nn.Module) -> None:
