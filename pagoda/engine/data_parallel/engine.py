@@ -26,12 +26,13 @@ from collections.abc import AsyncIterator
 from pagoda.config import EngineConfig
 from pagoda.engine.data_parallel.launcher import launch_replica
 from pagoda.engine.data_parallel.messages import (
-    ABORT,
-    ADD,
-    ADDED,
-    ERROR,
-    OUT,
-    SNAPSHOT,
+    Abort,
+    Add,
+    Added,
+    BatchItem,
+    Error,
+    Out,
+    Snapshot,
     decode_error,
 )
 from pagoda.engine.data_parallel.metrics import DataParallelMetrics
@@ -185,7 +186,7 @@ class DataParallelEngine:
         slot.request_ids.add(request_id)
         self.num_unfinished_seqs += num_seqs
         ack = slot.pending_acks[request_id] = self._loop.create_future()
-        slot.send((ADD, request))  # if it is gone, its loss fails the ack
+        slot.send(Add(request))  # if it is gone, its loss fails the ack
         return stream, ack
 
     def check_queue(self, num_seqs: int = 1) -> None:
@@ -207,7 +208,7 @@ class DataParallelEngine:
         stream.put(None)  # wakes a consumer still waiting on it
         slot = self._slots[index]
         if slot.healthy:  # (a replica that died took the request with it)
-            slot.send((ABORT, request_id))
+            slot.send(Abort(request_id))
 
     def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                  priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -217,7 +218,7 @@ class DataParallelEngine:
     def cancel_all(self, reason: str) -> None:
         """Abort every open request; their streams raise EngineDeadError(reason)."""
         for request_id, (_, index) in list(self._streams.items()):
-            self._slots[index].send((ABORT, request_id))
+            self._slots[index].send(Abort(request_id))
         self._fail_streams(list(self._streams), EngineDeadError(reason))
 
     @property
@@ -267,28 +268,28 @@ class DataParallelEngine:
 
     # ---- replica events (ReplicaEvents; event loop) ------------------------------------------
 
-    def on_batch(self, slot: ReplicaSlot, items: list[tuple]) -> None:
+    def on_batch(self, slot: ReplicaSlot, items: list[BatchItem]) -> None:
         # Latency metrics first: delivering a last output forgets its request's metrics state.
-        outputs = [item[2] for item in items if item[0] == OUT and item[1] in self._streams]
+        outputs = [item.output for item in items
+                   if isinstance(item, Out) and item.request_id in self._streams]
         if outputs and self.metrics is not None:
             self.metrics.record_step(slot.index, outputs, time.time())
         for item in items:
-            kind, request_id = item[0], item[1]
-            if kind == OUT:
-                self._deliver(request_id, item[2])
-            elif kind == ADDED:
-                ack = slot.pending_acks.pop(request_id, None)
+            if isinstance(item, Out):
+                self._deliver(item.request_id, item.output)
+            elif isinstance(item, Added):
+                ack = slot.pending_acks.pop(item.request_id, None)
                 if ack is not None and not ack.done():
                     ack.set_result(None)
-            elif kind == ERROR:
-                error = decode_error(item[2])
-                ack = slot.pending_acks.pop(request_id, None)
+            elif isinstance(item, Error):
+                error = decode_error(item.error)
+                ack = slot.pending_acks.pop(item.request_id, None)
                 if ack is not None and not ack.done():
                     ack.set_exception(error)
                 else:
-                    self._deliver(request_id, error)
-            elif kind == SNAPSHOT:
-                slot.snapshot = EngineSnapshot(**item[1])
+                    self._deliver(item.request_id, error)
+            elif isinstance(item, Snapshot):
+                slot.snapshot = item.rebuild()
                 self._snapshot = None
                 if self.metrics is not None:
                     self.metrics.update(slot.index, slot.cumulative_snapshot(), self.snapshot)

@@ -28,18 +28,21 @@ import time
 from multiprocessing.connection import Connection
 
 from pagoda.engine.data_parallel.messages import (
-    ABORT,
-    ADD,
-    ADDED,
-    BATCH,
-    DEAD,
-    ERROR,
-    FAILED,
-    OUT,
-    READY,
-    SNAPSHOT,
-    STOP,
+    Abort,
+    Add,
+    Added,
+    Batch,
+    BatchItem,
+    Dead,
+    Error,
+    Failed,
+    Out,
+    Ready,
     ReplicaInfo,
+    ReplicaMessage,
+    ServerMessage,
+    Snapshot,
+    Stop,
     encode_error,
     snapshot_fields,
 )
@@ -95,11 +98,11 @@ async def _serve(spec: ReplicaSpec, conn: Connection) -> int:
         async_engine = AsyncLLMEngine.build_on_engine_thread(lambda: build_engine(spec.config))
     except Exception as e:
         logger.exception("building the engine failed")
-        conn.send((FAILED, f"{type(e).__name__}: {e}"))
+        conn.send(Failed(f"{type(e).__name__}: {e}"))
         return 1
     engine = async_engine.engine
     snapshot = engine.snapshot()
-    conn.send((READY, ReplicaInfo(
+    conn.send(Ready(ReplicaInfo(
         pid=os.getpid(), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
         eos_token_ids=list(engine.eos_token_ids),
         max_num_seqs=engine.config.scheduler.max_num_seqs,
@@ -119,7 +122,7 @@ async def _serve(spec: ReplicaSpec, conn: Connection) -> int:
     code = 0
     if died.done():
         error = died.result()
-        relay.post_now((DEAD, f"the engine loop died: {type(error).__name__}: {error}"))
+        relay.post_now(Dead(f"the engine loop died: {type(error).__name__}: {error}"))
         code = 1
     for task in (publisher, died, stopping, *relay.tasks.values()):
         task.cancel()
@@ -133,7 +136,7 @@ def _read_commands(conn: Connection, loop: asyncio.AbstractEventLoop, relay: Rel
         while True:
             message = conn.recv()
             loop.call_soon_threadsafe(relay.on_message, message)
-            if message[0] == STOP:
+            if isinstance(message, Stop):
                 return
     except (EOFError, OSError):  # the server is gone: nobody to serve
         with contextlib.suppress(RuntimeError):
@@ -150,21 +153,20 @@ class Relay:
         self.conn = conn
         self.tasks: dict[str, asyncio.Task] = {}
         self.stopping = asyncio.Event()
-        self._outbox: list[tuple] = []
+        self._outbox: list[BatchItem] = []
 
-    def on_message(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == ADD:
-            request = message[1]
+    def on_message(self, message: ServerMessage) -> None:
+        if isinstance(message, Add):
+            request = message.request
             self.tasks[request.request_id] = asyncio.create_task(self._run(request))
-        elif kind == ABORT:
-            task = self.tasks.pop(message[1], None)
+        elif isinstance(message, Abort):
+            task = self.tasks.pop(message.request_id, None)
             if task is not None:
                 task.cancel()
-        elif kind == STOP:
+        elif isinstance(message, Stop):
             self.stopping.set()
         else:
-            logger.error("unknown message %r from the server", kind)
+            logger.error("unknown message %r from the server", message)
 
     async def _run(self, request) -> None:
         request_id = request.request_id
@@ -172,14 +174,14 @@ class Relay:
             try:
                 stream = await self.engine.add_request(request)
             except Exception as e:  # noqa: BLE001 -- the server raises it for the caller
-                self.post((ERROR, request_id, encode_error(e)))
+                self.post(Error(request_id, encode_error(e)))
                 return
-            self.post((ADDED, request_id))
+            self.post(Added(request_id))
             try:
                 async for output in stream:
-                    self.post((OUT, request_id, output))
+                    self.post(Out(request_id, output))
             except Exception as e:  # noqa: BLE001 -- ends the request's stream there
-                self.post((ERROR, request_id, encode_error(e)))
+                self.post(Error(request_id, encode_error(e)))
             finally:
                 if not stream.finished:  # cancelled: the server aborted it
                     self.engine.abort(request_id)
@@ -192,26 +194,26 @@ class Relay:
         while True:
             snapshot = self.engine.snapshot
             if snapshot is not last:
-                self.post((SNAPSHOT, snapshot_fields(snapshot)))
+                self.post(Snapshot(snapshot_fields(snapshot)))
                 last = snapshot
             await asyncio.sleep(SNAPSHOT_INTERVAL_S)
 
-    def post(self, item: tuple) -> None:
+    def post(self, item: BatchItem) -> None:
         """Queue an item; everything queued in this loop iteration leaves in one message."""
         self._outbox.append(item)
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def post_now(self, message: tuple) -> None:
+    def post_now(self, message: ReplicaMessage) -> None:
         self.flush()
         self._send(message)
 
     def flush(self) -> None:
         items, self._outbox = self._outbox, []
         if items:
-            self._send((BATCH, items))
+            self._send(Batch(items))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ReplicaMessage) -> None:
         try:
             self.conn.send(message)
         except OSError:  # the server is gone (BrokenPipeError among them)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from pagoda.engine.data_parallel.launcher import ReplicaHandle
-from pagoda.engine.data_parallel.messages import ReplicaInfo
+from pagoda.engine.data_parallel.messages import ReplicaInfo, ReplicaMessage, ServerMessage
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
 from pagoda.engine.snapshot import EngineSnapshot
 
@@ -66,7 +66,7 @@ class ReplicaSlot:
         self.retired = merge_snapshots([self.retired, counters_only(self.snapshot)])
         self.snapshot = EngineSnapshot()
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: ServerMessage) -> bool:
         """Send to the current process; False if it is gone (its loss is then on the way
         through the reader thread)."""
         if self.handle is None:
@@ -84,7 +84,7 @@ class ReplicaSlot:
 
 def read_replica(
     handle: ReplicaHandle, incarnation: int,
-    post: Callable[[int, tuple | None, int | None], None],
+    post: Callable[[int, ReplicaMessage | None, int | None], None],
 ) -> None:
     """Thread body: post(incarnation, message, None) per message, then, once the process is
     gone (EOF, or its sentinel), post(incarnation, None, exitcode) exactly once."""
