@@ -5,6 +5,7 @@ acks, outputs in order, a refusal, an abort, the first snapshot, and Stop."""
 from __future__ import annotations
 
 import threading
+import time
 from multiprocessing import Pipe
 
 from pagoda.engine.data_parallel.messages import (
@@ -67,6 +68,9 @@ def test_the_replica_loop_answers_on_its_pipe() -> None:
     receive_until(lambda: any(isinstance(i, Out) and i.request_id == "long" for i in items))
     engine_loop.put(Abort("long"))
     engine_loop.put(Stop())
-    thread.join(5)
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        while server_end.poll(0.01):  # (read on, as the server does: a full pipe blocks it)
+            server_end.recv()
     assert not thread.is_alive() and engine_loop.dead_error is None
     assert engine.aborted == ["long"] and not engine.requests

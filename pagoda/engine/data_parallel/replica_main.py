@@ -27,6 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pagoda.child_process import connect_to_parent, receive_message, send_message
 from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
@@ -56,8 +57,10 @@ SNAPSHOT_INTERVAL_S = 0.25
 PARENT_GONE_EXIT_S = 10.0
 
 
-def run_replica(spec: ReplicaSpec, conn: Connection) -> None:
-    """The process's entry point (multiprocessing target)."""
+def run_replica(conn: Connection) -> None:
+    """The process's entry point (`python -m pagoda.engine.data_parallel.replica_main FD`,
+    launcher.py): its ReplicaSpec is the first message on its connection."""
+    spec: ReplicaSpec = receive_message(conn)
     die_with_parent(signal.SIGKILL, spec.parent_pid)
     # Ctrl+C, and a service manager's SIGTERM, reach the whole process group: the server
     # drains its requests (which needs its replicas) and then stops them itself.
@@ -86,10 +89,10 @@ def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
         engine = build_engine(spec.config)
     except Exception as e:
         logger.exception("building the engine failed")
-        conn.send(Failed(f"{type(e).__name__}: {e}"))
+        send_message(conn, Failed(f"{type(e).__name__}: {e}"))
         return 1
     snapshot = engine.snapshot()
-    conn.send(Ready(ReplicaInfo(
+    send_message(conn, Ready(ReplicaInfo(
         pid=os.getpid(), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
         eos_token_ids=list(engine.eos_token_ids),
         max_num_seqs=engine.config.scheduler.max_num_seqs,
@@ -118,7 +121,7 @@ def _set_threads() -> int:
 def _read_commands(conn: Connection, engine_loop) -> None:
     try:
         while True:
-            message = conn.recv()
+            message = receive_message(conn)
             if not isinstance(message, (Add, Abort, Stop)):
                 logger.error("unknown message %r from the server", message)
                 continue
@@ -183,7 +186,11 @@ class PipeEvents:
 
     def _send(self, message: ReplicaMessage) -> None:
         try:
-            self.conn.send(message)
+            send_message(self.conn, message)
         except OSError:  # the server is gone (BrokenPipeError among them)
             if self.engine_loop is not None:
                 self.engine_loop.put(Stop())
+
+
+if __name__ == "__main__":
+    run_replica(connect_to_parent())

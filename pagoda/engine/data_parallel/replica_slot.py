@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from pagoda.child_process import receive_message, send_message
 from pagoda.engine.data_parallel.launcher import ReplicaHandle
 from pagoda.engine.data_parallel.messages import ReplicaInfo, ReplicaMessage, ServerMessage
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
@@ -72,7 +73,7 @@ class ReplicaSlot:
         if self.handle is None:
             return False
         try:
-            self.handle.connection.send(message)
+            send_message(self.handle.connection, message)
             return True
         except OSError:
             return False
@@ -94,7 +95,7 @@ def read_replica(
         while True:
             ready = wait(waitables)
             if conn in ready:
-                post(incarnation, conn.recv(), None)
+                post(incarnation, receive_message(conn), None)
             else:  # only the sentinel: gone without closing the pipe (a child holds it)
                 break
     except (EOFError, OSError):

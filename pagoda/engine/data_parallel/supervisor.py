@@ -28,13 +28,13 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Protocol
 
+from pagoda.child_process import receive_message, threads_per_process
 from pagoda.config import EngineConfig
 from pagoda.engine.data_parallel.launcher import (
     ReplicaHandle,
     ReplicaSpec,
     describe_exit,
     launch_replica,
-    threads_per_replica,
 )
 from pagoda.engine.data_parallel.messages import (
     Batch,
@@ -89,7 +89,7 @@ class ReplicaSupervisor:
         self.backend = parallel.distributed_executor_backend
         self.replica_config = dataclasses.replace(
             config, parallel=dataclasses.replace(parallel, data_parallel_size=1))
-        self.num_threads = threads_per_replica(parallel.data_parallel_size)
+        self.num_threads = threads_per_process(parallel.data_parallel_size)
         self.slots = [ReplicaSlot(i) for i in range(parallel.data_parallel_size)]
         self._launcher = launcher
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -130,7 +130,7 @@ class ReplicaSupervisor:
             message = None
             if conn in ready:
                 try:
-                    message = conn.recv()
+                    message = receive_message(conn)
                 except EOFError:
                     pass
             if isinstance(message, Ready):
