@@ -13,6 +13,9 @@ over either core that runs the engine:
   before they reach a core, so a bad request never reaches the engine.
 - A stream whose consumer goes away must be aborted by the consumer: `abort(request_id)`,
   or iterate with `generate()`, which does it in `finally`.
+- A request ended while its `add_request` still waits for the core (an abort, cancel_all,
+  shutdown) still gets its stream back; the stream then ends at once, or raises the error
+  that ended it. Only a refusal (or a core that is gone) makes `add_request` raise.
 - All of it runs on the event loop given to `start`; a core posts to it from its threads.
 """
 
@@ -234,6 +237,3 @@ class EngineFrontEnd:
 
     def died(self) -> None:
         self._died.set()
-
-    def is_open(self, request_id: str) -> bool:
-        return request_id in self._streams
