@@ -1,8 +1,9 @@
 """EngineClient: what the server, the web view and the model registry use of an engine, as
-one declared interface (vLLM's engine/protocol.py idea). Two front-ends implement it: the
-in-process AsyncLLMEngine (async_engine.py) and the data-parallel DataParallelEngine
-(data_parallel/engine.py); tests/engine/test_engine_protocol.py checks that both have every
-member with the same signature.
+one declared interface (vLLM's engine/protocol.py idea). One front-end implements it
+(front_end.py, EngineFrontEnd), built as the in-process AsyncLLMEngine (async_engine.py) or
+the data-parallel DataParallelEngine (data_parallel/engine.py);
+tests/engine/test_engine_protocol.py checks that both have every member with the same
+signature.
 
 Request flow through it: `input_processor.process(...)` validates and tokenizes on the
 event loop, `check_queue` refuses when full, `add_request` returns the RequestStream the

@@ -1,5 +1,5 @@
-"""What a request's consumer sees of the async engine: its stream of outputs, and the errors
-that end it (the engine loop itself is in async_engine.py)."""
+"""What a request's consumer sees of the engine front-end: its stream of outputs, and the
+errors that end it (the front-end is front_end.py, the engine loop engine_loop.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ class EngineStepError(RuntimeError):
 class QueueFullError(RuntimeError):
     """More requests are waiting than the server allows (--max-queue)."""
 
+
+Delivery = list[tuple[str, RequestOutput | BaseException]]
+"""Outputs and errors for requests' streams, in order; an error or a finished output ends
+its request."""
 
 
 class RequestStream:
@@ -56,8 +60,8 @@ class RequestStream:
 async def generate_outputs(engine, request_id: str, prompt: str | list[int], params,
                            priority: int = 0) -> AsyncIterator[RequestOutput]:
     """Validate (InvalidRequestError for a bad request), add_request and iterate `engine`'s
-    stream (an AsyncLLMEngine or a DataParallelEngine); aborts the request if the consumer
-    stops early."""
+    stream (an EngineFrontEnd: AsyncLLMEngine or DataParallelEngine); aborts the request if
+    the consumer stops early."""
     request = engine.input_processor.process(request_id, prompt, params, priority=priority)
     stream = await engine.add_request(request)
     try:

@@ -17,16 +17,16 @@ from pagoda.config import EngineConfig
 from pagoda.engine.data_parallel import supervisor
 from pagoda.engine.data_parallel.engine import DataParallelEngine, ReplicaDiedError
 from pagoda.engine.data_parallel.messages import (
-    ABORT,
-    ADD,
-    ADDED,
-    BATCH,
-    FAILED,
-    OUT,
-    READY,
-    SNAPSHOT,
-    STOP,
+    Abort,
+    Add,
+    Added,
+    Batch,
+    Failed,
+    Out,
+    Ready,
     ReplicaInfo,
+    Snapshot,
+    Stop,
     snapshot_fields,
 )
 from pagoda.engine.data_parallel.metrics import DataParallelMetrics
@@ -70,22 +70,22 @@ class FakeReplica:
     def _run(self, info: ReplicaInfo, fail_start: bool, ready: threading.Event | None) -> None:
         if ready is not None:
             ready.wait()
-        self._send((FAILED, "ValueError: no such model") if fail_start else (READY, info))
+        self._send(Failed("ValueError: no such model") if fail_start else Ready(info))
         while not fail_start and not self._killed.is_set():
             if not self.conn.poll(0.01):
                 continue
             message = self.conn.recv()
-            if message[0] == ADD:
-                request = message[1]
+            if isinstance(message, Add):
+                request = message.request
                 self.requests[request.request_id] = request.prompt_token_ids
                 if self.hold_adds:
                     continue
-                self._send((BATCH, [(ADDED, request.request_id),
-                                    (OUT, request.request_id, self.output(request.request_id,
-                                                                          False))]))
-            elif message[0] == ABORT:
-                self.requests.pop(message[1], None)
-            elif message[0] == STOP:
+                self._send(Batch([Added(request.request_id),
+                                  Out(request.request_id, self.output(request.request_id,
+                                                                      False))]))
+            elif isinstance(message, Abort):
+                self.requests.pop(message.request_id, None)
+            elif isinstance(message, Stop):
                 break
         self.exitcode = -9 if self._killed.is_set() else (1 if fail_start else 0)
         self.conn.close()
@@ -98,9 +98,9 @@ class FakeReplica:
                                                       first_token_time=time.time()))
 
     def finish(self, request_id: str) -> None:
-        self._send((BATCH, [(OUT, request_id, self.output(request_id, True)),
-                            (SNAPSHOT, snapshot_fields(EngineSnapshot(
-                                num_generation_tokens=2, num_kv_blocks=64)))]))
+        self._send(Batch([Out(request_id, self.output(request_id, True)),
+                          Snapshot(snapshot_fields(EngineSnapshot(
+                              num_generation_tokens=2, num_kv_blocks=64)))]))
 
     def kill(self) -> None:
         self._killed.set()

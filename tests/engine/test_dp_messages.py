@@ -7,7 +7,23 @@ import pickle
 
 import pytest
 
-from pagoda.engine.data_parallel.messages import decode_error, encode_error, snapshot_fields
+from pagoda.engine.data_parallel.messages import (
+    Abort,
+    Add,
+    Added,
+    Batch,
+    Dead,
+    Error,
+    Failed,
+    Out,
+    Ready,
+    ReplicaInfo,
+    Snapshot,
+    Stop,
+    decode_error,
+    encode_error,
+    snapshot_fields,
+)
 from pagoda.engine.data_parallel.replica_slot import ReplicaSlot
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
 from pagoda.engine.input_processor import EngineRequest
@@ -38,6 +54,21 @@ def test_requests_outputs_and_snapshots_pickle():
     with pytest.raises(TypeError):
         pickle.dumps(original)  # read-only mappings: hence snapshot_fields
     assert EngineSnapshot(**pickle.loads(pickle.dumps(snapshot_fields(original)))) == original
+
+
+def test_every_pipe_message_is_a_typed_dataclass_that_pickles():
+    request = EngineRequest("r", "hi", [1, 2], SamplingParams(max_tokens=2), 4, 1.0)
+    output = RequestOutput("r", "hi", [1, 2], [], finished=True)
+    info = ReplicaInfo(7, 2048, 100, [2], 8, 64, 16, 1024, None, 1)
+    messages = [
+        Add(request), Abort("r"), Stop(), Ready(info), Failed("no model"), Dead("bug"),
+        Batch([Added("r"), Out("r", output), Error("r", encode_error(ValueError("v"))),
+               Snapshot(snapshot_fields(snapshot(num_generation_tokens=3)))]),
+    ]
+    for message in messages:
+        assert pickle.loads(pickle.dumps(message)) == message
+    rebuilt = pickle.loads(pickle.dumps(messages[-1])).items[-1].rebuild()
+    assert rebuilt.num_generation_tokens == 3 and rebuilt.num_kv_blocks == 100
 
 
 def test_errors_keep_their_class_and_fields():

@@ -38,11 +38,12 @@ def test_each_front_end_has_the_protocols_methods(front_end) -> None:
         assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(
             getattr(EngineClient, name)), name
         assert parameters(ours) == parameters(getattr(EngineClient, name)), name
+    # (the constructors of the class and of the front-end it builds on)
+    init_source = "".join(inspect.getsource(cls.__init__) for cls in front_end.__mro__
+                          if "__init__" in vars(cls) and cls is not object)
     for name in properties:  # a property on the class, or an attribute set in __init__
-        init_source = inspect.getsource(front_end.__init__)
         assert isinstance(getattr(front_end, name, None), property) or \
             f"self.{name}" in init_source, name
-    init_source = inspect.getsource(front_end.__init__)
     for name in attributes:
         assert f"self.{name}" in init_source, name
 
@@ -53,3 +54,22 @@ def test_the_server_is_typed_against_the_protocol() -> None:
 
     for cls in (ServedModel, ServerState):
         assert cls.__annotations__["engine"] == "EngineClient"
+
+
+def test_one_front_end_over_two_cores() -> None:
+    """The stream and request logic is written once (front_end.py); each front-end only
+    picks its core, and no module reaches into both cores."""
+    from pathlib import Path
+
+    from pagoda.engine.front_end import EngineFrontEnd
+
+    for front_end in (AsyncLLMEngine, DataParallelEngine):
+        assert issubclass(front_end, EngineFrontEnd)
+        own = {name for name in vars(front_end) if not name.startswith("__")}
+        assert not own & {"add_request", "abort", "generate", "cancel_all", "check_queue",
+                          "deliver", "shutdown", "wait_dead"}, front_end
+    package = Path(__file__).parents[2] / "pagoda"
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        assert not ("pagoda.engine.thread_core" in text
+                    and "pagoda.engine.data_parallel.replica_set_core" in text), path

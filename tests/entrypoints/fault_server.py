@@ -12,16 +12,16 @@ from __future__ import annotations
 import sys
 
 from pagoda.cli.main import main
-from pagoda.engine.async_engine import AsyncLLMEngine
 from pagoda.engine.detokenizer import IncrementalDetokenizer
+from pagoda.engine.engine_loop import EngineLoop
 
 KILL_MARKER = "KILL THE ENGINE LOOP"
 POISON_MARKER = "POISON"
 
 
-def _add_then_maybe_break(self: AsyncLLMEngine, command) -> None:
-    _add(self, command)
-    if KILL_MARKER in (command.request.prompt or ""):
+def _add_then_maybe_break(self: EngineLoop, request) -> None:
+    _add(self, request)
+    if KILL_MARKER in (request.prompt or ""):
         def broken() -> bool:
             raise RuntimeError("injected fault in the engine loop's bookkeeping")
 
@@ -42,8 +42,8 @@ def _update_maybe_failing(self: IncrementalDetokenizer, new_token_ids):
     return _update(self, new_token_ids)
 
 
-_add = AsyncLLMEngine._add
-AsyncLLMEngine._add = _add_then_maybe_break
+_add = EngineLoop._add
+EngineLoop._add = _add_then_maybe_break
 _init, _update = IncrementalDetokenizer.__init__, IncrementalDetokenizer.update
 IncrementalDetokenizer.__init__ = _init_marking_poisoned
 IncrementalDetokenizer.update = _update_maybe_failing

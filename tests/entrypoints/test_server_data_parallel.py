@@ -63,7 +63,7 @@ def replica_pids(server: RemoteServer) -> set[int]:
     for pid in descendants(server.proc.pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read() and alive(pid):
+                if b"data_parallel.replica_main" in f.read() and alive(pid):
                     pids.add(pid)
         except OSError:
             pass

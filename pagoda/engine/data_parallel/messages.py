@@ -1,12 +1,12 @@
-"""What crosses a replica's pipe: plain tuples of picklable data, nothing live.
+"""What crosses a replica's pipe: typed dataclasses of picklable data, nothing live.
 
-    server -> replica   ("add", EngineRequest)   ("abort", request_id)   ("stop",)
-    replica -> server   ("ready", ReplicaInfo)   ("failed", message)     ("dead", message)
-                        ("batch", [item, ...]) with items
-                            ("added", request_id)             the engine took it (the ack)
-                            ("out", request_id, RequestOutput)
-                            ("error", request_id, ErrorInfo)  before "added": it was refused
-                            ("snapshot", fields)              snapshot_fields(EngineSnapshot)
+    server -> replica   Add(EngineRequest)   Abort(request_id)   Stop()   (loop_commands.py)
+    replica -> server   Ready(ReplicaInfo)   Failed(message)     Dead(message)
+                        Batch([item, ...]) with items
+                            Added(request_id)                  the engine took it (the ack)
+                            Out(request_id, RequestOutput)
+                            Error(request_id, ErrorInfo)       before Added: it was refused
+                            Snapshot(fields)                   snapshot_fields(EngineSnapshot)
 
 Order: a replica sends a request's items in order; a server-side abort may cross items
 already sent (the server drops items of requests it no longer tracks).
@@ -23,13 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pagoda.engine.loop_commands import Abort, Add, Stop
 from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
+from pagoda.outputs import RequestOutput
 
-ADD, ABORT, STOP = "add", "abort", "stop"
-READY, FAILED, DEAD, BATCH = "ready", "failed", "dead", "batch"
-ADDED, OUT, ERROR, SNAPSHOT = "added", "out", "error", "snapshot"
+__all__ = ["Abort", "Add", "Added", "Batch", "BatchItem", "Dead", "Error", "ErrorInfo", "Failed",
+           "Out", "Ready", "ReplicaInfo", "ReplicaMessage", "ServerMessage", "Snapshot", "Stop",
+           "decode_error", "encode_error", "snapshot_fields"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,73 @@ class ErrorInfo:
     message: str
     param: str | None = None
     code: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The replica's engine is built: it serves from now on."""
+
+    info: ReplicaInfo
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Building the engine failed (the process then exits)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Dead:
+    """The engine loop died of an error (the process then exits 1)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Added:
+    """The engine took the request (add_request's ack)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Out:
+    request_id: str
+    output: RequestOutput
+
+
+@dataclass(frozen=True)
+class Error:
+    """The request failed: refused (before Added), or failed while running."""
+
+    request_id: str
+    error: ErrorInfo
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    fields: dict[str, Any]
+    """snapshot_fields(EngineSnapshot); `EngineSnapshot(**fields)` rebuilds it."""
+
+    def rebuild(self) -> EngineSnapshot:
+        return EngineSnapshot(**self.fields)
+
+
+BatchItem = Added | Out | Error | Snapshot
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Everything a replica produced in one loop iteration, in order."""
+
+    items: list[BatchItem]
+
+
+ServerMessage = Add | Abort | Stop
+"""What the server sends a replica."""
+ReplicaMessage = Ready | Failed | Dead | Batch
+"""What a replica sends the server."""
 
 
 _KINDS = {cls.__name__: cls for cls in (EngineDeadError, EngineStepError, QueueFullError)}

@@ -1,23 +1,22 @@
-"""What runs inside a replica process: an AsyncLLMEngine relaying its streams over the pipe.
+"""What runs inside a replica process: an EngineLoop (engine_loop.py) on the main thread, its
+commands read from the pipe, its events written back onto it.
 
-    reader thread:  conn.recv() --call_soon_threadsafe--> Relay.on_message (event loop)
-    event loop:     ADD   -> a task: add_request, post ADDED, post each output (OUT)
-                    ABORT -> cancel that task (its `finally` aborts the request)
-                    STOP  -> shut the engine down, exit 0
-                    every SNAPSHOT_INTERVAL_S: post the engine's snapshot if it changed
-    posts are batched: everything posted in one loop iteration leaves in one BATCH message,
-    sent from the event loop only (one writer per pipe).
+    reader thread:  conn.recv() -> Add / Abort / Stop -> EngineLoop.put
+    main thread:    the EngineLoop (the engine was built on this thread too: one OpenMP pool)
+                    PipeEvents: everything one loop iteration produced (Added, Out, Error,
+                    Snapshot at most every SNAPSHOT_INTERVAL_S) leaves in one Batch message;
+                    only this thread writes to the pipe.
 
-SIGINT and SIGTERM are ignored (see run_replica). Exit paths: STOP (code 0); the engine loop died (DEAD message, code 1); the server's end of
-the pipe closed (the server is gone: shut down, and a hard exit PARENT_GONE_EXIT_S later if
-that hangs); the server process died (PR_SET_PDEATHSIG: SIGKILL from the kernel).
+SIGINT and SIGTERM are ignored (see run_replica). Exit paths: Stop (code 0); the engine
+loop died (a Dead message, code 1); the server's end of the pipe closed (the server is gone:
+stop, and a hard exit PARENT_GONE_EXIT_S later if that hangs); the server process died
+(PR_SET_PDEATHSIG: SIGKILL from the kernel).
 
 Module imports stay light: the process must set OMP_NUM_THREADS before torch loads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -26,24 +25,30 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
+from pagoda.child_process import connect_to_parent, receive_message, send_message
 from pagoda.engine.data_parallel.messages import (
-    ABORT,
-    ADD,
-    ADDED,
-    BATCH,
-    DEAD,
-    ERROR,
-    FAILED,
-    OUT,
-    READY,
-    SNAPSHOT,
-    STOP,
+    Abort,
+    Add,
+    Added,
+    Batch,
+    BatchItem,
+    Dead,
+    Error,
+    Failed,
+    Out,
+    Ready,
     ReplicaInfo,
+    ReplicaMessage,
+    Snapshot,
+    Stop,
     encode_error,
     snapshot_fields,
 )
 from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
+from pagoda.engine.request_stream import Delivery
+from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -52,8 +57,10 @@ SNAPSHOT_INTERVAL_S = 0.25
 PARENT_GONE_EXIT_S = 10.0
 
 
-def run_replica(spec: ReplicaSpec, conn: Connection) -> None:
-    """The process's entry point (multiprocessing target)."""
+def run_replica(conn: Connection) -> None:
+    """The process's entry point (`python -m pagoda.engine.data_parallel.replica_main FD`,
+    launcher.py): its ReplicaSpec is the first message on its connection."""
+    spec: ReplicaSpec = receive_message(conn)
     die_with_parent(signal.SIGKILL, spec.parent_pid)
     # Ctrl+C, and a service manager's SIGTERM, reach the whole process group: the server
     # drains its requests (which needs its replicas) and then stops them itself.
@@ -71,10 +78,35 @@ def run_replica(spec: ReplicaSpec, conn: Connection) -> None:
 
 
 def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
-    """Build the engine and serve the server's messages until STOP, the engine's death or
+    """Build the engine and serve the server's messages until Stop, the engine's death or
     the server's; returns the exit code. A local replica process's body (run_replica), and
     a Ray actor's (ray_replica.py)."""
-    return asyncio.run(_serve(spec, conn))
+    num_threads = _set_threads()
+    from pagoda.engine.builder import build_engine
+    from pagoda.engine.engine_loop import EngineLoop
+
+    try:
+        engine = build_engine(spec.config)
+    except Exception as e:
+        logger.exception("building the engine failed")
+        send_message(conn, Failed(f"{type(e).__name__}: {e}"))
+        return 1
+    snapshot = engine.snapshot()
+    send_message(conn, Ready(ReplicaInfo(
+        pid=os.getpid(), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
+        eos_token_ids=list(engine.eos_token_ids),
+        max_num_seqs=engine.config.scheduler.max_num_seqs,
+        num_kv_blocks=snapshot.num_kv_blocks, block_size=engine.config.cache.block_size,
+        kv_capacity_tokens=engine.kv_capacity_tokens, model_files=engine.model_files,
+        num_threads=num_threads,
+        tokenizer=engine.tokenizer if spec.send_tokenizer else None,
+    )))
+    events = PipeEvents(conn)
+    engine_loop = events.engine_loop = EngineLoop(engine, events)
+    threading.Thread(target=_read_commands, args=(conn, engine_loop),
+                     name="pagoda-dp-reader", daemon=True).start()
+    engine_loop.run()
+    return 0 if engine_loop.dead_error is None else 1
 
 
 def _set_threads() -> int:
@@ -86,133 +118,79 @@ def _set_threads() -> int:
     return torch.get_num_threads()
 
 
-async def _serve(spec: ReplicaSpec, conn: Connection) -> int:
-    num_threads = _set_threads()
-    from pagoda.engine.async_engine import AsyncLLMEngine
-    from pagoda.engine.builder import build_engine
-
-    try:
-        async_engine = AsyncLLMEngine.build_on_engine_thread(lambda: build_engine(spec.config))
-    except Exception as e:
-        logger.exception("building the engine failed")
-        conn.send((FAILED, f"{type(e).__name__}: {e}"))
-        return 1
-    engine = async_engine.engine
-    snapshot = engine.snapshot()
-    conn.send((READY, ReplicaInfo(
-        pid=os.getpid(), max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
-        eos_token_ids=list(engine.eos_token_ids),
-        max_num_seqs=engine.config.scheduler.max_num_seqs,
-        num_kv_blocks=snapshot.num_kv_blocks, block_size=engine.config.cache.block_size,
-        kv_capacity_tokens=engine.kv_capacity_tokens, model_files=engine.model_files,
-        num_threads=num_threads,
-        tokenizer=async_engine.tokenizer if spec.send_tokenizer else None,
-    )))
-    async_engine.start()
-    relay = Relay(async_engine, conn)
-    threading.Thread(target=_read_commands, args=(conn, asyncio.get_running_loop(), relay),
-                     name="pagoda-dp-reader", daemon=True).start()
-    publisher = asyncio.create_task(relay.publish_snapshots())
-    died = asyncio.create_task(async_engine.wait_dead())
-    stopping = asyncio.create_task(relay.stopping.wait())
-    await asyncio.wait([died, stopping], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if died.done():
-        error = died.result()
-        relay.post_now((DEAD, f"the engine loop died: {type(error).__name__}: {error}"))
-        code = 1
-    for task in (publisher, died, stopping, *relay.tasks.values()):
-        task.cancel()
-    await async_engine.shutdown()
-    relay.flush()
-    return code
-
-
-def _read_commands(conn: Connection, loop: asyncio.AbstractEventLoop, relay: Relay) -> None:
+def _read_commands(conn: Connection, engine_loop) -> None:
     try:
         while True:
-            message = conn.recv()
-            loop.call_soon_threadsafe(relay.on_message, message)
-            if message[0] == STOP:
+            message = receive_message(conn)
+            if not isinstance(message, (Add, Abort, Stop)):
+                logger.error("unknown message %r from the server", message)
+                continue
+            engine_loop.put(message)
+            if isinstance(message, Stop):
                 return
     except (EOFError, OSError):  # the server is gone: nobody to serve
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(relay.stopping.set)
+        engine_loop.put(Stop())
         time.sleep(PARENT_GONE_EXIT_S)
-        os._exit(1)  # the orderly shutdown hung
+        os._exit(1)  # the orderly stop hung
 
 
-class Relay:
-    """The event-loop side: one task per request, outputs batched onto the pipe."""
+class PipeEvents:
+    """The replica's LoopEvents: what one loop iteration produced leaves in one Batch."""
 
-    def __init__(self, engine, conn: Connection) -> None:
-        self.engine = engine
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.tasks: dict[str, asyncio.Task] = {}
-        self.stopping = asyncio.Event()
-        self._outbox: list[tuple] = []
+        self.engine_loop = None
+        """Told to stop when the server's end is gone."""
+        self._outbox: list[BatchItem] = []
+        self._unsent: EngineSnapshot | None = None
+        """The last snapshot published, while not yet sent (throttled)."""
+        self._next_snapshot_at = 0.0
 
-    def on_message(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == ADD:
-            request = message[1]
-            self.tasks[request.request_id] = asyncio.create_task(self._run(request))
-        elif kind == ABORT:
-            task = self.tasks.pop(message[1], None)
-            if task is not None:
-                task.cancel()
-        elif kind == STOP:
-            self.stopping.set()
-        else:
-            logger.error("unknown message %r from the server", kind)
+    def added(self, request_id: str, error: BaseException | None) -> None:
+        self._outbox.append(Added(request_id) if error is None
+                            else Error(request_id, encode_error(error)))
 
-    async def _run(self, request) -> None:
-        request_id = request.request_id
-        try:
-            try:
-                stream = await self.engine.add_request(request)
-            except Exception as e:  # noqa: BLE001 -- the server raises it for the caller
-                self.post((ERROR, request_id, encode_error(e)))
-                return
-            self.post((ADDED, request_id))
-            try:
-                async for output in stream:
-                    self.post((OUT, request_id, output))
-            except Exception as e:  # noqa: BLE001 -- ends the request's stream there
-                self.post((ERROR, request_id, encode_error(e)))
-            finally:
-                if not stream.finished:  # cancelled: the server aborted it
-                    self.engine.abort(request_id)
-        finally:
-            if self.tasks.get(request_id) is asyncio.current_task():
-                del self.tasks[request_id]
+    def deliver(self, items: Delivery) -> None:
+        for request_id, item in items:
+            self._outbox.append(Error(request_id, encode_error(item))
+                                if isinstance(item, BaseException) else Out(request_id, item))
 
-    async def publish_snapshots(self) -> None:
-        last = None
-        while True:
-            snapshot = self.engine.snapshot
-            if snapshot is not last:
-                self.post((SNAPSHOT, snapshot_fields(snapshot)))
-                last = snapshot
-            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
+    def synced(self, token: Any) -> None:
+        pass  # (no Sync crosses the pipe)
 
-    def post(self, item: tuple) -> None:
-        """Queue an item; everything queued in this loop iteration leaves in one message."""
-        self._outbox.append(item)
-        if len(self._outbox) == 1:
-            asyncio.get_running_loop().call_soon(self.flush)
+    def published(self, snapshot: EngineSnapshot) -> None:
+        """The end of a loop iteration: send its items, with the snapshot if one is due."""
+        self._unsent = snapshot
+        now = time.monotonic()
+        if now >= self._next_snapshot_at:
+            self._outbox.append(Snapshot(snapshot_fields(snapshot)))
+            self._unsent = None
+            self._next_snapshot_at = now + SNAPSHOT_INTERVAL_S
+        self._flush()
 
-    def post_now(self, message: tuple) -> None:
-        self.flush()
-        self._send(message)
+    def idle_timeout(self) -> float | None:
+        """Wake an idle loop when its last snapshot is due to be sent."""
+        if self._unsent is None:
+            return None
+        return max(self._next_snapshot_at - time.monotonic(), 0.0)
 
-    def flush(self) -> None:
+    def ended(self, dead_error: BaseException | None) -> None:
+        self._flush()
+        if dead_error is not None:
+            self._send(Dead(f"the engine loop died: {type(dead_error).__name__}: {dead_error}"))
+
+    def _flush(self) -> None:
         items, self._outbox = self._outbox, []
         if items:
-            self._send((BATCH, items))
+            self._send(Batch(items))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ReplicaMessage) -> None:
         try:
-            self.conn.send(message)
+            send_message(self.conn, message)
         except OSError:  # the server is gone (BrokenPipeError among them)
-            self.stopping.set()
+            if self.engine_loop is not None:
+                self.engine_loop.put(Stop())
+
+
+if __name__ == "__main__":
+    run_replica(connect_to_parent())

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from pagoda.child_process import receive_message, send_message
 from pagoda.engine.data_parallel.launcher import ReplicaHandle
-from pagoda.engine.data_parallel.messages import ReplicaInfo
+from pagoda.engine.data_parallel.messages import ReplicaInfo, ReplicaMessage, ServerMessage
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
 from pagoda.engine.snapshot import EngineSnapshot
 
@@ -66,13 +67,13 @@ class ReplicaSlot:
         self.retired = merge_snapshots([self.retired, counters_only(self.snapshot)])
         self.snapshot = EngineSnapshot()
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: ServerMessage) -> bool:
         """Send to the current process; False if it is gone (its loss is then on the way
         through the reader thread)."""
         if self.handle is None:
             return False
         try:
-            self.handle.connection.send(message)
+            send_message(self.handle.connection, message)
             return True
         except OSError:
             return False
@@ -84,7 +85,7 @@ class ReplicaSlot:
 
 def read_replica(
     handle: ReplicaHandle, incarnation: int,
-    post: Callable[[int, tuple | None, int | None], None],
+    post: Callable[[int, ReplicaMessage | None, int | None], None],
 ) -> None:
     """Thread body: post(incarnation, message, None) per message, then, once the process is
     gone (EOF, or its sentinel), post(incarnation, None, exitcode) exactly once."""
@@ -94,7 +95,7 @@ def read_replica(
         while True:
             ready = wait(waitables)
             if conn in ready:
-                post(incarnation, conn.recv(), None)
+                post(incarnation, receive_message(conn), None)
             else:  # only the sentinel: gone without closing the pipe (a child holds it)
                 break
     except (EOFError, OSError):

@@ -28,15 +28,24 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Protocol
 
+from pagoda.child_process import receive_message, threads_per_process
 from pagoda.config import EngineConfig
 from pagoda.engine.data_parallel.launcher import (
     ReplicaHandle,
     ReplicaSpec,
     describe_exit,
     launch_replica,
-    threads_per_replica,
 )
-from pagoda.engine.data_parallel.messages import BATCH, DEAD, FAILED, READY, STOP, ReplicaInfo
+from pagoda.engine.data_parallel.messages import (
+    Batch,
+    BatchItem,
+    Dead,
+    Failed,
+    Ready,
+    ReplicaInfo,
+    ReplicaMessage,
+    Stop,
+)
 from pagoda.engine.data_parallel.replica_slot import (
     FAILED as SLOT_FAILED,
 )
@@ -62,7 +71,7 @@ Launcher = Callable[[ReplicaSpec, str], ReplicaHandle]
 class ReplicaEvents(Protocol):
     """What the engine does about a replica (all called on the event loop)."""
 
-    def on_batch(self, slot: ReplicaSlot, items: list[tuple]) -> None: ...
+    def on_batch(self, slot: ReplicaSlot, items: list[BatchItem]) -> None: ...
 
     def on_ready(self, slot: ReplicaSlot) -> None: ...
 
@@ -80,7 +89,7 @@ class ReplicaSupervisor:
         self.backend = parallel.distributed_executor_backend
         self.replica_config = dataclasses.replace(
             config, parallel=dataclasses.replace(parallel, data_parallel_size=1))
-        self.num_threads = threads_per_replica(parallel.data_parallel_size)
+        self.num_threads = threads_per_process(parallel.data_parallel_size)
         self.slots = [ReplicaSlot(i) for i in range(parallel.data_parallel_size)]
         self._launcher = launcher
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,13 +130,14 @@ class ReplicaSupervisor:
             message = None
             if conn in ready:
                 try:
-                    message = conn.recv()
+                    message = receive_message(conn)
                 except EOFError:
                     pass
-            if message is not None and message[0] == READY:
-                return message[1]
-            if message is not None and message[0] == FAILED:
-                raise ValueError(f"engine replica {slot.index} failed to start: {message[1]}")
+            if isinstance(message, Ready):
+                return message.info
+            failure = message.message if isinstance(message, Failed) else None
+            if failure is not None:
+                raise ValueError(f"engine replica {slot.index} failed to start: {failure}")
             if message is None:
                 handle.join(5.0)
                 raise ValueError(f"engine replica {slot.index} died while starting "
@@ -144,7 +154,7 @@ class ReplicaSupervisor:
     def _start_reader(self, slot: ReplicaSlot) -> None:
         index = slot.index
 
-        def post(incarnation: int, message: tuple | None, exitcode: int | None) -> None:
+        def post(incarnation: int, message: ReplicaMessage | None, exitcode: int | None) -> None:
             try:
                 self._loop.call_soon_threadsafe(self._on_event, index, incarnation, message,
                                                 exitcode)
@@ -154,25 +164,25 @@ class ReplicaSupervisor:
         threading.Thread(target=read_replica, args=(slot.handle, slot.incarnation, post),
                          name=f"pagoda-dp-reader-{index}", daemon=True).start()
 
-    def _on_event(self, index: int, incarnation: int, message: tuple | None,
+    def _on_event(self, index: int, incarnation: int, message: ReplicaMessage | None,
                   exitcode: int | None) -> None:
         slot = self.slots[index]
         if incarnation != slot.incarnation:
             return  # from a process that was replaced
         if message is None:
             self._on_lost(slot, exitcode)
-        elif message[0] == BATCH:
-            self._events.on_batch(slot, message[1])
-        elif message[0] == READY:
-            slot.info = message[1]
+        elif isinstance(message, Batch):
+            self._events.on_batch(slot, message.items)
+        elif isinstance(message, Ready):
+            slot.info = message.info
             slot.state = HEALTHY
             slot.num_start_failures = 0
             slot.last_error = None
             logger.info("engine replica %d is back (pid %d)", index, slot.info.pid)
             self._events.on_ready(slot)
-        elif message[0] in (FAILED, DEAD):
-            slot.last_error = message[1]
-            logger.error("engine replica %d: %s", index, message[1])
+        elif isinstance(message, (Failed, Dead)):
+            slot.last_error = message.message
+            logger.error("engine replica %d: %s", index, message.message)
 
     def _on_lost(self, slot: ReplicaSlot, exitcode: int | None) -> None:
         slot.handle = None
@@ -220,7 +230,7 @@ class ReplicaSupervisor:
         for slot in self.slots:
             if slot.state == STARTING and slot.handle is not None:
                 slot.handle.kill()  # still loading: it would read STOP only once built
-            slot.send((STOP,))
+            slot.send(Stop())
             slot.state = STOPPED
         await asyncio.get_running_loop().run_in_executor(None, self._join_all, timeout)
         atexit.unregister(self.kill_all)

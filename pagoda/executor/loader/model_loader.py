@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from pagoda.child_process import threads_per_process
 from pagoda.executor.kernels.build import load_cpu_kernels
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.layers.quantization import (
@@ -54,7 +55,7 @@ def set_cpu_threads(num_ranks: int = 1) -> int:
     ranks of a tensor-parallel group on one machine), set once per engine; OMP_NUM_THREADS,
     when set, wins. Returns the number in use."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // num_ranks))
+        torch.set_num_threads(threads_per_process(num_ranks))
     return torch.get_num_threads()
 
 

@@ -1,6 +1,6 @@
-"""Tensor-parallel workers as local processes (the "mp" backend, the default): N processes
-`python -m pagoda.executor.parallel.worker_process` (no re-import of the user's script), each
-on a socket pair with the engine and with cpus / N threads. They die with the engine's
+"""Tensor-parallel workers as local processes (the "mp" backend, the default): N child
+processes (pagoda/child_process.py) `python -m pagoda.executor.parallel.worker_process`,
+each on a socket pair with the engine and with cpus / N threads. They die with the engine's
 process (PR_SET_PDEATHSIG, and the end of their socket)."""
 
 from __future__ import annotations
@@ -8,15 +8,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
-import pickle
 import socket
-import subprocess
-import sys
 import time
 import weakref
 from multiprocessing.connection import Connection
 
+from pagoda.child_process import (
+    ChildProcess,
+    receive_message,
+    send_message,
+    start_child_process,
+    threads_per_process,
+)
 from pagoda.config import EngineConfig
 from pagoda.errors import EngineFatalError
 
@@ -33,21 +36,15 @@ def start_local_workers(config: EngineConfig) -> tuple[LocalWorkers, list]:
     with the worker's message if one fails to start."""
     world_size = config.parallel.tensor_parallel_size
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    threads = max(1, len(os.sched_getaffinity(0)) // world_size)
-    environment = {"OMP_NUM_THREADS": str(threads), **os.environ}  # (a user's setting wins)
+    threads = threads_per_process(world_size)
     processes, connections = [], []
     for rank in range(world_size):
-        parent_end, child_end = socket.socketpair()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pagoda.executor.parallel.worker_process",
-             str(child_end.fileno())],
-            pass_fds=[child_end.fileno()], env=environment)
-        child_end.close()
-        connection = Connection(parent_end.detach())
-        send(connection, (config, rank, world_size, init_method,
-                          logging.getLogger().getEffectiveLevel()))
+        process = start_child_process("pagoda.executor.parallel.worker_process",
+                                      {"OMP_NUM_THREADS": str(threads)})
+        send_message(process.connection, (config, rank, world_size, init_method,
+                                          logging.getLogger().getEffectiveLevel()))
         processes.append(process)
-        connections.append(connection)
+        connections.append(process.connection)
     workers = LocalWorkers(processes, connections)
     try:
         built = workers.wait_all(timeout=START_TIMEOUT)
@@ -61,7 +58,7 @@ def start_local_workers(config: EngineConfig) -> tuple[LocalWorkers, list]:
 class LocalWorkers:
     """The worker processes and their sockets (a WorkerGroup, tp_runner.py)."""
 
-    def __init__(self, processes: list[subprocess.Popen], connections: list[Connection]) -> None:
+    def __init__(self, processes: list[ChildProcess], connections: list[Connection]) -> None:
         self.processes, self.connections = processes, connections
         self._finalizer = weakref.finalize(self, _stop_workers, processes, connections)
         atexit.register(self._finalizer)
@@ -69,7 +66,7 @@ class LocalWorkers:
     def call_all(self, method: str, args: tuple) -> list:
         for rank, connection in enumerate(self.connections):
             try:
-                send(connection, (method, args))
+                send_message(connection, (method, args))
             except OSError:
                 raise EngineFatalError(f"tensor-parallel rank {rank} is gone") from None
         return self.wait_all()
@@ -83,14 +80,14 @@ class LocalWorkers:
         replies = []
         for rank, (process, connection) in enumerate(zip(self.processes, self.connections)):
             while not connection.poll(POLL_INTERVAL):
-                if process.poll() is not None:
+                if process.exitcode is not None:
                     raise EngineFatalError(f"tensor-parallel rank {rank} exited "
-                                           f"(exit code {process.returncode})")
+                                           f"(exit code {process.exitcode})")
                 if deadline is not None and time.monotonic() > deadline:
                     raise EngineFatalError(
                         f"tensor-parallel rank {rank} did not answer in {timeout:.0f} s")
             try:
-                status, value = receive(connection)
+                status, value = receive_message(connection)
             except (EOFError, OSError):
                 raise EngineFatalError(
                     f"tensor-parallel rank {rank} closed its socket (it died)") from None
@@ -100,29 +97,17 @@ class LocalWorkers:
         return replies
 
 
-def _stop_workers(processes: list, connections: list[Connection]) -> None:
+def _stop_workers(processes: list[ChildProcess], connections: list[Connection]) -> None:
     for connection in connections:
         with contextlib.suppress(OSError, ValueError):
-            send(connection, None)
+            send_message(connection, None)
     for process in processes:
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        process.join(10)
+        if process.is_alive():
             process.kill()
-            process.wait(timeout=5)
+            process.join(5)
     for connection in connections:
         connection.close()
-
-
-def send(connection: Connection, message: object) -> None:
-    """Plain pickle over the socket: tensors travel as bytes (multiprocessing's pickler
-    would pass their storage as file descriptors, through a channel these processes,
-    not started by multiprocessing, cannot open)."""
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def receive(connection: Connection) -> object:
-    return pickle.loads(connection.recv_bytes())
 
 
 def _free_port() -> int:

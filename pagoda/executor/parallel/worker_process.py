@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 from multiprocessing.connection import Connection
 
-from pagoda.executor.parallel.mp_workers import receive, send
+from pagoda.child_process import connect_to_parent
+from pagoda.child_process import receive_message as receive
+from pagoda.child_process import send_message as send
 from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -48,4 +49,4 @@ def worker_main(connection: Connection) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(Connection(int(sys.argv[1])))
+    worker_main(connect_to_parent())

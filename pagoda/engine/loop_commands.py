@@ -1,0 +1,37 @@
+"""What an engine loop is told (engine_loop.py): plain, picklable data, so the same commands
+reach a loop on a thread of this process (thread_core.py) or in a replica process over its
+pipe (data_parallel/messages.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.engine.input_processor import EngineRequest
+
+
+@dataclass(frozen=True)
+class Add:
+    """Add a validated request; the loop answers `added(request_id, error)`."""
+
+    request: EngineRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Abort a request (a no-op for ids the engine does not hold)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the loop: what is still running is aborted, the engine shut down."""
+
+
+@dataclass(frozen=True)
+class Sync:
+    """Answered (`synced(token)`) once every command before it is handled and the snapshot
+    after them published. In-process only: `token` is whatever the caller waits on."""
+
+    token: Any
