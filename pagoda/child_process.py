@@ -79,14 +79,21 @@ class ChildProcess:
             self.process.wait(timeout)
 
 
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The folder holding this `pagoda` package (this file is pagoda/child_process.py)."""
+
+
 def start_child_process(module: str, environment: dict[str, str] | None = None) -> ChildProcess:
     """`python -m module FD` with `environment` added to ours (ours wins: a user's setting
-    such as OMP_NUM_THREADS is kept); returns at once."""
+    such as OMP_NUM_THREADS is kept); returns at once. The child imports the same `pagoda`
+    as this process, whatever the working directory: its folder leads the child's path."""
     parent_end, child_end = socket.socketpair()
+    env = {**(environment or {}), **os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
     with child_end:
         process = subprocess.Popen(
             [sys.executable, "-m", module, str(child_end.fileno())],
-            pass_fds=[child_end.fileno()], env={**(environment or {}), **os.environ})
+            pass_fds=[child_end.fileno()], env=env)
     # (the child's end is closed here: else the parent would never read EOF when it dies)
     return ChildProcess(process, Connection(parent_end.detach()))
 

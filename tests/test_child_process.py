@@ -9,6 +9,7 @@ import signal
 from multiprocessing import Pipe
 from multiprocessing.connection import wait
 
+import pagoda
 from pagoda.child_process import (
     receive_message,
     send_message,
@@ -47,3 +48,23 @@ def test_a_child_is_watched_and_killed() -> None:
     finally:
         child.kill()
         child.join(5)
+
+
+def test_a_child_imports_this_pagoda_from_any_working_directory(tmp_path, monkeypatch) -> None:
+    """From a folder with no `pagoda` in it, the child still finds this process's package
+    (a replica started by `pagoda serve` run elsewhere loads the same code as its server)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "probe.py").write_text(
+        "import os, pagoda\n"
+        "from pagoda.child_process import connect_to_parent, send_message\n"
+        "send_message(connect_to_parent(), (pagoda.__file__, os.environ['PYTHONPATH']))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # only to find probe.py itself
+    child = start_child_process("probe")
+    try:
+        child_pagoda, child_path = receive_message(child.connection)
+        assert child_pagoda == pagoda.__file__
+        # (an installed pagoda would be found anyway: the path is what makes it this one)
+        package_parent = os.path.dirname(os.path.dirname(pagoda.__file__))
+        assert child_path.split(os.pathsep) == [package_parent, str(tmp_path)]
+    finally:
+        child.join(10)
