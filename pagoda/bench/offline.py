@@ -150,8 +150,31 @@ def run_latency(
     return summary, iterations
 
 
+def weight_traffic(llm, decode_tokens_per_s: float | None) -> dict | None:
+    """The decode step's weight traffic beside this machine's read bandwidth
+    (pagoda/bench/weight_traffic.py); None where the model is not in this process (tensor
+    parallelism runs it in workers)."""
+    from torch import nn
+
+    from pagoda.bench.weight_traffic import decode_weight_bytes, read_bandwidth
+
+    model = getattr(llm.engine.runner, "model", None)
+    if not isinstance(model, nn.Module) or not decode_tokens_per_s:
+        return None
+    weight_bytes = decode_weight_bytes(model)
+    achieved, bandwidth = weight_bytes * decode_tokens_per_s, read_bandwidth()
+    return {"weight_bytes_per_token": weight_bytes, "weight_read_bytes_per_s": achieved,
+            "memory_read_bytes_per_s": bandwidth, "fraction_of_read_bandwidth": achieved / bandwidth}
+
+
 def format_latency(summary: dict, input_len: int, output_len: int) -> str:
     ttft, decode, e2e = summary["ttft_s"], summary["decode_tokens_per_s"], summary["e2el_s"]
+    traffic = summary.get("weight_traffic")
+    memory_line = [] if traffic is None else [
+        (f"  weights read:        {traffic['weight_bytes_per_token'] / 1e9:.3f} GB per token x "
+         f"median decode = {traffic['weight_read_bytes_per_s'] / 1e9:.1f} GB/s, "
+         f"{traffic['fraction_of_read_bandwidth']:.0%} of this machine's measured read "
+         f"bandwidth ({traffic['memory_read_bytes_per_s'] / 1e9:.1f} GB/s)")]
     return "\n".join([
         (f"Latency: {summary['num_iters']} single requests of {input_len} prompt + "
          f"{output_len} output tokens"),
@@ -161,4 +184,5 @@ def format_latency(summary: dict, input_len: int, output_len: int) -> str:
          "prompt tokens/s)"),
         f"  decode tokens/s:     mean {decode['mean']:.1f}, median {decode['median']:.1f}",
         f"  end-to-end ms:       mean {e2e['mean'] * 1000:.1f}, median {e2e['median'] * 1000:.1f}",
+        *memory_line,
     ])

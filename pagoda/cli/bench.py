@@ -101,6 +101,7 @@ def run_latency(args: argparse.Namespace) -> int:
     llm = _offline_llm(args)
     summary, iterations = offline.run_latency(llm, args.input_len, args.output_len,
                                               args.num_iters, args.num_warmup_iters, args.seed)
+    summary["weight_traffic"] = offline.weight_traffic(llm, summary["decode_tokens_per_s"]["median"])
     print(offline.format_latency(summary, args.input_len, args.output_len))
     if args.output:
         config = {k: v for k, v in vars(args).items()

@@ -1,0 +1,76 @@
+"""How close single-stream decoding comes to the memory bound: the weight bytes one decode step
+reads, and this machine's memory read bandwidth, measured by the same command.
+
+At one stream a decode step reads every weight once (a matrix-vector product per layer), so
+weight bytes x decode tokens/s is the weight traffic, and its share of the measured read
+bandwidth says how much faster decoding could still get. Lookup tables are not counted: the
+input embedding and the rotary caches give one row per token (unless the embedding is also
+the output head, which reads all of it); nor is the KV cache (small at short contexts).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+READ_TEST_BYTES = 512 * 2**20
+"""The read test's buffer: far larger than any CPU's last-level cache."""
+
+
+def _tensors(module: nn.Module):
+    """The module's own weights: parameters, persistent buffers, and the planes of packed
+    weights it holds (alone or in a list)."""
+    for name, buffer in module._buffers.items():
+        if buffer is not None and name not in module._non_persistent_buffers_set:
+            yield buffer
+    for parameter in module._parameters.values():
+        if parameter is not None:
+            yield parameter
+    for value in vars(module).values():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            planes = getattr(item, "planes", None)
+            if isinstance(planes, dict):
+                yield from planes.values()
+
+
+def _is_lookup_table(module: nn.Module) -> bool:
+    return hasattr(module, "num_embeddings")  # nn.Embedding, packed and vocab-parallel ones
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one single-stream decode step reads (see the module text)."""
+    seen: set[int] = set()
+    total = 0
+
+    def count(tensor: torch.Tensor) -> None:
+        nonlocal total
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+
+    for module in model.modules():
+        if not _is_lookup_table(module):
+            for tensor in _tensors(module):
+                count(tensor)
+    if getattr(model, "lm_head", None) is None and getattr(model, "quantized_head", None) is None:
+        # a tied float head: x @ embedding^T reads the whole (first, the input) table
+        embedding = next(m for m in model.modules() if _is_lookup_table(m))
+        for tensor in _tensors(embedding):
+            count(tensor)
+    return total
+
+
+def read_bandwidth(repeats: int = 5) -> float:
+    """Bytes per second this process reads from memory: the best of `repeats` sums over a
+    READ_TEST_BYTES float32 buffer, on torch's threads (the ones decoding runs on)."""
+    buffer = torch.ones(READ_TEST_BYTES // 4, dtype=torch.float32)
+    buffer.sum()  # pages touched, threads started
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return READ_TEST_BYTES / best
