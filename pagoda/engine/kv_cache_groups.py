@@ -241,7 +241,9 @@ class KVCacheManager:
         """Forget every cached hash; only possible while no request holds blocks."""
         if self.num_free_blocks != self.num_blocks:
             return False
-        return all([group.reset_prefix_cache() for group in self.groups])
+        for group in self.groups:
+            group.reset_prefix_cache()  # (succeeds: every block of every group is free)
+        return True
 
     # ---- allocation ------------------------------------------------------------------------
 
@@ -255,11 +257,18 @@ class KVCacheManager:
         for group in self.sliding_groups:
             group.remove_skipped_blocks(request)
         hits = computed_blocks or self.no_hits
-        for group, group_hits in zip(self.groups, hits):
-            if not group.can_allocate_slots(request, num_new_tokens, group_hits):
-                return None  # all groups get their blocks, or none does
-        return tuple([group.allocate_slots(request, num_new_tokens, group_hits)
-                      for group, group_hits in zip(self.groups, hits)])
+        groups, last = self.groups, len(self.groups) - 1
+        # All groups get their blocks, or none does: the others are checked first; the last
+        # one's allocate_slots checks itself and changes nothing when it lacks blocks (so a
+        # step of a one-group model checks its pool once, as the pool alone would).
+        for i in range(last):
+            if not groups[i].can_allocate_slots(request, num_new_tokens, hits[i]):
+                return None
+        last_new_ids = groups[last].allocate_slots(request, num_new_tokens, hits[last])
+        if last_new_ids is None:
+            return None
+        return (*[groups[i].allocate_slots(request, num_new_tokens, hits[i])
+                  for i in range(last)], last_new_ids)
 
     def free(self, request: Request) -> None:
         for group in self.groups:
