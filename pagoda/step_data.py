@@ -47,10 +47,10 @@ class NewRequestData:
     """Prompt, then the output so far (non-empty for a request resumed after preemption)."""
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int] | tuple[list[int], ...]
-    """The whole block table as of this step: a list (one KV-cache group, every model
-    without sliding-window layers), or a tuple with one list per group (runner's order,
-    pagoda/engine/kv_cache_groups.py), all of the same length."""
+    block_ids: tuple[list[int], ...]
+    """The whole block table as of this step: one list per KV-cache group (runner's order,
+    pagoda/engine/kv_cache_groups.py; a 1-tuple for a model without sliding-window layers),
+    all of the same length."""
     num_computed_tokens: int
     """Tokens whose KV is already in the cache (prefix-cache hits) before this step."""
 
@@ -63,9 +63,9 @@ class SchedulerOutput:
     """Every request that runs this step, in batch order (new ones included)."""
     num_scheduled_tokens: list[int] = field(default_factory=list)
     """Tokens each request computes this step, aligned with request_ids."""
-    new_block_ids: dict[str, list[int] | tuple[list[int], ...]] = field(default_factory=dict)
-    """Blocks allocated this step to requests the runner already holds (a tuple of one list
-    per KV-cache group as in NewRequestData.block_ids). Windowed blocks freed because they
+    new_block_ids: dict[str, tuple[list[int], ...]] = field(default_factory=dict)
+    """Blocks allocated this step to requests the runner already holds (one list per
+    KV-cache group, as in NewRequestData.block_ids; absent: none in any group). Windowed blocks freed because they
     fell out of the window are not announced: the runner's table keeps their stale ids,
     which attention never reads unmasked."""
     preempted_request_ids: list[str] = field(default_factory=list)

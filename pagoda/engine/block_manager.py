@@ -1,5 +1,8 @@
 """Paged KV-cache allocation with automatic prefix caching. Pure Python: no torch here.
 
+One full-attention KV-cache group's pool; the scheduler talks to the KVCacheManager over
+every group's pool (kv_cache_groups.py), which for most models is a list of one of these.
+
 Blocks
     The cache holds `num_blocks` blocks of `block_size` token slots. Each block has a
     reference count (how many running requests use it) and, once full, a content hash.
@@ -78,6 +81,11 @@ class BlockManager:
     def usage(self) -> float:
         """Fraction of blocks held by running requests (free cached blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix: a walk of the free list."""
+        return sum(block.block_hash is not None for block in self.free_blocks.values())
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.request_blocks.get(request_id, [])]

@@ -53,10 +53,9 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     vocab_size = int(hf_config.vocab_size)
     grammar_compiler = GrammarCompiler(tokenizer, vocab_size, eos_ids)
     grammar_compiler.warm_up()
-    num_blocks = built.num_blocks
     return LLMEngine(
         config, runner, tokenizer, eos_ids, max_model_len=built.max_model_len,
-        num_blocks=num_blocks[0] if len(num_blocks) == 1 else num_blocks,
+        num_blocks=built.num_blocks,
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
         grammar_compiler=grammar_compiler, kv_cache_windows=built.kv_cache_windows,
     )

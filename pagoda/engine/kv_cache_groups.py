@@ -1,17 +1,19 @@
-"""KV-cache groups for models with sliding-window layers. Pure Python: no torch here.
+"""KV-cache groups: the block manager the scheduler talks to, over one block pool per group.
+Pure Python: no torch here.
 
-A model whose layers all attend to the whole sequence has one group and uses the plain
-BlockManager (block_manager.py), prefix caching and all; nothing here is involved. A model
-with sliding-window layers (Gemma 2/3 interleave them with global layers; Mistral, Qwen2/3 or
-Mixtral may slide on every layer) splits its layers into up to two groups, each with a
-block pool of its own (own block ids, own KV tensors in the executor):
+Every model's layers fall into KV-cache groups, each with a block pool of its own (own block
+ids, own KV tensors in the executor). A model whose layers all attend to the whole sequence
+has one group: a list of one full-attention BlockManager (block_manager.py), prefix caching
+and all. A model with sliding-window layers (Gemma 2/3 interleave them with global layers;
+Mistral, Qwen2/3 or Mixtral may slide on every layer) has up to two:
 
     group 0  full attention     BlockManager (no prefix caching), grows with the sequence
     group 1  sliding window W   SlidingWindowBlockManager: only the blocks the window reaches
 
-(a model whose every layer slides has the sliding group alone). Both groups index a
+(a model whose every layer slides has the sliding group alone). All groups index a
 request's blocks by position the same way, block i = positions [i*bs, (i+1)*bs), so a
-request's tables have equal lengths in every group.
+request's tables have equal lengths in every group, and block ids always travel as a tuple
+with one list per group.
 
 Freeing out-of-window blocks. Before a request's next tokens are scheduled, its earliest new
 token sits at position p0 = num_computed_tokens and attends keys j with p0 - j < W, i.e.
@@ -27,11 +29,11 @@ The runner's table keeps the freed block's old id there (or NULL_BLOCK_ID for a 
 after the freeing): attention masks every key outside the window, so whatever another
 request has since written there is never used (cache values are always finite).
 
-Prefix caching is off for such models (noted in the log): a cache hit would need the
-windowed group's last window of blocks as well, which this manager does not keep.
+Prefix caching is off for models with a sliding group (noted in the log): a cache hit would
+need the windowed group's last window of blocks as well, which this manager does not keep.
 
 One scheduling rule still: the scheduler asks `allocate_slots(request, n)`, and the
-HybridBlockManager answers for all groups at once (all get their blocks, or none does).
+KVCacheManager answers for all groups at once (all get their blocks, or none does).
 """
 
 from __future__ import annotations
@@ -103,11 +105,17 @@ class SlidingWindowBlockManager:
         return max(cdiv(total_tokens, self.block_size)
                    - len(self.request_blocks.get(request.request_id, [])), 0)
 
-    def can_allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+    def can_allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: tuple = (),
+    ) -> bool:
+        assert not computed_blocks, "no prefix caching in a windowed pool"
         return self._num_new_blocks(request, num_new_tokens) <= self.num_free_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Blocks for `num_new_tokens` more tokens; None, changing nothing, if too few are free."""
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: tuple = (),
+    ) -> list[int] | None:
+        """Blocks for `num_new_tokens` more tokens; None, changing nothing, if too few are free.
+        (`computed_blocks`: always empty, a windowed pool has no prefix caching.)"""
         num_new_blocks = self._num_new_blocks(request, num_new_tokens)
         if num_new_blocks > self.num_free_blocks:
             return None
@@ -133,22 +141,55 @@ class SlidingWindowBlockManager:
                 self.free_block_ids.appendleft(block_id)
 
 
-class HybridBlockManager:
-    """The block manager of a model with sliding-window layers: one pool per KV-cache group
-    (a full-attention BlockManager without prefix caching, and/or a SlidingWindowBlockManager),
-    answering the scheduler's questions for all of them. Same interface as BlockManager where
-    the scheduler and the engine use it; block ids come as a tuple with one list per group."""
 
-    def __init__(self, num_blocks: list[int], block_size: int, windows: list[int | None]):
-        assert len(num_blocks) == len(windows) and any(w is not None for w in windows), windows
+    def cache_computed_blocks(self, request: Request) -> None:
+        """No prefix caching in a windowed pool."""
+
+    def reset_prefix_cache(self) -> bool:
+        return self.num_free_blocks == self.num_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return 0  # no prefix caching: free blocks hold nothing worth finding
+
+
+GroupPool = BlockManager | SlidingWindowBlockManager
+
+
+class KVCacheManager:
+    """The block manager the scheduler and the engine talk to: one pool per KV-cache group,
+    in the runner's group order (a full-attention BlockManager, or a SlidingWindowBlockManager
+    per window), answering for all of them at once. A model without sliding-window layers
+    has a list of one pool; nothing here treats it differently.
+
+    Block ids always come as a tuple with one list per group, all lists of equal length:
+
+        block_ids(r)        ([b0, b1, b2],  [b5, b9, b4])    group 0 full, group 1 windowed
+        allocate_slots(r)   ([b3],          [b6])            this step's new blocks
+    """
+
+    def __init__(
+        self, num_blocks: list[int], block_size: int, windows: list[int | None],
+        enable_prefix_caching: bool = True,
+    ):
+        assert len(num_blocks) == len(windows) >= 1, (num_blocks, windows)
         self.block_size = block_size
         self.windows = list(windows)
-        self.groups: list[BlockManager | SlidingWindowBlockManager] = [
-            BlockManager(n, block_size, enable_prefix_caching=False) if window is None
+        sliding = any(window is not None for window in windows)
+        if enable_prefix_caching and sliding:
+            logger.info("prefix caching is off: the model has sliding-window layers, whose KV "
+                        "blocks out of the window are freed")
+        self.enable_prefix_caching = enable_prefix_caching and not sliding
+        self.groups: list[GroupPool] = [
+            BlockManager(n, block_size, self.enable_prefix_caching) if window is None
             else SlidingWindowBlockManager(n, block_size, window)
             for n, window in zip(num_blocks, windows)
         ]
-        self.enable_prefix_caching = False
+        self.sliding_groups = [g for g in self.groups if isinstance(g, SlidingWindowBlockManager)]
+        """The pools whose out-of-window blocks are freed before each allocation."""
+        self.no_hits: tuple[tuple, ...] = tuple(() for _ in self.groups)
+        """computed_blocks of a request without prefix-cache hits (nothing is appended)."""
+        # Counters for metrics: prompt tokens looked up in / served from the prefix cache.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -163,61 +204,78 @@ class HybridBlockManager:
         return sum(group.num_free_blocks for group in self.groups)
 
     @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix (a walk of the free lists)."""
+        return sum(group.num_cached_free_blocks for group in self.groups)
+
+    @property
     def usage(self) -> float:
-        """Fraction of all groups' blocks held by requests."""
+        """Fraction of all groups' blocks held by requests (free cached blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's whole table, one fresh list per group."""
         return tuple(group.block_ids(request_id) for group in self.groups)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list, int]:
-        return [], 0  # no prefix caching (see the module docstring)
+    # ---- prefix cache ----------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[tuple[list, ...], int]:
+        """Longest cached prefix of a request about to be admitted, in every group:
+        (one list of hit blocks per group, num tokens); ((), 0) without prefix caching.
+        Does not take the blocks; `allocate_slots` does. The last token is never a hit."""
+        if not self.enable_prefix_caching:
+            return (), 0
+        per_group = [group.get_computed_blocks(request) for group in self.groups]
+        num_hit_blocks = min(num_tokens for _, num_tokens in per_group) // self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit_blocks * self.block_size
+        return (tuple(hits[:num_hit_blocks] for hits, _ in per_group),
+                num_hit_blocks * self.block_size)
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's full, computed blocks (see BlockManager's)."""
+        for group in self.groups:
+            group.cache_computed_blocks(request)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible while no request holds blocks."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for group in self.groups:
+            group.reset_prefix_cache()  # (succeeds: every block of every group is free)
+        return True
 
     # ---- allocation ------------------------------------------------------------------------
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed_blocks: list | None = None,
+        self, request: Request, num_new_tokens: int, computed_blocks: tuple[list, ...] = (),
     ) -> tuple[list[int], ...] | None:
         """Room for `num_new_tokens` more tokens in every group, after freeing the windowed
-        blocks the request no longer needs. None, allocating nothing, if a group lacks
-        blocks. Else one list of new block ids per group, or () when no group got any (so
-        that the scheduler's `if new_block_ids:` skips it, as a single group's [] would)."""
-        assert not computed_blocks, "no prefix caching with sliding-window groups"
-        for group in self.groups:
-            if isinstance(group, SlidingWindowBlockManager):
-                group.remove_skipped_blocks(request)
-        if not all(group.can_allocate_slots(request, num_new_tokens) for group in self.groups):
+        blocks the request no longer needs. `computed_blocks`: get_computed_blocks's hits
+        (a request being admitted; () for none). None, allocating nothing, if a group lacks
+        blocks; else one list of new block ids per group (empty lists where none was new)."""
+        for group in self.sliding_groups:
+            group.remove_skipped_blocks(request)
+        hits = computed_blocks or self.no_hits
+        groups, last = self.groups, len(self.groups) - 1
+        # All groups get their blocks, or none does: the others are checked first; the last
+        # one's allocate_slots checks itself and changes nothing when it lacks blocks (so a
+        # step of a one-group model checks its pool once, as the pool alone would).
+        for i in range(last):
+            if not groups[i].can_allocate_slots(request, num_new_tokens, hits[i]):
+                return None
+        last_new_ids = groups[last].allocate_slots(request, num_new_tokens, hits[last])
+        if last_new_ids is None:
             return None
-        new_block_ids = tuple(group.allocate_slots(request, num_new_tokens)
-                              for group in self.groups)
-        return new_block_ids if any(new_block_ids) else ()
+        return (*[groups[i].allocate_slots(request, num_new_tokens, hits[i])
+                  for i in range(last)], last_new_ids)
 
     def free(self, request: Request) -> None:
         for group in self.groups:
             group.free(request)
 
-    def cache_computed_blocks(self, request: Request) -> None:
-        """No prefix caching here."""
-
     def rollback_slots(self, request: Request) -> None:
+        """Free the blocks past request.num_computed_tokens in every group (speculative
+        decoding's rejected proposals)."""
         for group in self.groups:
             group.rollback_slots(request)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.num_free_blocks == self.num_blocks
-
-
-def make_block_manager(
-    num_blocks: int | list[int], block_size: int, enable_prefix_caching: bool,
-    kv_cache_windows: list[int | None] | None,
-) -> BlockManager | HybridBlockManager:
-    """The plain BlockManager for models without sliding-window layers (one group), else a
-    HybridBlockManager with a pool per group (pagoda/engine/kv_cache_groups.py)."""
-    if not kv_cache_windows or all(window is None for window in kv_cache_windows):
-        return BlockManager(num_blocks if isinstance(num_blocks, int) else num_blocks[0],
-                            block_size, enable_prefix_caching)
-    if enable_prefix_caching:
-        logger.info("prefix caching is off: the model has sliding-window layers, whose KV "
-                    "blocks out of the window are freed")
-    counts = [num_blocks] * len(kv_cache_windows) if isinstance(num_blocks, int) else num_blocks
-    return HybridBlockManager(list(counts), block_size, list(kv_cache_windows))

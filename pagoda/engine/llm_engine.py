@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Protocol
 
 from pagoda.config import EngineConfig
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.kv_cache_groups import make_block_manager
+from pagoda.engine.kv_cache_groups import KVCacheManager
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.request_timeline import RequestTimelines
@@ -62,17 +63,17 @@ class LLMEngine:
         eos_token_ids: list[int],
         *,
         max_model_len: int,
-        num_blocks: int | list[int],
+        num_blocks: Sequence[int],
         vocab_size: int,
         model_files=None,
         hf_config=None,
         grammar_compiler: GrammarCompiler | None = None,
-        kv_cache_windows: list[int | None] | None = None,
+        kv_cache_windows: Sequence[int | None] = (None,),
     ) -> None:
         """Built by builder.build_engine. `grammar_compiler` serves structured outputs
-        (None: such requests are refused). `kv_cache_windows`: the sliding window of each
-        KV-cache group (the runner's), `num_blocks` then one count per group; None or
-        [None]: one full-attention group."""
+        (None: such requests are refused). `num_blocks` and `kv_cache_windows`: the number
+        of blocks and the sliding window (None: full attention) of each KV-cache group, in
+        the runner's order; the default is one full-attention group."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -86,9 +87,9 @@ class LLMEngine:
         self.grammar_compiler = grammar_compiler
         self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len,
                                               grammar_compiler)
-        self._block_manager = make_block_manager(
-            num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
-            kv_cache_windows,
+        self._block_manager = KVCacheManager(
+            list(num_blocks), config.cache.block_size, list(kv_cache_windows),
+            config.cache.enable_prefix_caching,
         )
         self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len)
         self._lifecycle = RequestLifecycle(tokenizer, eos_token_ids, max_model_len,
@@ -292,9 +293,7 @@ class LLMEngine:
         redone at most every CACHED_FREE_REFRESH_S (the snapshot's figure may lag)."""
         now = time.monotonic()
         if now - self._cached_free_counted_at >= CACHED_FREE_REFRESH_S:
-            free_blocks = getattr(self._block_manager, "free_blocks", None)  # None: hybrid
-            self._num_cached_free_blocks = 0 if free_blocks is None else sum(
-                block.block_hash is not None for block in free_blocks.values())
+            self._num_cached_free_blocks = self._block_manager.num_cached_free_blocks
             self._cached_free_counted_at = now
         return self._num_cached_free_blocks
 
@@ -315,10 +314,9 @@ class LLMEngine:
             num_free_kv_blocks=blocks.num_free_blocks,
             kv_block_size=blocks.block_size,
             kv_cache_usage=blocks.usage,
-            kv_group_windows=tuple(getattr(blocks, "windows", (None,))),
-            kv_group_num_blocks=tuple(g.num_blocks for g in getattr(blocks, "groups", [blocks])),
-            kv_group_num_free_blocks=tuple(
-                g.num_free_blocks for g in getattr(blocks, "groups", [blocks])),
+            kv_group_windows=tuple(blocks.windows),
+            kv_group_num_blocks=tuple(group.num_blocks for group in blocks.groups),
+            kv_group_num_free_blocks=tuple(group.num_free_blocks for group in blocks.groups),
             last_step_num_seqs=self._last_step[0],
             last_step_num_tokens=self._last_step[1],
             last_step_num_prefill_tokens=self._last_step[2],

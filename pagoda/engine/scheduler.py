@@ -10,8 +10,9 @@ Order of a step: running requests first (in admission order), then waiting ones 
 budget, `max_num_seqs` and free blocks allow. When a running request cannot get a block, the
 lowest-priority (largest priority value, then latest arrival) running request is preempted:
 its blocks are freed and it returns to the front of the waiting queue, to be recomputed.
-(Models with sliding-window layers have a block pool per KV-cache group; their
-HybridBlockManager answers `allocate_slots` for all groups at once: kv_cache_groups.py.)
+(The block manager has a pool per KV-cache group, one unless the model has sliding-window
+layers, and answers `allocate_slots` for all groups at once: kv_cache_groups.py. Block ids
+are a tuple with one list per group.)
 
 The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
 stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
@@ -26,15 +27,14 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_cache_groups import HybridBlockManager
+from pagoda.engine.kv_cache_groups import KVCacheManager
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, block_manager: BlockManager | HybridBlockManager,
+        self, config: SchedulerConfig, block_manager: KVCacheManager,
         max_model_len: int,
     ):
         self.config = config
@@ -146,7 +146,7 @@ class Scheduler:
                 continue  # `request` itself was preempted; running[index] is the next one
             output.request_ids.append(request.request_id)
             output.num_scheduled_tokens.append(num_new)
-            if new_block_ids:
+            if any(new_block_ids):  # (a list per group, empty where nothing is new)
                 output.new_block_ids[request.request_id] = new_block_ids
             if spec_ids:
                 output.spec_token_ids[request.request_id] = spec_ids
@@ -162,7 +162,7 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self._next_waiting()
-            computed_blocks, num_computed = [], 0
+            computed_blocks, num_computed = (), 0
             if request.num_computed_tokens == 0 and request.sampling_params.prompt_logprobs is None:
                 # (prompt logprobs need every prompt position computed, so no cache hits)
                 computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)

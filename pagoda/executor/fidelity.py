@@ -93,7 +93,7 @@ def build_runner(dtype: torch.dtype, quantization: str | None, model: str | None
                         max_position=max_len, quantization=quantization)
     runner = ModelRunner(loaded, torch.device("cpu"), dtype,
                          CacheConfig(kv_cache_dtype=kv_cache_dtype), [])
-    runner.initialize_kv_cache(max_len // runner.block_size + 2)
+    runner.initialize_kv_cache([max_len // runner.block_size + 2] * runner.num_kv_cache_groups)
     return runner
 
 

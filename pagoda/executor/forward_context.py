@@ -1,7 +1,9 @@
 """Per-step attention metadata, visible to attention layers only for the duration of a forward.
 
-The model runner builds one AttentionMetadata per step and runs the forward inside
-`with forward_context(metadata):`. Attention layers read it with `get_forward_context()`.
+The model runner builds the step's attention metadata, a list with one AttentionMetadata
+per KV-cache group (one unless the model has sliding-window layers), and runs the forward
+inside `with forward_context(metadata):`. Attention layers read it with
+`get_forward_context()` and take their group's by index.
 A ContextVar (not a module global) holds it, and it is reset when the block exits, so no
 step's metadata outlives that step.
 """

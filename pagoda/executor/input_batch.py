@@ -47,13 +47,6 @@ class InputBatch:
         self.free_rows = list(range(num_rows - 1, -1, -1))
         self.requests: dict[str, CachedRequestState] = {}
 
-    def _per_group(self, block_ids: list[int] | tuple[list[int], ...]) -> tuple[list[int], ...]:
-        """Block ids as sent (step_data.py: a list for one group, a tuple of lists for several)
-        -> one list per group."""
-        per_group = block_ids if isinstance(block_ids, tuple) else (block_ids,)
-        assert len(per_group) == len(self.block_tables), (len(per_group), len(self.block_tables))
-        return per_group
-
     # ---- membership --------------------------------------------------------------------------
 
     def add(self, new: NewRequestData) -> CachedRequestState:
@@ -62,7 +55,8 @@ class InputBatch:
             self._grow_rows()
         row = self.free_rows.pop()
         num_tokens = len(new.token_ids)
-        per_group = self._per_group(new.block_ids)
+        per_group = new.block_ids  # one list per KV-cache group, of equal lengths
+        assert len(per_group) == len(self.block_tables), (len(per_group), len(self.block_tables))
         num_blocks = len(per_group[0])
         self._fit(num_tokens, num_blocks)
         self.token_ids[row, :num_tokens] = new.token_ids
@@ -88,9 +82,9 @@ class InputBatch:
 
     # ---- in-place updates --------------------------------------------------------------------
 
-    def append_blocks(self, request_id: str, block_ids: list[int] | tuple[list[int], ...]) -> None:
+    def append_blocks(self, request_id: str, per_group: tuple[list[int], ...]) -> None:
+        """Extend the request's tables by one list of new block ids per KV-cache group."""
         row = self.requests[request_id].row
-        per_group = self._per_group(block_ids)
         start, count = int(self.num_blocks[row]), len(per_group[0])
         self._fit(0, start + count)
         for table, ids in zip(self.block_tables, per_group):

@@ -126,7 +126,16 @@ class ModelRunner:
             self.head_dim, model.sliding_window, self.kv_cache_dtype, self.batch_invariant,
         ) for _ in self.kv_cache_windows]
         self.backend = self.backends[0]
-        self.input_batch = InputBatch(num_kv_cache_groups=len(self.kv_cache_windows))
+        self.input_batch = InputBatch(num_kv_cache_groups=self.num_kv_cache_groups)
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        return len(self.kv_cache_windows)
+
+    def same_table_every_group(self, block_table: np.ndarray) -> list[np.ndarray]:
+        """Block tables for a scratch forward: the same (num_seqs, max_blocks) table in every
+        KV-cache group (its first blocks exist in every group's pool)."""
+        return [block_table] * self.num_kv_cache_groups
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -177,8 +186,8 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens = scheduler_config.max_num_batched_tokens
-        self.initialize_kv_cache(-(-num_tokens // self.block_size))
-        blocks = np.arange(self.num_blocks)[None, :]
+        self.initialize_kv_cache([-(-num_tokens // self.block_size)] * self.num_kv_cache_groups)
+        blocks = self.same_table_every_group(np.arange(self.num_blocks)[None, :])
         with torch.inference_mode():
             self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]), np.array([num_tokens]), blocks)
         torch.cuda.synchronize(self.device)
@@ -194,10 +203,10 @@ class ModelRunner:
             )
         return budget
 
-    def initialize_kv_cache(self, num_blocks: int | list[int]) -> None:
+    def initialize_kv_cache(self, per_group: list[int]) -> None:
         """Allocate each layer's paged cache, sized by its KV-cache group's number of blocks
-        (`num_blocks`: one per group, or one for all), and bind it to the layer."""
-        per_group = [num_blocks] * len(self.backends) if isinstance(num_blocks, int) else num_blocks
+        (`per_group`: one count per group), and bind it to the layer."""
+        assert len(per_group) == self.num_kv_cache_groups, (per_group, self.kv_cache_windows)
         self.kv_caches = [None] * len(self.layer_kv_groups)
         for group, (backend, count) in enumerate(zip(self.backends, per_group)):
             layer_ids = [i for i, g in enumerate(self.layer_kv_groups) if g == group]
@@ -241,7 +250,8 @@ class ModelRunner:
         warm_up_sizes = sorted({1, 2, 16} | branch_sizes)
         with torch.inference_mode():
             for num_tokens in warm_up_sizes:
-                blocks = np.zeros((1, -(-num_tokens // self.block_size)), dtype=np.int64)
+                blocks = self.same_table_every_group(
+                    np.zeros((1, -(-num_tokens // self.block_size)), dtype=np.int64))
                 self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]),
                               np.array([num_tokens]), blocks)
         return warm_up_sizes
@@ -253,17 +263,14 @@ class ModelRunner:
         input_ids: np.ndarray,
         num_computed: np.ndarray,
         num_scheduled: np.ndarray,
-        block_tables: np.ndarray | list[np.ndarray],
+        block_tables: list[np.ndarray],
     ) -> torch.Tensor:
-        """block_tables: one (num_seqs, max_blocks) table per KV-cache group, or one table
-        for every group (scratch forwards). With several groups the forward context holds
-        one metadata per group (attention layers pick theirs)."""
-        if not isinstance(block_tables, list):
-            block_tables = [block_tables] * len(self.backends)
+        """block_tables: one (num_seqs, max_blocks) table per KV-cache group. The forward
+        context holds one metadata per group (attention layers pick theirs by index)."""
         metadata = [backend.build_metadata(num_computed, num_scheduled, tables)
-                    for backend, tables in zip(self.backends, block_tables)]
+                    for backend, tables in zip(self.backends, block_tables, strict=True)]
         input_tensor = torch.from_numpy(input_ids).to(self.device)
-        with forward_context(metadata[0] if len(metadata) == 1 else metadata):
+        with forward_context(metadata):
             if self.whole_stack is not None:
                 hidden = self.whole_stack.forward(input_tensor, metadata[0].positions)
                 if hidden is not None:
@@ -299,7 +306,8 @@ class ModelRunner:
         for row, (first, count) in enumerate(zip(first_block, blocks_per_prompt)):
             block_tables[row, :count] = np.arange(first, first + count)
         input_ids = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts])
-        hidden = self._forward(input_ids, np.zeros_like(lengths), lengths, block_tables)
+        hidden = self._forward(input_ids, np.zeros_like(lengths), lengths,
+                               self.same_table_every_group(block_tables))
         return list(self.model.compute_logits(hidden).split(lengths.tolist()))
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:

@@ -132,7 +132,10 @@ class WholeStackDecode:
         context."""
         if not self.enabled:
             return None
-        metadata = get_forward_context()
+        per_kv_group = get_forward_context()
+        if len(per_kv_group) != 1:
+            return None  # the C step reads one block table: no sliding-window groups
+        metadata = per_kv_group[0]
         groups = getattr(metadata, "backend_data", None)
         num_tokens = input_ids.shape[0]
         if (not groups or len(groups) != 1 or not isinstance(groups[0], KernelDecodeGroup)

@@ -17,7 +17,8 @@ def make_request(request_id: str, prompt: list[int]) -> Request:
 
 
 def admit(bm: BlockManager, request: Request) -> list[int] | None:
-    """What the scheduler does for a new request taking its whole prompt in one step."""
+    """What the scheduler does, through the KVCacheManager, to this full-attention group's pool
+    for a new request taking its whole prompt in one step."""
     hits, num_hit_tokens = bm.get_computed_blocks(request)
     request.num_computed_tokens = num_hit_tokens
     new_ids = bm.allocate_slots(request, request.num_tokens - num_hit_tokens, hits)

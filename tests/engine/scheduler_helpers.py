@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.block_manager import BlockManager
+from pagoda.engine.kv_cache_groups import KVCacheManager
 from pagoda.engine.request import Request
 from pagoda.engine.scheduler import Scheduler
 from pagoda.engine.stop_rules import check_stop
@@ -43,7 +44,15 @@ def make_scheduler(
         scheduling_policy=policy,
         enable_chunked_prefill=enable_chunked_prefill,
     )
-    return Scheduler(config, BlockManager(num_blocks, BS, enable_prefix_caching), max_model_len)
+    block_manager = KVCacheManager([num_blocks], BS, [None], enable_prefix_caching)
+    return Scheduler(config, block_manager, max_model_len)
+
+
+def full_pool(sched: Scheduler) -> BlockManager:
+    """The one KV-cache group's pool of a `make_scheduler` scheduler (full attention)."""
+    (pool,) = sched.block_manager.groups
+    assert isinstance(pool, BlockManager)
+    return pool
 
 
 def make_request(
@@ -76,24 +85,34 @@ def add(sched: Scheduler, *requests: Request) -> None:
         sched.add_request(request)
 
 
+Tables = tuple[list[int], ...]
+"""A request's block ids, one list per KV-cache group (a 1-tuple for one group)."""
+
+
 class RecordingRunner:
     """The runner's view: block tables built from SchedulerOutputs only."""
 
     def __init__(self) -> None:
-        self.block_tables: dict[str, list[int]] = {}
-        self.last: tuple[SchedulerOutput, list[list[int]]] | None = None
+        self.block_tables: dict[str, Tables] = {}
+        self.last: tuple[SchedulerOutput, list[Tables]] | None = None
 
-    def apply(self, out: SchedulerOutput) -> list[list[int]]:
-        """Update from `out` (once); the block table of each scheduled request, in order."""
+    def apply(self, out: SchedulerOutput) -> list[Tables]:
+        """Update from `out` (once); the block tables of each scheduled request, in order."""
         if self.last is not None and self.last[0] is out:
             return self.last[1]
         for request_id in out.finished_request_ids + out.preempted_request_ids:
             self.block_tables.pop(request_id, None)
         for new in out.new_requests:
-            self.block_tables[new.request_id] = list(new.block_ids)
-        for request_id, block_ids in out.new_block_ids.items():
-            self.block_tables[request_id].extend(block_ids)
-        tables = [list(self.block_tables[request_id]) for request_id in out.request_ids]
+            assert isinstance(new.block_ids, tuple), new.block_ids
+            self.block_tables[new.request_id] = tuple(list(ids) for ids in new.block_ids)
+        for request_id, per_group in out.new_block_ids.items():
+            tables = self.block_tables[request_id]
+            assert isinstance(per_group, tuple) and len(per_group) == len(tables), per_group
+            assert any(per_group), "a request without new blocks is left out"
+            for table, block_ids in zip(tables, per_group):
+                table.extend(block_ids)
+        tables = [tuple(list(table) for table in self.block_tables[request_id])
+                  for request_id in out.request_ids]
         self.last = (out, tables)
         return tables
 
@@ -101,15 +120,15 @@ class RecordingRunner:
 _runners: dict[int, RecordingRunner] = {}
 
 
-def block_tables(sched: Scheduler, out: SchedulerOutput) -> list[list[int]]:
+def block_tables(sched: Scheduler, out: SchedulerOutput) -> list[Tables]:
     """Apply `out` to the scheduler's recording runner; the scheduled block tables."""
     return _runners.setdefault(id(sched), RecordingRunner()).apply(out)
 
 
-def new_blocks(sched: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:
-    """Blocks sent this step: the whole table of a request new to the runner, the added
+def new_blocks(sched: Scheduler, out: SchedulerOutput) -> dict[str, Tables]:
+    """Blocks sent this step: the whole tables of a request new to the runner, the added
     blocks of one it holds."""
-    sent = {new.request_id: list(new.block_ids) for new in out.new_requests}
+    sent = {new.request_id: new.block_ids for new in out.new_requests}
     return {**sent, **out.new_block_ids}
 
 
@@ -159,8 +178,8 @@ def run_to_completion(sched: Scheduler, sample=lambda r: TOKEN, max_steps: int =
 
 
 def assert_all_free(sched: Scheduler) -> None:
-    bm = sched.block_manager
-    assert bm.num_free_blocks == bm.num_blocks
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+    bm = full_pool(sched)
     assert all(block.ref_count == 0 for block in bm.blocks)
     assert bm.request_blocks == {}
     assert bm.num_cached_block_tokens == {}

@@ -40,8 +40,8 @@ def test_chunked_prefill_splits_a_prompt_under_the_budget():
     for scheduled, new_block_ids, block_table, computed, outputs in expected:
         out, new_tokens = step(sched)
         assert batch(out) == scheduled
-        assert new_blocks(sched, out) == ({"r": new_block_ids} if new_block_ids else {})
-        assert block_tables(sched, out) == [block_table]
+        assert new_blocks(sched, out) == ({"r": (new_block_ids,)} if new_block_ids else {})
+        assert block_tables(sched, out) == [(block_table,)]  # one group
         assert r.num_computed_tokens == computed
         assert r.output_token_ids == outputs
         assert new_tokens == ([(r, TOKEN)] if outputs else [])
@@ -196,7 +196,7 @@ def test_preemption_victim_and_its_state(policy, running_order, victim, after):
     add(sched, a, b, c)
     out, _ = step(sched)
     assert [rid for rid, _ in batch(out)] == running_order
-    assert block_tables(sched, out) == [[0, 1], [2, 3], [4, 5]]
+    assert block_tables(sched, out) == [([0, 1],), ([2, 3],), ([4, 5],)]
     out, _ = step(sched)  # 8 tokens each: the last token still fits in block 1
     assert out.preempted_request_ids == []
     assert sched.block_manager.num_free_blocks == 0
@@ -205,7 +205,7 @@ def test_preemption_victim_and_its_state(policy, running_order, victim, after):
     assert out.preempted_request_ids == [victim]
     assert batch(out) == after
     # The victim's blocks were [4, 5], freed tail first, then handed out in that order.
-    assert new_blocks(sched, out) == {after[0][0]: [5], after[1][0]: [4]}
+    assert new_blocks(sched, out) == {after[0][0]: ([5],), after[1][0]: ([4],)}
     v = {"a": a, "b": b, "c": c}[victim]
     assert v.status == RequestStatus.PREEMPTED
     assert v.num_computed_tokens == 0
@@ -215,7 +215,7 @@ def test_preemption_victim_and_its_state(policy, running_order, victim, after):
     assert v not in sched.running
     assert list(sched.waiting) == [v]
     assert sched.requests[victim] is v
-    assert sched.block_manager.block_ids(victim) == []
+    assert sched.block_manager.block_ids(victim) == ([],)
     assert sched.block_manager.num_free_blocks == 0
 
 
@@ -293,14 +293,14 @@ def test_preempted_request_reuses_its_cached_blocks_when_they_survive():
     step(sched)
     out, _ = step(sched)
     assert out.preempted_request_ids == ["b"]
-    assert new_blocks(sched, out) == {"a": [3]}  # b's tail block: its hash is gone now
+    assert new_blocks(sched, out) == {"a": ([3],)}  # b's tail block: its hash is gone now
     assert a.status == RequestStatus.FINISHED_LENGTH
     out, _ = step(sched)
     # b's head block 2 is still cached: 4 of its 9 tokens are hits, 5 are recomputed.
     assert batch(out) == [("b", 5)]
-    assert block_tables(sched, out) == [[2, 3, 1]]
+    assert block_tables(sched, out) == [([2, 3, 1],)]
     assert out.new_requests[0].num_computed_tokens == 4  # resumed: sent whole, as new
-    assert new_blocks(sched, out) == {"b": [2, 3, 1]}
+    assert new_blocks(sched, out) == {"b": ([2, 3, 1],)}
     assert b.num_computed_tokens == 9
     # Queries count each admission's tokens (7 + 7, then b's 9 again); hits b's 4.
     bm = sched.block_manager

@@ -13,6 +13,7 @@ from tests.engine.scheduler_helpers import (
     assert_all_free,
     block_tables,
     finish_stopped,
+    full_pool,
     make_request,
     make_scheduler,
     runner_output,
@@ -45,7 +46,7 @@ def _workload(seed: int) -> list[Request]:
 
 
 def _run_checked(sched: Scheduler, requests: list[Request], abort: Iterable[str] = ()):
-    bm = sched.block_manager
+    bm = full_pool(sched)
     cfg = sched.config
     pending = list(requests)
     for step_index in range(500):
@@ -64,7 +65,7 @@ def _run_checked(sched: Scheduler, requests: list[Request], abort: Iterable[str]
         assert sched.num_running <= cfg.max_num_seqs
         assert not set(out.preempted_request_ids) & set(out.request_ids)
         tables = block_tables(sched, out)
-        for r, n, table in zip(scheduled, out.num_scheduled_tokens, tables):
+        for r, n, (table,) in zip(scheduled, out.num_scheduled_tokens, tables):  # one group
             assert n >= 1
             assert r.num_computed_tokens + n <= r.num_tokens
             assert table == bm.block_ids(r.request_id)

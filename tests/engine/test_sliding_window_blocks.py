@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_cache_groups import (
-    HybridBlockManager,
-    SlidingWindowBlockManager,
-    make_block_manager,
-)
+from pagoda.engine.kv_cache_groups import KVCacheManager, SlidingWindowBlockManager
 from pagoda.engine.request import RequestStatus
 from pagoda.engine.scheduler import Scheduler
 from pagoda.step_data import SchedulerOutput
@@ -37,8 +33,7 @@ def make_hybrid_scheduler(
 ) -> Scheduler:
     config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                              max_num_seqs=max_num_seqs)
-    block_manager = make_block_manager(list(num_blocks), BS, True, list(windows))
-    assert isinstance(block_manager, HybridBlockManager)
+    block_manager = KVCacheManager(list(num_blocks), BS, list(windows), enable_prefix_caching=True)
     return Scheduler(config, block_manager, max_model_len)
 
 
@@ -65,7 +60,7 @@ def check_reads(sched: Scheduler, runner: GroupTablesRunner, out: SchedulerOutpu
     """Every block a scheduled request reads unmasked this step (full group: all its
     positions; windowed group: from the window of its first new token on) is held by it, is
     what the runner's table says, and belongs to no other request."""
-    bm: HybridBlockManager = sched.block_manager
+    bm: KVCacheManager = sched.block_manager
     owner: dict[tuple[int, int], str] = {}
     for request_id, num_new in zip(out.request_ids, out.num_scheduled_tokens):
         request = sched.requests[request_id]
@@ -99,7 +94,7 @@ def run(sched: Scheduler, runner: GroupTablesRunner, on_step=None, max_steps: in
 
 
 def assert_all_groups_free(sched: Scheduler) -> None:
-    bm: HybridBlockManager = sched.block_manager
+    bm: KVCacheManager = sched.block_manager
     for group in bm.groups:
         assert group.num_free_blocks == group.num_blocks
         assert group.request_blocks == {}
@@ -180,27 +175,39 @@ def test_a_model_whose_every_layer_slides_has_only_the_windowed_group() -> None:
     assert_all_groups_free(sched)
 
 
-def test_one_group_is_the_plain_block_manager_with_prefix_caching() -> None:
-    for windows in (None, [None]):
-        bm = make_block_manager(16, BS, True, windows)
-        assert type(bm) is BlockManager and bm.enable_prefix_caching and bm.num_blocks == 16
-    hybrid = make_block_manager([16, 4], BS, True, [None, WINDOW])
+def test_one_full_attention_group_is_a_list_of_one_pool_with_prefix_caching() -> None:
+    bm = KVCacheManager([16], BS, [None])
+    (pool,) = bm.groups
+    assert type(pool) is BlockManager and pool.enable_prefix_caching and bm.enable_prefix_caching
+    assert bm.sliding_groups == [] and bm.num_blocks == 16
+    prompt = list(range(100, 112))
+    a, b = make_request("a", prompt), make_request("b", prompt)
+    assert bm.allocate_slots(a, 12) == ([0, 1, 2],)
+    a.num_computed_tokens = 12
+    hits, num_hit_tokens = bm.get_computed_blocks(b)  # never the last token: 2 blocks of 3
+    assert num_hit_tokens == 8 and [[blk.block_id for blk in g] for g in hits] == [[0, 1]]
+    b.num_computed_tokens = 8
+    assert bm.allocate_slots(b, 4, hits) == ([3],)
+    assert bm.block_ids("b") == ([0, 1, 3],)
+    b.num_computed_tokens = 12
+    assert bm.allocate_slots(b, 0) == ([],)  # nothing new: an empty list for the group
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (12, 8)
+    hybrid = KVCacheManager([16, 4], BS, [None, WINDOW])
     assert not hybrid.enable_prefix_caching
-    request = make_request("a", 12)
-    assert hybrid.get_computed_blocks(request) == ([], 0)
+    assert hybrid.get_computed_blocks(make_request("c", 12)) == ((), 0)
 
 
 def test_a_request_that_does_not_fit_a_group_changes_nothing() -> None:
-    bm = HybridBlockManager([2, 8], BS, [None, WINDOW])
+    bm = KVCacheManager([2, 8], BS, [None, WINDOW])
     request = make_request("a", 12)
     assert bm.allocate_slots(request, 12) is None  # the full group lacks a block
     assert bm.num_free_blocks == 10 and bm.block_ids("a") == ([], [])
-    bm = HybridBlockManager([8, 2], BS, [None, WINDOW])
+    bm = KVCacheManager([8, 2], BS, [None, WINDOW])
     assert bm.allocate_slots(request, 12) is None  # the windowed group lacks one
     assert bm.num_free_blocks == 10
 
     request = make_request("b", 16)
-    bm = HybridBlockManager([8, 3], BS, [None, WINDOW])
+    bm = KVCacheManager([8, 3], BS, [None, WINDOW])
     assert bm.allocate_slots(request, 8) == ([0, 1], [0, 1])
     request.num_computed_tokens = 8
     assert bm.allocate_slots(request, 4) == ([2], [2])  # position 8 still sees position 1

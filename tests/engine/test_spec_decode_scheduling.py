@@ -10,7 +10,7 @@ import random
 import pytest
 
 from pagoda.step_data import ModelRunnerOutput
-from tests.engine.scheduler_helpers import BS, add, make_request, make_scheduler
+from tests.engine.scheduler_helpers import BS, add, full_pool, make_request, make_scheduler
 
 
 def _decode_ready(sched, request):
@@ -61,13 +61,13 @@ def test_accepted_proposals_become_output_and_rejected_ones_are_rolled_back():
     _decode_ready(sched, request)
     request.spec_token_ids = [21, 22, 23, 24, 25, 26]
     out = sched.schedule()  # positions 7..13: blocks 2 and 3 are new
-    assert len(sched.block_manager.block_ids("a")) == 4
+    assert len(full_pool(sched).block_ids("a")) == 4
     new_tokens = sched.update_from_output(out, ModelRunnerOutput(
         ["a"], [99], num_accepted_tokens={"a": 1}, spec_token_ids={"a": [31]}))
     assert [t for _, t in new_tokens] == [21, 99]
     assert request.output_token_ids == [11, 21, 99]
     assert request.num_computed_tokens == 9  # the prompt, 11 and 21; 99 is next
-    assert len(sched.block_manager.block_ids("a")) == 3  # ceil(9 / 4): block 3 rolled back
+    assert len(full_pool(sched).block_ids("a")) == 3  # ceil(9 / 4): block 3 rolled back
     assert request.spec_token_ids == [31]
 
 
@@ -115,7 +115,7 @@ def _run(sched, requests, accept_plan, proposals_per_step):
             request = sched.requests.get(request_id)
             if request is not None and request.num_output_tokens >= request.max_tokens:
                 sched.finish_requests([request_id], type(request.status).FINISHED_LENGTH)
-        bm = sched.block_manager
+        bm = full_pool(sched)
         states.append({r.request_id: (r.num_computed_tokens, len(bm.block_ids(r.request_id)))
                        for r in requests if r.request_id in sched.requests})
     return states
@@ -149,7 +149,7 @@ def test_random_accept_reject_leaves_the_block_manager_as_without_speculation(se
         # cached: the full blocks of computed tokens (a request that ends emitting several
         # tokens at once leaves its last ones uncomputed, where the plain run computed them)
         expected_cached.update(a.block_hashes[: b.num_computed_tokens // BS])
-    plain_bm, spec_bm = plain.block_manager, spec.block_manager
+    plain_bm, spec_bm = full_pool(plain), full_pool(spec)
     assert spec_bm.num_free_blocks == spec_bm.num_blocks  # nothing leaked
     assert set(spec_bm.cached_blocks) == expected_cached
     assert expected_cached <= set(plain_bm.cached_blocks)
@@ -163,8 +163,8 @@ def test_rollback_restores_the_free_list_order():
     request = make_request("a", 3, max_tokens=30)
     add(sched, request)
     _decode_ready(sched, request)
-    free_before = list(sched.block_manager.free_blocks)
+    free_before = list(full_pool(sched).free_blocks)
     request.spec_token_ids = [21] * 9
     out = sched.schedule()
     sched.update_from_output(out, ModelRunnerOutput(["a"], [99], num_accepted_tokens={"a": 0}))
-    assert list(sched.block_manager.free_blocks) == free_before
+    assert list(full_pool(sched).free_blocks) == free_before

@@ -89,7 +89,9 @@ def test_a_runner_in_another_process_generates_the_same_tokens():
         runner = RemoteRunner(parent)
         remote = LLMEngine(
             CONFIG, runner, local.tokenizer, local.eos_token_ids,
-            max_model_len=local.max_model_len, num_blocks=local.snapshot().num_kv_blocks,
+            max_model_len=local.max_model_len,
+            num_blocks=local.snapshot().kv_group_num_blocks,
+            kv_cache_windows=local.snapshot().kv_group_windows,
             vocab_size=local.vocab_size, grammar_compiler=local.grammar_compiler,
         )
         got = generate(remote)

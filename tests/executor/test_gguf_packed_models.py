@@ -59,7 +59,7 @@ def load_both(path: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 def prompt_logits(model: torch.nn.Module) -> list[torch.Tensor]:
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
-    runner.initialize_kv_cache(64)
+    runner.initialize_kv_cache([64] * runner.num_kv_cache_groups)
     return runner.prompt_logits(PROMPTS)
 
 

@@ -116,7 +116,7 @@ def converted(tmp_path_factory) -> tuple[dict, dict[str, str]]:
 
 def model_runner(model: torch.nn.Module) -> ModelRunner:
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
-    runner.initialize_kv_cache(64)
+    runner.initialize_kv_cache([64] * runner.num_kv_cache_groups)
     return runner
 
 

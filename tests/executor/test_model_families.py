@@ -139,7 +139,7 @@ def test_quantized_linears(arch, method, tmp_path) -> None:
         assert sum(isinstance(m, QuantizedLinear) for m in block.experts.modules()) == 2 * len(
             block.experts)  # fused gate/up and down, each expert
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
-    runner.initialize_kv_cache(64)
+    runner.initialize_kv_cache([64] * runner.num_kv_cache_groups)
     float_runner = pagoda_runner(str(tmp_path))
     for ours, reference in zip(runner.prompt_logits(PROMPTS), float_runner.prompt_logits(PROMPTS)):
         assert relative_error(ours, reference) < MODEL_MAX_RELATIVE_ERROR[method]

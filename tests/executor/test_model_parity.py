@@ -21,7 +21,7 @@ def pagoda_runner(folder: str) -> ModelRunner:
     checkpoint = open_checkpoint(files)
     model = load_model(checkpoint, torch.float32, torch.device("cpu"), max_position=256)
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
-    runner.initialize_kv_cache(64)
+    runner.initialize_kv_cache([64] * runner.num_kv_cache_groups)
     return runner
 
 
@@ -65,7 +65,7 @@ def test_half_precision_runs_close_to_float32(dtype, tmp_path) -> None:
     model = load_model(open_checkpoint(files), dtype, torch.device("cpu"), max_position=256)
     assert all(p.dtype == dtype for p in model.parameters())
     runner16 = ModelRunner(model, torch.device("cpu"), dtype, CacheConfig(block_size=4), [])
-    runner16.initialize_kv_cache(64)
+    runner16.initialize_kv_cache([64] * runner16.num_kv_cache_groups)
     assert runner16.kv_caches[0].dtype == dtype
     for ours, reference in zip(runner16.prompt_logits(PROMPTS), runner32.prompt_logits(PROMPTS)):
         assert ours.dtype == torch.float32  # logits are always returned in float32

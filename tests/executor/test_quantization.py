@@ -176,7 +176,7 @@ def test_model_conversion_keeps_a_float_embedding_and_follows_float32(tmp_path, 
     assert model.lm_head is None and model.model.embed_tokens.weight.dtype == torch.float32
 
     runner = ModelRunner(model, torch.device("cpu"), torch.float32, CacheConfig(block_size=4), [])
-    runner.initialize_kv_cache(64)
+    runner.initialize_kv_cache([64] * runner.num_kv_cache_groups)
     for layer in quantized:
         layer.dense_weight = None  # prompts have more rows than dense_from_rows
     float_logits = pagoda_runner(str(tmp_path)).prompt_logits(PROMPTS)

@@ -38,8 +38,8 @@ class Attention(nn.Module):
         # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
-        # Which KV-cache group the layer's cache belongs to (models with sliding-window
-        # layers have a pool per group); the step's metadata then is one per group.
+        # Which KV-cache group the layer's cache belongs to (one group unless the model has
+        # sliding-window layers); the step's metadata is a list with one per group.
         self.kv_cache_group = 0
         self.layer_id = next(_next_layer_id)  # how the custom op finds this layer
         _layers[self.layer_id] = self
@@ -53,9 +53,7 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; the runner binds one")
-        metadata = get_forward_context()
-        if isinstance(metadata, list):  # one per KV-cache group
-            metadata = metadata[self.kv_cache_group]
+        metadata = get_forward_context()[self.kv_cache_group]  # (one per KV-cache group)
         if isinstance(self.kv_cache, QuantizedKVCache):  # keys stored rotated (kv_quant.py)
             q, k = rotate_keys(q), rotate_keys(k)
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,

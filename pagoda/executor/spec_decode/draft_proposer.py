@@ -113,7 +113,8 @@ class DraftModelProposer:
         proposals: list[list[int]] = [[] for _ in runnable]
         probs: list[list[torch.Tensor]] = [[] for _ in runnable]
         for _ in range(self.k):
-            hidden = self.runner._forward(input_ids, num_computed, num_scheduled, tables)
+            hidden = self.runner._forward(input_ids, num_computed, num_scheduled,
+                                         self.runner.same_table_every_group(tables))
             last = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.runner.device)
             logits = self.runner.model.head_logits(hidden[last]).float()  # (B, vocab)
             tokens = self._sample(runnable, logits, probs)
@@ -169,7 +170,7 @@ def load_draft_proposer(
                          target_runner.eos_token_ids)
     per_sequence = -(-spec.num_speculative_tokens // config.cache.block_size) + 1
     num_blocks = target_runner.num_blocks + config.scheduler.max_num_seqs * per_sequence
-    runner.initialize_kv_cache(num_blocks)
+    runner.initialize_kv_cache([num_blocks] * runner.num_kv_cache_groups)
     logger.info("draft model %s: %d KV blocks", spec.model, num_blocks)
     return DraftModelProposer(runner, spec.num_speculative_tokens, num_blocks)
 
