@@ -251,6 +251,7 @@ async def model_registry(raw_request: Request) -> ModelRegistry:
 State = Annotated[ServerState, Depends(server_state)]
 Registry = Annotated[ModelRegistry, Depends(model_registry)]
 
+
 async def serve_with_model(registry: ModelRegistry, name: str | None, serve) -> Response:
     """serve(RouteHandlers) -> Response, with the model held until the response ends."""
     model = await registry.acquire(name)
