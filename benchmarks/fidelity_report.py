@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pagoda.executor.fidelity import (
+from pagoda.evaluation.fidelity import (
     build_runner,
     compare_teacher_forced,
     context_windows,

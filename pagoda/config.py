@@ -40,7 +40,7 @@ class ModelConfig:
     SmolLM2-135M-Instruct."""
     dtype: str = field(default="auto", metadata={"choices": SUPPORTED_DTYPES})
     """Run dtype of weights and activations. auto: bfloat16 on CUDA, float32 on every CPU
-    (measured fastest there in prefill and decode; BENCHMARKS.md section 19)."""
+    (measured fastest there in prefill and decode; see BENCHMARKS.md)."""
     max_model_len: int | None = None
     """Longest prompt plus output, in tokens; None means the model's context length."""
     tokenizer: str | None = None

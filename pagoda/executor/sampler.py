@@ -141,7 +141,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """(num_rows, vocab_size) -> (num_rows,) int64, the first maximum of each row.
     ``max(dim).indices`` rather than ``argmax``: same result, faster on CPU in bf16
-    (BENCHMARKS.md section 10)."""
+    (measured in BENCHMARKS.md)."""
     return logits.max(dim=-1).indices
 
 
@@ -188,8 +188,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     Returns (num_rows,) int64.
 
     One random number per row, not one per token: drawing ``vocab_size`` numbers per row (the
-    exponential race, ``argmax(probs / Exp(1))``) cost more than a whole decode step at 256
-    rows (BENCHMARKS.md section 10). The search has two levels so that it stays accurate and cheap: block sums
+    exponential race, ``argmax(probs / Exp(1))``) costs more than a whole decode step at a
+    large batch. The search has two levels so that it stays accurate and cheap: block sums
     (``CDF_BLOCK`` tokens each, float32) cumulated in float64 find the block, then a float64
     cumulative sum inside that one block finds the token. A zero-weight token is never picked.
     """

@@ -3,8 +3,8 @@ one C call (csrc/decoder_f32.c), every decoder layer without per-op dispatch. On
 step executors the model runner chooses between when it is built (model_runner.py: eager,
 torch.compile, this); the model's own forward knows nothing of it.
 
-At single-stream sizes the eager forward's ~40 dispatched ops a layer cost more than its
-matmuls (BENCHMARKS.md section 13), so a decode-only step of a model that the kernel covers
+At single-stream sizes the eager forward's dispatch of dozens of small ops a layer costs more
+than its matmuls, so a decode-only step of a model that the kernel covers
 runs its whole decoder stack in `pagoda_decode_layers_f32`; the embedding lookup, the final
 norm and the head stay in Python (one op each). The kernel reuses the eager path's matmul,
 attention and RMSNorm kernels, so its hidden states match the eager forward's to float32

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from pagoda import LLM, SamplingParams
-from pagoda.executor.fidelity import compare_teacher_forced, decode_kernels_only
+from pagoda.evaluation.fidelity import compare_teacher_forced, decode_kernels_only
 from pagoda.executor.kernels import build
 from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, X86_FEATURES
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagoda.executor.fidelity import (
+from pagoda.evaluation.fidelity import (
     FidelityReport,
     build_runner,
     compare_teacher_forced,

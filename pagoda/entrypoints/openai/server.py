@@ -27,10 +27,11 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -204,6 +205,7 @@ def build_registry(state: ServerState) -> ModelRegistry:
 
 
 def build_app(state: ServerState) -> FastAPI:
+    """The app for `state`: its models' registry, the middleware, then the routes below."""
     state.created = state.created or int(time.time())
     registry = state.registry = build_registry(state)
 
@@ -218,7 +220,7 @@ def build_app(state: ServerState) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     document = openapi_document(app.title, app.version, state.api_key is not None)
     app.openapi = lambda: document  # FastAPI serves it at openapi_url
-    app.state.pagoda = state
+    app.state.pagoda = state  # what the routes read (server_state, model_registry)
     install_error_handlers(app)
     # Outermost last: CORS (answers preflights, which carry no API key), the API-key gate,
     # then the body cap (so bodies are read only for callers who passed the gate).
@@ -227,124 +229,162 @@ def build_app(state: ServerState) -> FastAPI:
     if state.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(state.allowed_origins),
                            allow_methods=["*"], allow_headers=["*"])
-
-    async def serve_with_model(name: str | None, serve) -> Response:
-        """serve(RouteHandlers) -> Response, with the model held until the response ends."""
-        model = await registry.acquire(name)
-        try:
-            response = await serve(model.serving)
-        except BaseException:
-            registry.release(model)
-            raise
-        return release_with_response(response, lambda: registry.release(model))
-
-    @app.post("/v1/completions")
-    async def create_completion(raw_request: Request) -> Response:
-        request = await parse_body(raw_request, CompletionRequest)
-        return await serve_with_model(
-            request.model, lambda serving: serving.completions.serve(request, raw_request))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(raw_request: Request) -> Response:
-        request = await parse_body(raw_request, ChatCompletionRequest)
-        return await serve_with_model(
-            request.model, lambda serving: serving.chat.serve(request, raw_request))
-
-    @app.get("/v1/models")
-    async def list_models() -> JSONResponse:
-        cards = [model_card(model, "ready") for model in registry.ready.values()]
-        cards += [ModelCard(id=name, state="loading") for name in registry.loading
-                  if name not in registry.ready]
-        cards += [model_card(model, "draining") for model in registry.draining
-                  if model.engine is not None]
-        return JSONResponse(ModelList(data=cards).model_dump())
-
-    def check_admin() -> None:
-        if state.api_key is None:
-            raise OpenAIError("Loading and unloading models needs the server to be started "
-                              "with --api-key (they load files of the server's machine).",
-                              403, "invalid_request_error", None, "admin_disabled")
-
-    @app.post("/v1/models/load")
-    async def load_model(raw_request: Request) -> JSONResponse:
-        check_admin()
-        request = await parse_body(raw_request, LoadModelRequest)
-        path = request.path
-        if path is None:
-            loaded = registry.ready.get(request.model)
-            if loaded is None:
-                raise bad_request(f"`{request.model}` is not loaded: give `path`, the model "
-                                  "file or folder to load", param="path")
-            path = loaded.root
-        model = await registry.load(request.model, path, dict(request.options or {}))
-        return JSONResponse(model_card(model, "ready").model_dump())
-
-    @app.post("/v1/models/unload")
-    async def unload_model(raw_request: Request) -> JSONResponse:
-        check_admin()
-        request = await parse_body(raw_request, UnloadModelRequest)
-        model = registry.ready.get(request.model)
-        card = model_card(model, "unloaded") if model is not None else None
-        await registry.unload(request.model)
-        return JSONResponse(card.model_dump())
-
-    @app.post("/tokenize")
-    async def tokenize(raw_request: Request) -> JSONResponse:
-        request = await parse_body(raw_request, TokenizeRequest)
-        model = await registry.get(request.model)
-        chat, engine = model.serving.chat, model.engine
-        if (request.prompt is None) == (request.messages is None):
-            raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
-        if request.messages is not None:
-            text = chat.render_prompt(request.messages, request.chat_template,
-                                      request.add_generation_prompt is not False)
-            # As for chat requests: the template placed the special tokens already.
-            add_special_tokens = request.add_special_tokens is True
-        else:
-            text = request.prompt
-            add_special_tokens = request.add_special_tokens is not False
-        tokens = chat.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        token_strs = None
-        if request.return_token_strs:
-            token_strs = chat.tokenizer.convert_ids_to_tokens(tokens)
-        return JSONResponse(TokenizeResponse(
-            count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens,
-            token_strs=token_strs,
-        ).model_dump())
-
-    @app.post("/detokenize")
-    async def detokenize(raw_request: Request) -> JSONResponse:
-        request = await parse_body(raw_request, DetokenizeRequest)
-        model = await registry.get(request.model)
-        vocab_size = model.engine.vocab_size
-        for token_id in request.tokens:
-            if not 0 <= token_id < vocab_size:
-                raise bad_request(f"tokens: token id {token_id} is out of range; ids must be "
-                                  f"in [0, {vocab_size})", param="tokens")
-        return JSONResponse(DetokenizeResponse(prompt=model.serving.chat.tokenizer.decode(
-            request.tokens)).model_dump())
-
-    @app.get("/health")
-    async def health() -> Response:
-        for model in registry.all_models():
-            if model.engine is not None and not model.engine.is_alive:
-                raise server_error(f"model {model.name}: {model.engine.dead_message()}", 503)
-        return Response(status_code=200)
-
-    @app.get("/version")
-    async def version() -> JSONResponse:
-        return JSONResponse(VersionResponse(version=pagoda.__version__).model_dump())
-
-    def metric_registries() -> list[CollectorRegistry]:
-        registries = [state.server_registry] if state.server_registry is not None else []
-        return registries + [model.metrics.registry for model in registry.all_models()
-                             if model.metrics is not None]
-
-    merged_metrics = MergedRegistries(metric_registries)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(merged_metrics), media_type=CONTENT_TYPE_LATEST)
-
+    for method, path, endpoint in ROUTES:
+        app.add_api_route(path, endpoint, methods=[method])
     add_web_routes(app, lambda: {name: model.engine for name, model in registry.ready.items()})
     return app
+
+
+# The routes (the ROUTES table at the end lists them). Each reads the server's state from its
+# app: build_app set app.state.pagoda, and the State and Registry dependencies read it.
+
+async def server_state(raw_request: Request) -> ServerState:
+    return raw_request.app.state.pagoda
+
+
+async def model_registry(raw_request: Request) -> ModelRegistry:
+    registry = raw_request.app.state.pagoda.registry
+    assert registry is not None, "build_app sets the registry"
+    return registry
+
+
+State = Annotated[ServerState, Depends(server_state)]
+Registry = Annotated[ModelRegistry, Depends(model_registry)]
+
+
+async def serve_with_model(registry: ModelRegistry, name: str | None, serve) -> Response:
+    """serve(RouteHandlers) -> Response, with the model held until the response ends."""
+    model = await registry.acquire(name)
+    try:
+        response = await serve(model.serving)
+    except BaseException:
+        registry.release(model)
+        raise
+    return release_with_response(response, lambda: registry.release(model))
+
+
+def check_admin(state: ServerState) -> None:
+    if state.api_key is None:
+        raise OpenAIError("Loading and unloading models needs the server to be started "
+                          "with --api-key (they load files of the server's machine).",
+                          403, "invalid_request_error", None, "admin_disabled")
+
+
+async def create_completion(raw_request: Request, registry: Registry) -> Response:
+    request = await parse_body(raw_request, CompletionRequest)
+    return await serve_with_model(
+        registry, request.model,
+        lambda serving: serving.completions.serve(request, raw_request))
+
+
+async def create_chat_completion(raw_request: Request, registry: Registry) -> Response:
+    request = await parse_body(raw_request, ChatCompletionRequest)
+    return await serve_with_model(
+        registry, request.model, lambda serving: serving.chat.serve(request, raw_request))
+
+
+async def list_models(registry: Registry) -> JSONResponse:
+    cards = [model_card(model, "ready") for model in registry.ready.values()]
+    cards += [ModelCard(id=name, state="loading") for name in registry.loading
+              if name not in registry.ready]
+    cards += [model_card(model, "draining") for model in registry.draining
+              if model.engine is not None]
+    return JSONResponse(ModelList(data=cards).model_dump())
+
+
+async def load_model(raw_request: Request, state: State, registry: Registry) -> JSONResponse:
+    check_admin(state)
+    request = await parse_body(raw_request, LoadModelRequest)
+    path = request.path
+    if path is None:
+        loaded = registry.ready.get(request.model)
+        if loaded is None:
+            raise bad_request(f"`{request.model}` is not loaded: give `path`, the model "
+                              "file or folder to load", param="path")
+        path = loaded.root
+    model = await registry.load(request.model, path, dict(request.options or {}))
+    return JSONResponse(model_card(model, "ready").model_dump())
+
+
+async def unload_model(raw_request: Request, state: State, registry: Registry) -> JSONResponse:
+    check_admin(state)
+    request = await parse_body(raw_request, UnloadModelRequest)
+    model = registry.ready.get(request.model)
+    card = model_card(model, "unloaded") if model is not None else None
+    await registry.unload(request.model)
+    return JSONResponse(card.model_dump())
+
+
+async def tokenize(raw_request: Request, registry: Registry) -> JSONResponse:
+    request = await parse_body(raw_request, TokenizeRequest)
+    model = await registry.get(request.model)
+    chat, engine = model.serving.chat, model.engine
+    if (request.prompt is None) == (request.messages is None):
+        raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
+    if request.messages is not None:
+        text = chat.render_prompt(request.messages, request.chat_template,
+                                  request.add_generation_prompt is not False)
+        # As for chat requests: the template placed the special tokens already.
+        add_special_tokens = request.add_special_tokens is True
+    else:
+        text = request.prompt
+        add_special_tokens = request.add_special_tokens is not False
+    tokens = chat.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    token_strs = None
+    if request.return_token_strs:
+        token_strs = chat.tokenizer.convert_ids_to_tokens(tokens)
+    return JSONResponse(TokenizeResponse(
+        count=len(tokens), max_model_len=engine.max_model_len, tokens=tokens,
+        token_strs=token_strs,
+    ).model_dump())
+
+
+async def detokenize(raw_request: Request, registry: Registry) -> JSONResponse:
+    request = await parse_body(raw_request, DetokenizeRequest)
+    model = await registry.get(request.model)
+    vocab_size = model.engine.vocab_size
+    for token_id in request.tokens:
+        if not 0 <= token_id < vocab_size:
+            raise bad_request(f"tokens: token id {token_id} is out of range; ids must be "
+                              f"in [0, {vocab_size})", param="tokens")
+    return JSONResponse(DetokenizeResponse(prompt=model.serving.chat.tokenizer.decode(
+        request.tokens)).model_dump())
+
+
+async def health(registry: Registry) -> Response:
+    for model in registry.all_models():
+        if model.engine is not None and not model.engine.is_alive:
+            raise server_error(f"model {model.name}: {model.engine.dead_message()}", 503)
+    return Response(status_code=200)
+
+
+async def version() -> JSONResponse:
+    return JSONResponse(VersionResponse(version=pagoda.__version__).model_dump())
+
+
+async def metrics(state: State, registry: Registry) -> Response:
+    """The server process's registry and each served model's, as one page."""
+    def registries() -> list[CollectorRegistry]:
+        own = [state.server_registry] if state.server_registry is not None else []
+        return own + [model.metrics.registry for model in registry.all_models()
+                      if model.metrics is not None]
+
+    return Response(generate_latest(MergedRegistries(registries)),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
+    ("POST", "/v1/completions", create_completion),
+    ("POST", "/v1/chat/completions", create_chat_completion),
+    ("GET", "/v1/models", list_models),
+    ("POST", "/v1/models/load", load_model),
+    ("POST", "/v1/models/unload", unload_model),
+    ("POST", "/tokenize", tokenize),
+    ("POST", "/detokenize", detokenize),
+    ("GET", "/health", health),
+    ("GET", "/version", version),
+    ("GET", "/metrics", metrics),
+)
+"""(method, path, handler) of every API route. A table rather than an APIRouter: FastAPI's
+include_router nests an included router's routes, and app.routes (which the OpenAPI test
+walks) would no longer list them."""

@@ -12,7 +12,7 @@ The bf16 kernel takes prefill tokens too (each against its own causal prefix), a
 faster than the padded, masked scaled_dot_product_attention there and closer to float32
 attention. Prefills stay on the torch path all the same: the switch lowered the bundled
 model's top-1 agreement with float32 (tests/executor/test_fidelity.py) below the project's
-bar, by flipping near-tied positions (figures: BENCHMARKS.md section 10).
+bar, by flipping near-tied positions (measured in BENCHMARKS.md).
 
 Batch-invariant (`--deterministic`, executor/batch_invariant.py): every token of the step,
 prefill or decode, is one query of the same kernel call against its own causal prefix

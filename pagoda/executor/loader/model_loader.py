@@ -62,7 +62,7 @@ def set_cpu_threads(num_ranks: int = 1) -> int:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bfloat16 on CUDA; float32 on every CPU, in prefill and in decode.
 
-    Measured per phase on each CPU kind (BENCHMARKS.md section 19): where Pagoda's bf16
+    Measured per phase on each CPU kind (BENCHMARKS.md): where Pagoda's bf16
     kernels run (AVX-512 BF16, AMX) float32 activations over the file's own packed types are
     as fast or faster in decode (the kernels stream the same packed bytes; bf16 adds
     conversions) and within a few percent in prefill, and bf16 is the coarser mode (its

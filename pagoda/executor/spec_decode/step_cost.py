@@ -10,9 +10,8 @@ Until the steps seen differ enough in size to fit b, the prior b / a = VERIFY_CO
 from __future__ import annotations
 
 VERIFY_COST = 0.3
-"""Prior cost of one more token in a step, in one-token steps (an AVX2 CPU with the bundled
-model measured nearer 0.4: a 1-token step ~8.5 ms, a 4-token step ~19.6 ms; BENCHMARKS.md
-section 15; the fit replaces the prior within a few dozen steps)."""
+"""Prior cost of one more token in a step, in one-token steps: a guess that only has to be
+of the right order, since the fit replaces it within a few dozen steps."""
 DECAY = 0.98
 """Weight kept by older observations at each new one (about the last 50 steps count)."""
 MIN_SIZE_VARIANCE = 0.25
