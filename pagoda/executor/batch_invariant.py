@@ -37,7 +37,6 @@ from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedEmbedding, PackedLinear
-from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.layers.rotary import RotaryEmbedding
 from pagoda.executor.models.llama import (
     LlamaAttention,
@@ -47,7 +46,7 @@ from pagoda.executor.models.llama import (
     LlamaModel,
 )
 
-SWITCHED = (Linear, PackedLinear, QuantizedLinear, RMSNorm, SiluAndMul)
+SWITCHED = (Linear, PackedLinear, RMSNorm, SiluAndMul)
 """Layers with a `batch_invariant` switch."""
 STRUCTURAL = (LlamaModel, LlamaDecoderLayer, LlamaAttention, LlamaMLP, RotaryEmbedding,
               Attention, nn.ModuleList, nn.Embedding, PackedEmbedding)
@@ -75,8 +74,8 @@ def make_batch_invariant(model: nn.Module, dtype: torch.dtype, device: torch.dev
 def _covered(module: nn.Module) -> bool:
     if isinstance(module, LlamaForCausalLM):
         return module.final_logit_softcap is None
-    if isinstance(module, QuantizedLinear):  # float32 on Pagoda's kernel, no dense weight
-        return module.kernel == "pagoda" and module.dense_weight is None
+    if isinstance(module, PackedLinear):  # float32 on the packed weight alone
+        return bool(module.segments) and module.takes_float32
     if isinstance(module, Attention):
         return module.logit_softcap is None
     return isinstance(module, SWITCHED) or type(module) in STRUCTURAL

@@ -13,9 +13,9 @@ rounding (tests/executor/test_decode_kernel.py).
 What it covers, checked once per KV cache (`WholeStackDecode.plan`):
     - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, LlamaMLP with SiLU, RMSNorm):
       Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Phi-3; not Gemma or MoE;
-    - every projection packed: a PackedLinear (a GGUF file's own types) of at most
-      MAX_SEGMENTS parts, or a QuantizedLinear on the float32 kernel (`--quantization
-      int4/int8`, AWQ / GPTQ folders);
+    - every projection packed: a PackedLinear of at most MAX_SEGMENTS parts (a GGUF file's
+      own types; `--quantization int4/int8`, AWQ / GPTQ folders: a QuantizedLinear on
+      Pagoda's kernel with no float weight kept);
     - float32 activations and a float32 paged cache on the C attention backend, one
       KV-cache group;
 and per step (`WholeStackDecode.forward`): a decode-only batch (each sequence's one new
@@ -37,7 +37,6 @@ from pagoda.executor.kernels.packed_weight import PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedLinear
-from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -75,17 +74,11 @@ class _Decoder(ctypes.Structure):
 
 def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:
     """A linear's weight as (format, out_features, planes) segments in the kernels' formats:
-    a PackedLinear's (a GGUF file's own types), or a QuantizedLinear's one segment
-    (`--quantization int4/int8` of a float checkpoint, AWQ / GPTQ folders) where it runs on
-    Pagoda's float32 kernel without a float copy; None for any other linear."""
-    if type(module) is PackedLinear:
+    a PackedLinear's (a GGUF file's own types, or `--quantization int4/int8` of a float
+    checkpoint and AWQ / GPTQ folders: a QuantizedLinear's one segment) where it runs
+    Pagoda's float32 kernels on its packed weight alone; None for any other linear."""
+    if isinstance(module, PackedLinear) and module.segments and module.takes_float32:
         return [(w.format, w.out_features, w.planes) for w in module.segments]
-    if (isinstance(module, QuantizedLinear) and module.kernel == "pagoda"
-            and module.dense_weight is None and module.scales.dtype == torch.float16):
-        planes = {"codes": module.codes, "scales": module.scales}
-        if module.mins is not None:
-            planes["mins"] = module.mins
-        return [(module.format, module.out_features, planes)]
     return None
 
 

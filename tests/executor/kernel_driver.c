@@ -61,9 +61,13 @@ int main(int argc, char **argv) {
         const int64_t *query_seq = (const int64_t *)p;
         const int64_t *key_lens = query_seq + T;
         float *out = malloc(T * H * D * sizeof(float));
-        pagoda_paged_attention_f32(query, kv_cache, tables, query_seq, key_lens, T, H, Hkv, D,
-                                   blocks, bs, width, window, (float)scale, NULL, NULL, 0, 0,
-                                   NULL, out);
+        const struct pagoda_attention_args args = {
+            .query = query, .kv_cache = kv_cache, .block_tables = tables,
+            .query_seq = query_seq, .key_lens = key_lens, .out = out, .num_tokens = T,
+            .num_heads = H, .num_kv_heads = Hkv, .head_dim = D, .num_blocks = blocks,
+            .block_size = bs, .table_width = width, .window = window, .scale = (float)scale,
+        };
+        pagoda_paged_attention_f32(&args);
         write_all(argv[3], out, T * H * D * sizeof(float));
         return 0;
     }

@@ -20,8 +20,8 @@ def header() -> str:
 
 
 def prototypes() -> dict[str, tuple[type | None, list[type]]]:
-    """name -> (restype, argtypes) of each `pagoda_*` prototype: any pointer is a void
-    pointer to ctypes."""
+    """name -> (restype, argtypes) of each `pagoda_*` prototype: a pointer to one of
+    abi.STRUCTS is a pointer to its mirror, any other pointer a void pointer to ctypes."""
     found = {}
     for restype, name, params in re.findall(r"\b(void|int)\s+(pagoda_\w+)\s*\(([^)]*)\)\s*;",
                                             header()):
@@ -30,12 +30,41 @@ def prototypes() -> dict[str, tuple[type | None, list[type]]]:
             param = param.strip()
             if param in ("void", ""):
                 continue
-            if "*" in param:
+            struct = re.match(r"(?:const\s+)?struct\s+(\w+)\s*\*", param)
+            if struct and struct[1] in abi.STRUCTS:
+                argtypes.append(ctypes.POINTER(abi.STRUCTS[struct[1]]))
+            elif "*" in param:
                 argtypes.append(ctypes.c_void_p)
             else:
                 argtypes.append(C_TYPES[param.replace("const ", "").split()[0]])
         found[name] = (C_TYPES[restype], argtypes)
     return found
+
+
+def structs() -> dict[str, list[tuple[str, type]]]:
+    """tag -> [(field, ctypes type)] of each `struct pagoda_* { ... };` of the header, one
+    field a declaration (any pointer a void pointer)."""
+    found = {}
+    for tag, body in re.findall(r"\bstruct\s+(pagoda_\w+)\s*\{([^}]*)\}\s*;", header()):
+        fields = []
+        for declaration in body.split(";"):
+            declaration = declaration.strip()
+            if not declaration:
+                continue
+            assert "," not in declaration and "[" not in declaration, declaration
+            name = re.search(r"(\w+)$", declaration)[1]
+            if "*" in declaration:
+                fields.append((name, ctypes.c_void_p))
+            else:
+                fields.append((name, C_TYPES[declaration.replace("const ", "").split()[0]]))
+        found[tag] = fields
+    return found
+
+
+def test_every_parameter_struct_is_mirrored_field_for_field() -> None:
+    declared = structs()
+    assert "pagoda_attention_args" in declared  # the parser really read the header
+    assert declared == {tag: list(mirror._fields_) for tag, mirror in abi.STRUCTS.items()}
 
 
 def test_every_prototype_has_its_signature_and_only_those() -> None:

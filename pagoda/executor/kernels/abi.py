@@ -43,11 +43,25 @@ def kv_cache_format(name: str) -> int:
 _int, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _PLANES = [_ptr] * 6
 """codes, high, scales, mins, sub_scales, sub_mins (packed_weight.PLANE_NAMES)"""
-_ATTENTION_TAIL = [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32,
-                   _ptr, _ptr, _i64, _i64, _ptr, _ptr]
-"""paged attention from block_tables on: block_tables, query_seq, key_lens, T, H, Hkv, D,
-num_blocks, block_size, table_width, window, scale, new_k, new_v, k_stride, v_stride, slots,
-out"""
+
+
+class AttentionArgs(ctypes.Structure):
+    """struct pagoda_attention_args of kernels.h, field for field: every paged attention
+    entry's one argument (csrc/attention_driver.h has the contract)."""
+
+    _fields_ = [
+        ("query", _ptr), ("kv_cache", _ptr), ("kv_scales", _ptr), ("block_tables", _ptr),
+        ("query_seq", _ptr), ("key_lens", _ptr), ("new_k", _ptr), ("new_v", _ptr),
+        ("slots", _ptr), ("out", _ptr), ("num_tokens", _i64), ("num_heads", _i64),
+        ("num_kv_heads", _i64), ("head_dim", _i64), ("num_blocks", _i64),
+        ("block_size", _i64), ("table_width", _i64), ("window", _i64), ("k_stride", _i64),
+        ("v_stride", _i64), ("scale", _f32), ("kv_format", _int),
+    ]
+
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {"pagoda_attention_args": AttentionArgs}
+"""The parameter structs of kernels.h: struct tag -> its ctypes mirror."""
+_ATTENTION = [ctypes.POINTER(AttentionArgs)]
 _GEMM_Q = [_int, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr]
 _GEMM_PACKED = [_int, _ptr, _i64, _i64, _i64, *_PLANES, _ptr]
 
@@ -55,7 +69,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # avx512_bf16.c
     "pagoda_bf16_kernels_available": (_int, []),
     "pagoda_gemm_q_bf16": (None, _GEMM_Q),
-    "pagoda_paged_attention_bf16": (None, [_ptr, _ptr, *_ATTENTION_TAIL]),
+    "pagoda_paged_attention_bf16": (None, _ATTENTION),
     # gemm_f32.c, gemm_dequantize_f32.c
     "pagoda_f32_vector_bytes": (_int, []),
     "pagoda_gemm_q_f32": (None, _GEMM_Q),
@@ -64,9 +78,9 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
     "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),
-    # attention_f32.c
-    "pagoda_paged_attention_f32": (None, [_ptr, _ptr, *_ATTENTION_TAIL]),
-    "pagoda_paged_attention_q8_f32": (None, [_int, _ptr, _ptr, _ptr, *_ATTENTION_TAIL]),
+    # attention_f32.c (paged attention: attention_driver.c)
+    "pagoda_paged_attention_f32": (None, _ATTENTION),
+    "pagoda_paged_attention_q8_f32": (None, _ATTENTION),
     "pagoda_rms_norm_f32": (None, [_ptr, _ptr, _ptr, _f32, _i64, _i64, _ptr, _ptr]),
     # decoder_f32.c (the model: whole_stack_decode.py's _Decoder, by address)
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),

@@ -8,12 +8,13 @@ is."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 import torch
 
 from pagoda.executor.attention.kv_quant import QuantizedKVCache
-from pagoda.executor.kernels.abi import kv_cache_format, weight_format
+from pagoda.executor.kernels.abi import AttentionArgs, kv_cache_format, weight_format
 from pagoda.executor.kernels.build import load_cpu_kernels
 from pagoda.executor.kernels.packing import TILE_N
 
@@ -187,23 +188,24 @@ def paged_attention(
     _, num_kv_heads, num_blocks, block_size, _ = kv_cache.shape
     query = query.contiguous()
     out = torch.empty_like(query)
-    new_k = new_v = slots = None
-    k_stride = v_stride = 0
+    args = AttentionArgs(
+        query=query.data_ptr(), block_tables=block_tables.data_ptr(),
+        query_seq=query_seq.data_ptr(), key_lens=key_lens.data_ptr(), out=out.data_ptr(),
+        num_tokens=num_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, num_blocks=num_blocks, block_size=block_size,
+        table_width=block_tables.shape[1], window=window or 0, scale=scale)
+    if quantized:
+        args.kv_cache, args.kv_scales = kv_cache.codes.data_ptr(), kv_cache.scales.data_ptr()
+        args.kv_format = kv_cache_format(kv_cache.kv_cache_dtype)
+    else:
+        args.kv_cache = kv_cache.data_ptr()
     if new_keys is not None:
         # named, not temporaries: each must outlive the call that reads its pointer
         key, value = _token_rows(new_keys[0]), _token_rows(new_keys[1])
         slot_mapping = new_keys[2].to(torch.int64).contiguous()
-        new_k, new_v, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
-        k_stride, v_stride = key.stride(0), value.stride(0)
-    cache_args = ((kv_cache_format(kv_cache.kv_cache_dtype), query.data_ptr(),
-                   kv_cache.codes.data_ptr(), kv_cache.scales.data_ptr()) if quantized
-                  else (query.data_ptr(), kv_cache.data_ptr()))
-    kernel(
-        *cache_args, block_tables.data_ptr(), query_seq.data_ptr(),
-        key_lens.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, num_blocks,
-        block_size, block_tables.shape[1], window or 0, scale, new_k, new_v, k_stride, v_stride,
-        slots, out.data_ptr(),
-    )
+        args.new_k, args.new_v, args.slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
+        args.k_stride, args.v_stride = key.stride(0), value.stride(0)
+    kernel(ctypes.byref(args))
     return out
 
 

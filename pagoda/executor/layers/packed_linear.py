@@ -27,10 +27,12 @@ from pagoda.executor.kernels.packed_weight import (
     gemm_packed_op,
     plane_list,
 )
-from pagoda.executor.layers.quantization import DEFAULT_DENSE_FROM_ROWS
 
 BF16_KERNEL_FORMATS = ("q4", "q8")
 """Formats the bf16 kernels (csrc/avx512_bf16.c) multiply; others run in float32."""
+BF16_KERNEL_BELOW_ROWS = 32
+"""Below this many bf16 rows a q4 / q8 segment takes the bf16 kernel; from it on the rows are
+multiplied in float32 (quantization.py's DEFAULT_DENSE_FROM_ROWS: where a bf16 matmul wins)."""
 
 
 def merge_segments(parts: list[PackedWeight]) -> list[PackedWeight]:
@@ -56,7 +58,12 @@ class PackedLinear(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.bias = bias
+        self.bf16_kernels = kernels_available(torch.bfloat16)
+        """Whether the bf16 kernels run here: asked once, not per call (the question is no
+        graph op: under torch.compile it would break the graph at every linear)."""
 
+    bf16_kernel_below_rows: int | None = BF16_KERNEL_BELOW_ROWS
+    """bf16 rows of a q4 / q8 segment take the bf16 kernel below this many (None: always)."""
     takes_float32 = True
     """Float32 rows run the float32 kernels on every CPU (a logits head is fed float32)."""
     batch_invariant = False
@@ -83,11 +90,11 @@ class PackedLinear(nn.Module):
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
-    @staticmethod
-    def _matmul(rows: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    def _matmul(self, rows: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
         compiling = torch.compiler.is_compiling()  # then the opaque ops (packed_weight.py)
+        below = self.bf16_kernel_below_rows
         if (rows.dtype == torch.bfloat16 and weight.format in BF16_KERNEL_FORMATS
-                and rows.shape[0] < DEFAULT_DENSE_FROM_ROWS and kernels_available(rows.dtype)):
+                and (below is None or rows.shape[0] < below) and self.bf16_kernels):
             planes = weight.planes
             return (gemm_q_op if compiling else gemm_q)(
                 rows, planes["codes"], planes["scales"], planes.get("mins"), weight.format,

@@ -13,7 +13,9 @@ SmolLM2 it is the tied embedding table, which the GGUF file holds as Q8_0.
 
 Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
 - "pagoda": Pagoda's own C kernels (pagoda/executor/kernels/csrc/), which decode a tile of
-  weights once and reuse it for every row of the step:
+  weights once and reuse it for every row of the step. The weight is then a PackedWeight
+  in format "q4" / "q8" (kernels/packed_weight.py) and the layer a PackedLinear of that
+  one segment, run as a GGUF file's packed weights are: one quantized-linear stack.
   - bf16 activations on CPUs with AVX-512 BF16 (avx512_bf16.c). PyTorch's int4/int8
     kernels dequantize per row and are slower than a bf16 matmul from ~8 rows on; this one
     stays fast up to 16 rows. From `dense_from_rows` rows on (prefills, large batches) a
@@ -41,7 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.config import QUANTIZATION_METHODS
-from pagoda.executor.kernels.ops import gemm_q, gemm_q_op, kernels_available
+from pagoda.executor.kernels.ops import kernels_available
+from pagoda.executor.kernels.packed_weight import PackedWeight
 from pagoda.executor.kernels.packing import (
     GROUP_K,
     GroupQuantized,
@@ -50,6 +53,7 @@ from pagoda.executor.kernels.packing import (
     quantize_groups,
 )
 from pagoda.executor.layers.linear import Linear
+from pagoda.executor.layers.packed_linear import BF16_KERNEL_BELOW_ROWS, PackedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ METHOD_FORMATS = {"int4": "q4", "int8": "q8"}
 HEAD_METHOD = "int8"
 INT4_INNER_K_TILES = 2
 """Packing parameter of PyTorch's CPU int4 kernel (2, 4 or 8); 2 accepts any K % 32 == 0."""
-DEFAULT_DENSE_FROM_ROWS = 32
+DEFAULT_DENSE_FROM_ROWS = BF16_KERNEL_BELOW_ROWS
 """From this many rows a step's matmul takes the float weight (see the docstring)."""
 
 
@@ -88,9 +92,14 @@ def torch_int4_scales_and_zeros(quantized: GroupQuantized) -> torch.Tensor:
     return torch.stack((scales, mins + 8 * scales), dim=-1).transpose(0, 1).contiguous()
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(PackedLinear):
     """y = x W^T (+ b) with W int8 or int4 (see the module docstring). Input (..., in) in the
     run dtype; output (..., out) in the same dtype.
+
+    On Pagoda's kernel the weight is one PackedWeight ("q4" / "q8"), the layer's one segment:
+    a PackedLinear like a GGUF file's, which is how every consumer (the whole-stack decode
+    step, --deterministic, tensor-parallel slicing) reads it. The fallback kernels hold
+    their own tensors (`fallback_codes`, `fallback_scales`) and no segment.
 
     `dense_weight`: the float weight, used from `dense_from_rows` rows on (None: never)."""
 
@@ -101,38 +110,66 @@ class QuantizedLinear(nn.Module):
         method: str,
         dense_from_rows: int | None = DEFAULT_DENSE_FROM_ROWS,
     ) -> None:
-        super().__init__()
         if weight.device.type != "cpu":
             raise ValueError(f"quantized weights must be on the CPU, got {weight.device}")
         if method not in METHOD_FORMATS:
             raise ValueError(f"unknown quantization method {method!r}")
-        self.method, self.format = method, METHOD_FORMATS[method]
-        self.out_features, self.in_features = weight.shape
-        check_packable(self.out_features, self.in_features)
-        self.kernel = choose_kernel(method, weight.dtype)
-        mins = None
-        if self.kernel == "pagoda":
-            codes, scales, mins = quantize_and_pack(weight, self.format)
+        check_packable(*weight.shape)
+        kernel = choose_kernel(method, weight.dtype)
+        if kernel == "pagoda":
+            self._init_layer(method, kernel, weight.shape, bias,
+                             packed=packed_weight(METHOD_FORMATS[method], weight.shape,
+                                                  quantize_and_pack(weight, METHOD_FORMATS[method])))
         else:
-            quantized = quantize_groups(weight, self.format)
-        if self.kernel == "torch-int4":
-            codes = torch._convert_weight_to_int4pack_for_cpu(quantized.codes.int(), INT4_INNER_K_TILES)
-            scales = torch_int4_scales_and_zeros(quantized).to(weight.dtype)
-        elif self.kernel == "dense":
-            codes, scales = quantized.dequantize().to(weight.dtype), None
-        self.register_buffer("codes", codes)
-        self.register_buffer("scales", scales)
-        self.register_buffer("mins", mins)
-        self.bias = bias
+            self._init_layer(method, kernel, weight.shape, bias,
+                             fallback=quantize_groups(weight, METHOD_FORMATS[method]),
+                             dtype=weight.dtype)
         # The float32 kernel multiplies large batches by a dequantized slice instead.
         keep_dense = dense_from_rows is not None and not (
             self.kernel == "pagoda" and weight.dtype == torch.float32)
         self.dense_weight = weight if keep_dense else None
         self.dense_from_rows = dense_from_rows
 
-    batch_invariant = False
-    """Set by executor/batch_invariant.py (float32 on the "pagoda" kernel, no dense weight):
-    the row-wise kernel at every row count."""
+    def _init_layer(
+        self, method: str, kernel: str, shape: tuple[int, int], bias: torch.Tensor | None,
+        packed: PackedWeight | None = None, fallback: GroupQuantized | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """The layer over `packed` (Pagoda's kernel) or, for the fallback kernels, the group
+        quantized `fallback` in the `dtype` the layer runs."""
+        nn.Module.__init__(self)
+        self.method, self.format, self.kernel = method, METHOD_FORMATS[method], kernel
+        self.out_features, self.in_features = shape
+        self.segments = [] if packed is None else [packed]
+        self.bf16_kernels = kernel == "pagoda" and kernels_available(torch.bfloat16)
+        codes = scales = None
+        if kernel == "torch-int4":
+            codes = torch._convert_weight_to_int4pack_for_cpu(fallback.codes.int(),
+                                                              INT4_INNER_K_TILES)
+            scales = torch_int4_scales_and_zeros(fallback).to(dtype)
+        elif kernel == "dense":
+            codes = fallback.dequantize().to(dtype)
+        self.register_buffer("fallback_codes", codes)
+        self.register_buffer("fallback_scales", scales)
+        self.bias = bias
+        self.dense_weight, self.dense_from_rows = None, None
+
+    bf16_kernel_below_rows = None
+    """Pagoda's bf16 kernel at any row count: large batches take the float weight where the
+    layer keeps one (dense_from_rows)."""
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """The packed codes plane (Pagoda's kernel), else the fallback kernel's codes."""
+        return self.segments[0].planes["codes"] if self.segments else self.fallback_codes
+
+    @property
+    def scales(self) -> torch.Tensor | None:
+        return self.segments[0].planes["scales"] if self.segments else self.fallback_scales
+
+    @property
+    def mins(self) -> torch.Tensor | None:
+        return self.segments[0].planes.get("mins") if self.segments else None
 
     @property
     def takes_float32(self) -> bool:
@@ -148,28 +185,34 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # (M, in)
         if self.dense_weight is not None and rows.shape[0] >= self.dense_from_rows:
             y = F.linear(rows, self.dense_weight, self.bias)
-        else:
-            y = self._quantized_matmul(rows.contiguous())
-            if self.bias is not None:
-                y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def _quantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.batch_invariant:
-            return gemm_q(rows, self.codes, self.scales, self.mins, self.format,
-                          self.out_features, rowwise=True)
-        if self.kernel == "pagoda":
-            gemm = gemm_q_op if torch.compiler.is_compiling() else gemm_q
-            return gemm(rows, self.codes, self.scales, self.mins, self.format, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
+        if self.segments:  # Pagoda's kernel: the packed segment's (PackedLinear)
+            return super().forward(x)
+        rows = rows.contiguous()
         if self.kernel == "torch-int4":
-            return torch._weight_int4pack_mm_for_cpu(rows, self.codes, GROUP_K, self.scales)
-        return F.linear(rows, self.codes)
+            y = torch._weight_int4pack_mm_for_cpu(rows, self.fallback_codes, GROUP_K,
+                                                  self.fallback_scales)
+        else:
+            y = F.linear(rows, self.fallback_codes)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, {self.method}, "
             f"kernel={self.kernel}, dense_from_rows={self.dense_from_rows}"
         )
+
+
+def packed_weight(format: str, shape: tuple[int, int],
+                  planes: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> PackedWeight:
+    """packing.pack's (codes, scales, mins) of an (out, in) weight as a PackedWeight."""
+    codes, scales, mins = planes
+    named = {"codes": codes, "scales": scales}
+    if mins is not None:
+        named["mins"] = mins
+    return PackedWeight(format, *shape, named)
 
 
 def quantize_linear_layers(

@@ -37,12 +37,7 @@ from torch import nn
 
 from pagoda.executor.kernels.packing import GROUP_K, GroupQuantized, check_packable, pack
 from pagoda.executor.layers.linear import Linear
-from pagoda.executor.layers.quantization import (
-    INT4_INNER_K_TILES,
-    QuantizedLinear,
-    choose_kernel,
-    torch_int4_scales_and_zeros,
-)
+from pagoda.executor.layers.quantization import QuantizedLinear, choose_kernel, packed_weight
 from pagoda.executor.loader.linear_parts import QuantizedLinearParts, linear_target
 
 METHODS = ("awq", "gptq")
@@ -173,22 +168,14 @@ class PrepackedInt4Linear(QuantizedLinear):
 
     def __init__(self, quantized: GroupQuantized, bias: torch.Tensor | None, dtype: torch.dtype
                  ) -> None:
-        nn.Module.__init__(self)
-        self.method, self.format = "int4", "q4"
-        self.out_features, self.in_features = quantized.codes.shape
-        check_packable(self.out_features, self.in_features)
-        self.kernel = choose_kernel("int4", dtype)
-        if self.kernel == "pagoda":
-            codes, scales, mins = pack(quantized)
+        shape = quantized.codes.shape
+        check_packable(*shape)
+        kernel = choose_kernel("int4", dtype)
+        if kernel == "pagoda":
+            self._init_layer("int4", kernel, shape, bias,
+                             packed=packed_weight("q4", shape, pack(quantized)))
         else:
-            codes = torch._convert_weight_to_int4pack_for_cpu(quantized.codes.int(),
-                                                              INT4_INNER_K_TILES)
-            scales, mins = torch_int4_scales_and_zeros(quantized).to(dtype), None
-        self.register_buffer("codes", codes)
-        self.register_buffer("scales", scales)
-        self.register_buffer("mins", mins)
-        self.bias = bias
-        self.dense_weight, self.dense_from_rows = None, None
+            self._init_layer("int4", kernel, shape, bias, fallback=quantized, dtype=dtype)
 
 
 class PrequantizedLoader:

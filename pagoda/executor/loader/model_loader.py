@@ -125,10 +125,11 @@ def resolve_quantization(
 def weight_formats(model: nn.Module) -> str | None:
     """What the model's linears hold, for the start-up log: e.g. "int4", "packed q4k/q5/q6k"
     (a GGUF file's own types), or None for float weights."""
+    method = next((m.method for m in model.modules() if isinstance(m, QuantizedLinear)), None)
+    if method is not None:
+        return method
     packed = sorted({f for m in model.modules() if isinstance(m, PackedLinear) for f in m.formats})
-    if packed:
-        return "packed " + "/".join(packed)
-    return next((m.method for m in model.modules() if isinstance(m, QuantizedLinear)), None)
+    return "packed " + "/".join(packed) if packed else None
 
 
 def release_freed_memory() -> None:

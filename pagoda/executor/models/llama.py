@@ -206,7 +206,7 @@ class LlamaForCausalLM(nn.Module):
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (n, hidden_size) -> logits (n, vocab_size), float32 wherever the head's
         weights allow it cheaply: a packed or Pagoda-quantized head takes float32 rows (its
-        kernels accumulate and write float32), so bf16 activations never round the logits
+        C matmuls accumulate and write float32), so bf16 activations never round the logits
         the sampler ranks (bf16 logits make exact ties: the bundled model's first answer
         token was one). A float head runs in the model's dtype (the sampler converts).
 

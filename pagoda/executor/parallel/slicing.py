@@ -27,17 +27,11 @@ from pagoda.executor.layers.quantization import QuantizedLinear
 
 def _as_packed_or_float(module: nn.Module) -> tuple[list[PackedWeight] | None, torch.Tensor | None]:
     """(packed segments, None) or (None, float weight (out, in))."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear) and module.segments:
         return list(module.segments), None
-    if isinstance(module, QuantizedLinear):
-        if module.kernel == "pagoda" and module.scales.dtype == torch.float16:
-            planes = {"codes": module.codes, "scales": module.scales}
-            if module.mins is not None:
-                planes["mins"] = module.mins
-            return [PackedWeight(module.format, module.out_features, module.in_features,
-                                 planes)], None
+    if isinstance(module, QuantizedLinear):  # a fallback kernel's (no C compiler)
         if module.kernel == "dense":
-            return None, module.codes
+            return None, module.fallback_codes
         raise ValueError(
             f"tensor parallelism cannot split a {module.method} layer on the {module.kernel} "
             f"kernel (torch's int4 layout); use --quantization none or a GGUF file")

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "attention_driver.h"
 #include "vec_f32.h"
 
 /* Softmax of each of G rows of n scores, in place. */
@@ -68,57 +69,31 @@ ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_
     case 1: ATTEND(1, DC); break; case 2: ATTEND(2, DC); break; case 3: ATTEND(3, DC); break; \
     case 4: ATTEND(4, DC); break; case 8: ATTEND(8, DC); break; default: ATTEND(G, DC); }
 
-/* Attention over the paged cache, float32, the same contract as avx512_bf16.c's
- * pagoda_paged_attention_bf16: query token t attends the first key_lens[t] keys of sequence
- * query_seq[t] (the last `window` of them when window > 0); new_k / new_v / slots, when
- * given, are this step's keys and values (decode tokens only), written before reading.
- *   query, out (T, H, D); kv_cache (2, Hkv, num_blocks, block_size, D); block_tables
- *   (S, table_width) int64; query_seq, key_lens (T,) int64
- * D % 16 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks). */
-void pagoda_paged_attention_f32(
-    const float *query, float *kv_cache, const int64_t *block_tables,
-    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
-    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, const float *new_k, const float *new_v, int64_t k_stride,
-    int64_t v_stride, const int64_t *slots, float *out) {
-    const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
-    float *v_cache = kv_cache + Hkv * head_stride;
-    int64_t max_len = 0;
-    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
-        if (new_k != NULL) {
-            /* Every new key and value is in place before any token attends (the barrier
-             * ending this loop): a token may attend to another of this step (verifying
-             * speculative proposals, each as its own query row). */
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < T * Hkv; task++) {
-                const int64_t t = task / Hkv, h = task % Hkv;
-                memcpy(kv_cache + h * head_stride + slots[t] * D, new_k + t * k_stride + h * D,
-                       D * sizeof(float));
-                memcpy(v_cache + h * head_stride + slots[t] * D, new_v + t * v_stride + h * D,
-                       D * sizeof(float));
-            }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < T * Hkv; task++) {
-            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
-            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
-            const int64_t *table = block_tables + query_seq[t] * table_width;
-            float *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
-            const float *q_rows = query + (t * H + h * G) * D;
-            float *out_rows = out + (t * H + h * G) * D;
-            if (D == 64) {
-                ATTEND_GROUPS(64)
-            } else if (D == 128) {
-                ATTEND_GROUPS(128)
-            } else {
-                ATTEND(G, D);
-            }
-        }
-        free(scores);
+/* attention_driver.h's task on a float32 cache: G and D constants where the switch names
+ * them, so that the query and accumulator arrays live in registers. */
+static void attend_f32(const struct pagoda_attention_args *a, const attention_task_t *task,
+                       float *scores) {
+    const int64_t G = task->G, D = a->head_dim, block_size = a->block_size;
+    const int64_t first = task->first, n = task->n, *table = task->table;
+    const float scale = a->scale;
+    const float *cache = a->kv_cache;
+    const float *k_head = cache + cache_head_offset(a, 0, task->h);
+    const float *v_head = cache + cache_head_offset(a, 1, task->h);
+    const float *q_rows = (const float *)a->query + task->row;
+    float *out_rows = (float *)a->out + task->row;
+    if (D == 64) {
+        ATTEND_GROUPS(64)
+    } else if (D == 128) {
+        ATTEND_GROUPS(128)
+    } else {
+        ATTEND(G, D);
     }
+}
+
+/* Attention over a float32 paged cache (attention_driver.h has the contract). */
+void pagoda_paged_attention_f32(const struct pagoda_attention_args *args) {
+    paged_attention_driver(args, (attention_kind_t){.value_bytes = sizeof(float),
+                                                    .attend = attend_f32});
 }
 
 /* ---- the 8-bit KV cache (pagoda/executor/attention/kv_quant.py has the layout) ----------
@@ -250,55 +225,52 @@ ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64
     else if (D == 128) ATTEND_Q8(F, G, 128); \
     else ATTEND_Q8(F, G, D);
 
-/* pagoda_paged_attention_f32 on the 8-bit cache: the same contract, with kv_codes and
- * kv_scales (layout above) for kv_cache and `format` one of KV_INT8, KV_FP8_E4M3,
- * KV_FP8_E5M2. new_k / new_v rows, when given, are quantized (quantize_row) into their slots
- * before reading. */
-void pagoda_paged_attention_q8_f32(
-    int format, const float *query, uint8_t *kv_codes, uint16_t *kv_scales,
-    const int64_t *block_tables, const int64_t *query_seq, const int64_t *key_lens, int64_t T,
-    int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
-    int64_t table_width, int64_t window, float scale, const float *new_k, const float *new_v,
-    int64_t k_stride, int64_t v_stride, const int64_t *slots, float *out) {
-    const int64_t G = H / Hkv, head_rows = num_blocks * block_size;
-    uint8_t *v_codes = kv_codes + Hkv * head_rows * D;
-    uint16_t *v_scales_all = kv_scales + Hkv * head_rows;
-    int64_t max_len = 0;
-    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + LANES)));
-        if (new_k != NULL) {  /* all written before any token attends: see above */
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < T * Hkv; task++) {
-                const int64_t t = task / Hkv, h = task % Hkv;
-                quantize_row(format, new_k + t * k_stride + h * D, D,
-                             kv_codes + (h * head_rows + slots[t]) * D,
-                             kv_scales + h * head_rows + slots[t]);
-                quantize_row(format, new_v + t * v_stride + h * D, D,
-                             v_codes + (h * head_rows + slots[t]) * D,
-                             v_scales_all + h * head_rows + slots[t]);
-            }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < T * Hkv; task++) {
-            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
-            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
-            const int64_t *table = block_tables + query_seq[t] * table_width;
-            uint8_t *k_head = kv_codes + h * head_rows * D, *v_head = v_codes + h * head_rows * D;
-            uint16_t *k_scales = kv_scales + h * head_rows, *v_scales = v_scales_all + h * head_rows;
-            const float *q_rows = query + (t * H + h * G) * D;
-            float *out_rows = out + (t * H + h * G) * D;
-            if (format == KV_INT8) {
-                ATTEND_Q8_SHAPES(KV_INT8)
-            } else if (format == KV_FP8_E4M3) {
-                ATTEND_Q8_SHAPES(KV_FP8_E4M3)
-            } else {
-                ATTEND_Q8_SHAPES(KV_FP8_E5M2)
-            }
-        }
-        free(scores);
+/* Where KV head h's keys (values: which = 1) scales start in the 8-bit cache. */
+ALWAYS_INLINE int64_t scales_head_offset(const struct pagoda_attention_args *a, int which,
+                                         int64_t h) {
+    return ((int64_t)which * a->num_kv_heads + h) * a->num_blocks * a->block_size;
+}
+
+/* The new key and value rows of token t, KV head h, quantized (quantize_row) into their slot. */
+static void write_new_kv_q8(const struct pagoda_attention_args *a, int64_t t, int64_t h) {
+    const int format = a->kv_format;
+    const int64_t D = a->head_dim, slot = a->slots[t];
+    uint8_t *codes = a->kv_cache;
+    quantize_row(format, (const float *)a->new_k + t * a->k_stride + h * D, D,
+                 codes + cache_head_offset(a, 0, h) + slot * D,
+                 a->kv_scales + scales_head_offset(a, 0, h) + slot);
+    quantize_row(format, (const float *)a->new_v + t * a->v_stride + h * D, D,
+                 codes + cache_head_offset(a, 1, h) + slot * D,
+                 a->kv_scales + scales_head_offset(a, 1, h) + slot);
+}
+
+/* attention_driver.h's task on the 8-bit cache, the format a constant in each branch. */
+static void attend_q8(const struct pagoda_attention_args *a, const attention_task_t *task,
+                      float *scores) {
+    const int64_t G = task->G, D = a->head_dim, block_size = a->block_size;
+    const int64_t first = task->first, n = task->n, *table = task->table;
+    const float scale = a->scale;
+    const uint8_t *codes = a->kv_cache;
+    const uint8_t *k_head = codes + cache_head_offset(a, 0, task->h);
+    const uint8_t *v_head = codes + cache_head_offset(a, 1, task->h);
+    const uint16_t *k_scales = a->kv_scales + scales_head_offset(a, 0, task->h);
+    const uint16_t *v_scales = a->kv_scales + scales_head_offset(a, 1, task->h);
+    const float *q_rows = (const float *)a->query + task->row;
+    float *out_rows = (float *)a->out + task->row;
+    if (a->kv_format == KV_INT8) {
+        ATTEND_Q8_SHAPES(KV_INT8)
+    } else if (a->kv_format == KV_FP8_E4M3) {
+        ATTEND_Q8_SHAPES(KV_FP8_E4M3)
+    } else {
+        ATTEND_Q8_SHAPES(KV_FP8_E5M2)
     }
+}
+
+/* pagoda_paged_attention_f32 on the 8-bit cache: kv_cache holds the codes, kv_scales their
+ * scales (layout above), kv_format is KV_INT8, KV_FP8_E4M3 or KV_FP8_E5M2. */
+void pagoda_paged_attention_q8_f32(const struct pagoda_attention_args *args) {
+    paged_attention_driver(args, (attention_kind_t){.write_new_kv = write_new_kv_q8,
+                                                    .attend = attend_q8});
 }
 
 /* RMSNorm of M rows of H floats, with the residual add fused in front (x + residual, when

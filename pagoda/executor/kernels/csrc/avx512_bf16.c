@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_driver.h"
 #include "kernels.h"
 
 #define Q4_ROWS 8  /* rows of x one pass keeps in registers (2 accumulators a row) */
@@ -300,64 +301,32 @@ ALWAYS_INLINE void attend_task(
     case 4: ATTEND(4, DC); break; case 5: ATTEND(5, DC); break; case 6: ATTEND(6, DC); break; \
     case 7: ATTEND(7, DC); break; case 8: ATTEND(8, DC); break; default: ATTEND(G, DC); }
 
-/* Attention over the paged cache for any mix of decode and prefill tokens: query token t
- * attends the first key_lens[t] keys of sequence query_seq[t] (key_lens = its position + 1:
- * causal), or only the last `window` of them when window > 0 (sliding window).
- *   query (T, H, D) bf16; out (T, H, D) bf16
- *   kv_cache (2, Hkv, num_blocks, block_size, D) bf16 (K then V, head-major; see
- *     pagoda/executor/attention/torch_backend.py), this step's keys already written, or:
- *   new_k, new_v (T, Hkv, D) bf16 with token strides k_stride, v_stride (elements), and
- *     slots (T,) int64 (flat block * block_size + row): this step's keys and values, which
- *     each task writes (its token's row of its KV head) before reading. Only valid when
- *     every query token is the only new token of its sequence (decode); NULL: none to write.
- *   block_tables (S, table_width) int64; query_seq, key_lens (T,) int64
- * D % 32 == 0, D <= MAX_HEAD_DIM, H / Hkv <= MAX_GROUP (the caller checks).
- * One task per (token, KV head): scores and softmax in float32 (scores kept in `scratch`,
- * one row of keys per query head), keys and values read in place through the block table. */
-void pagoda_paged_attention_bf16(
-    const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
-    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
-    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
-    int64_t v_stride, const int64_t *slots, uint16_t *out) {
-    const int64_t G = H / Hkv, head_stride = num_blocks * block_size * D;
-    uint16_t *v_cache = kv_cache + Hkv * head_stride;
-    int64_t max_len = 0;
-    for (int64_t i = 0; i < T; i++) max_len = key_lens[i] > max_len ? key_lens[i] : max_len;
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(G * (max_len + 16)));
-        if (new_k != NULL) {
-            /* Every new key and value is in place before any token attends (the barrier
-             * ending this loop): a token may attend to another of this step (verifying
-             * speculative proposals, each as its own query row). */
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < T * Hkv; task++) {
-                const int64_t t = task / Hkv, h = task % Hkv;
-                memcpy(kv_cache + h * head_stride + slots[t] * D, new_k + t * k_stride + h * D,
-                       D * sizeof(uint16_t));
-                memcpy(v_cache + h * head_stride + slots[t] * D, new_v + t * v_stride + h * D,
-                       D * sizeof(uint16_t));
-            }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < T * Hkv; task++) {
-            const int64_t t = task / Hkv, h = task % Hkv, len = key_lens[t];
-            const int64_t first = window > 0 && len > window ? len - window : 0, n = len - first;
-            const int64_t *table = block_tables + query_seq[t] * table_width;
-            uint16_t *k_head = kv_cache + h * head_stride, *v_head = v_cache + h * head_stride;
-            const uint16_t *q_rows = query + (t * H + h * G) * D;
-            uint16_t *out_rows = out + (t * H + h * G) * D;
-            if (D == 64) {
-                ATTEND_GROUPS(64)
-            } else if (D == 128) {
-                ATTEND_GROUPS(128)
-            } else {
-                ATTEND(G, D);
-            }
-        }
-        free(scores);
+/* attention_driver.h's task on a bf16 cache. G and D are constants where the switch names
+ * them, so that the query and accumulator arrays live in registers. */
+static void attend_bf16(const struct pagoda_attention_args *a, const attention_task_t *task,
+                        float *scores) {
+    const int64_t G = task->G, D = a->head_dim, block_size = a->block_size;
+    const int64_t first = task->first, n = task->n, *table = task->table;
+    const float scale = a->scale;
+    const uint16_t *cache = a->kv_cache;
+    const uint16_t *k_head = cache + cache_head_offset(a, 0, task->h);
+    const uint16_t *v_head = cache + cache_head_offset(a, 1, task->h);
+    const uint16_t *q_rows = (const uint16_t *)a->query + task->row;
+    uint16_t *out_rows = (uint16_t *)a->out + task->row;
+    if (D == 64) {
+        ATTEND_GROUPS(64)
+    } else if (D == 128) {
+        ATTEND_GROUPS(128)
+    } else {
+        ATTEND(G, D);
     }
+}
+
+/* Attention over a bf16 paged cache for any mix of decode and prefill tokens
+ * (attention_driver.h has the contract; D % 32 == 0). */
+void pagoda_paged_attention_bf16(const struct pagoda_attention_args *args) {
+    paged_attention_driver(args, (attention_kind_t){.value_bytes = sizeof(uint16_t),
+                                                    .attend = attend_bf16});
 }
 
 #else /* no AVX-512 BF16: only this symbol; the Python side checks it before declaring the

@@ -132,10 +132,16 @@ void pagoda_decode_layers_f32(const decoder_t *model, int64_t T, float *x,
             rotate(k, Hkv, D, R, cos, sin);
             memcpy(query + t * q_size, q, (size_t)q_size * sizeof(float));
         }
-        pagoda_paged_attention_f32(query, layer->kv_cache, block_tables, query_seq, key_lens, T,
-                                   H, Hkv, D, model->num_blocks, model->block_size, table_width,
-                                   layer->window, layer->scale, qkv + q_size,
-                                   qkv + q_size + kv_size, qkv_size, qkv_size, slots, attended);
+        const struct pagoda_attention_args attention = {
+            .query = query, .kv_cache = layer->kv_cache, .block_tables = block_tables,
+            .query_seq = query_seq, .key_lens = key_lens, .new_k = qkv + q_size,
+            .new_v = qkv + q_size + kv_size, .slots = slots, .out = attended,
+            .num_tokens = T, .num_heads = H, .num_kv_heads = Hkv, .head_dim = D,
+            .num_blocks = model->num_blocks, .block_size = model->block_size,
+            .table_width = table_width, .window = layer->window, .k_stride = qkv_size,
+            .v_stride = qkv_size, .scale = layer->scale,
+        };
+        pagoda_paged_attention_f32(&attention);
         linear(&layer->o, attended, T, sum);
         pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
         linear(&layer->gate_up, normed, T, gate_up);

@@ -8,8 +8,11 @@
  *   gemm_f32.c      float32 activations, the quantized matmul (every format below),
  *   gemm_dequantize_f32.c  its dequantization (large batches, embedding rows; gemm_packed.h
  *                   holds what both read of the packed formats),
- *   attention_f32.c paged attention and RMSNorm: GCC vector extensions (vec_f32.h), AVX-512F
- *                   (16 lanes), AVX2 + FMA (8 lanes), NEON / SSE / anything else (4 lanes)
+ *   attention_f32.c paged attention's float32 and 8-bit-cache inner loops, and RMSNorm: GCC
+ *                   vector extensions (vec_f32.h), AVX-512F (16 lanes), AVX2 + FMA (8
+ *                   lanes), NEON / SSE / anything else (4 lanes)
+ *   attention_driver.c  the one paged-attention driver (tasks, new keys, threads) that
+ *                   every kind of attention hands its inner loops (attention_driver.h)
  *
  * Packed weights (pagoda/executor/kernels/packing.py writes them), per tile of TILE_N = 16
  * outputs n0 .. n0+15 and group of GROUP_K = 32 inputs k0 .. k0+31. A pair p covers inputs
@@ -64,17 +67,40 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* Paged attention's arguments, one struct for every kind of it (bf16, float32, 8-bit cache;
+ * attention_driver.h has the contract). abi.AttentionArgs mirrors it field for field
+ * (tests/executor/test_kernel_abi.py checks): one field a line, no arrays. */
+struct pagoda_attention_args {
+    const void *query;           /* (T, H, D) bf16 or float32 */
+    void *kv_cache;              /* (2, Hkv, num_blocks, block_size, D): values, or 8-bit codes */
+    uint16_t *kv_scales;         /* (2, Hkv, num_blocks, block_size) bf16: the 8-bit cache's */
+    const int64_t *block_tables; /* (S, table_width) */
+    const int64_t *query_seq;    /* (T,): the sequence of each query token */
+    const int64_t *key_lens;     /* (T,): the keys each query token attends (position + 1) */
+    const void *new_k;           /* (T, Hkv, D) at token stride k_stride, or NULL */
+    const void *new_v;           /* (T, Hkv, D) at token stride v_stride, or NULL */
+    const int64_t *slots;        /* (T,): new_k / new_v's flat cache slots */
+    void *out;                   /* (T, H, D), as query */
+    int64_t num_tokens;          /* T */
+    int64_t num_heads;           /* H */
+    int64_t num_kv_heads;        /* Hkv */
+    int64_t head_dim;            /* D */
+    int64_t num_blocks;
+    int64_t block_size;
+    int64_t table_width;
+    int64_t window;              /* sliding window: attend the last `window` keys; 0: all */
+    int64_t k_stride;            /* elements */
+    int64_t v_stride;
+    float scale;                 /* of the scores: head_dim ** -0.5 */
+    int kv_format;               /* KV_* of an 8-bit cache (pagoda_paged_attention_q8_f32) */
+};
+
 /* avx512_bf16.c */
 int pagoda_bf16_kernels_available(void);
 void pagoda_gemm_q_bf16(int format, const uint16_t *x, int64_t M, int64_t K, int64_t N,
                         const uint8_t *codes, const uint16_t *scales, const uint16_t *mins,
                         uint16_t *y);
-void pagoda_paged_attention_bf16(
-    const uint16_t *query, uint16_t *kv_cache, const int64_t *block_tables,
-    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
-    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, const uint16_t *new_k, const uint16_t *new_v, int64_t k_stride,
-    int64_t v_stride, const int64_t *slots, uint16_t *out);
+void pagoda_paged_attention_bf16(const struct pagoda_attention_args *args);
 
 /* gemm_f32.c, attention_f32.c */
 int pagoda_f32_vector_bytes(void);
@@ -105,18 +131,9 @@ void pagoda_dequantize_rows_packed_f32(int format, int64_t K, int64_t N, const u
                                        const uint16_t *mins, const uint8_t *sub_scales,
                                        const uint8_t *sub_mins, const int64_t *rows,
                                        int64_t num_rows, float *out);
-void pagoda_paged_attention_f32(
-    const float *query, float *kv_cache, const int64_t *block_tables,
-    const int64_t *query_seq, const int64_t *key_lens, int64_t T, int64_t H, int64_t Hkv,
-    int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t window,
-    float scale, const float *new_k, const float *new_v, int64_t k_stride,
-    int64_t v_stride, const int64_t *slots, float *out);
-void pagoda_paged_attention_q8_f32(
-    int format, const float *query, uint8_t *kv_codes, uint16_t *kv_scales,
-    const int64_t *block_tables, const int64_t *query_seq, const int64_t *key_lens, int64_t T,
-    int64_t H, int64_t Hkv, int64_t D, int64_t num_blocks, int64_t block_size,
-    int64_t table_width, int64_t window, float scale, const float *new_k, const float *new_v,
-    int64_t k_stride, int64_t v_stride, const int64_t *slots, float *out);
+/* attention_f32.c: the float32 and the 8-bit KV cache's paged attention */
+void pagoda_paged_attention_f32(const struct pagoda_attention_args *args);
+void pagoda_paged_attention_q8_f32(const struct pagoda_attention_args *args);
 void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
                          int64_t M, int64_t H, float *out, float *new_residual);
 
