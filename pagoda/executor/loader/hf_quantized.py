@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -178,6 +179,14 @@ class PrepackedInt4Linear(QuantizedLinear):
             self._init_layer("int4", kernel, shape, bias, fallback=quantized, dtype=dtype)
 
 
+def _prepacked_linear(module: Linear, parts: list[GroupQuantized], dtype: torch.dtype
+                      ) -> nn.Module:
+    quantized = GroupQuantized(
+        "q4", *(torch.cat([getattr(p, field) for p in parts])
+                for field in ("codes", "scales", "mins")))
+    return PrepackedInt4Linear(quantized, module.bias, dtype)
+
+
 class PrequantizedLoader:
     """Feeds a model's load_weights, taking the quantized linears' tensors out of the stream.
 
@@ -193,7 +202,8 @@ class PrequantizedLoader:
         targets = {prefix: linear_target(model, prefix)
                    for prefix, _, suffix in (name.rpartition(".") for name in names)
                    if suffix == "qweight"}
-        self.linears = QuantizedLinearParts(model, targets, self._make_layer)
+        # a plain function, not a bound method (which would make the loader a reference cycle)
+        self.linears = QuantizedLinearParts(model, targets, partial(_prepacked_linear, dtype=dtype))
         self.pending: dict[str, dict[str, torch.Tensor]] = {}  # HF linear -> its tensors
 
     def weights(self, stream: Iterator[tuple[str, torch.Tensor]]
@@ -219,12 +229,6 @@ class PrequantizedLoader:
             self.linears.add(prefix, convert_linear(tensors, self.quant))
         except ValueError as error:
             raise ValueError(f"{prefix}: {error}") from None
-
-    def _make_layer(self, module: Linear, parts: list[GroupQuantized]) -> nn.Module:
-        quantized = GroupQuantized(
-            "q4", *(torch.cat([getattr(p, field) for p in parts])
-                    for field in ("codes", "scales", "mins")))
-        return PrepackedInt4Linear(quantized, module.bias, self.dtype)
 
     def finish(self) -> None:
         """After load_weights: every quantized linear must have been completed."""
