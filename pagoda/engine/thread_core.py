@@ -69,7 +69,7 @@ class ThreadCore:
         ran a parallel region. Loading the model on the main thread and stepping on another
         leaves two pools, more OpenMP threads than cores, and libgomp then stops spinning
         between parallel regions: every op pays a futex wake-up, and single-stream decode
-        slows by half (BENCHMARKS.md section 10)."""
+        slows markedly (measured in BENCHMARKS.md)."""
         built: concurrent.futures.Future[ThreadCore] = concurrent.futures.Future()
         go = threading.Event()
 

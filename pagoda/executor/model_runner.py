@@ -239,8 +239,8 @@ class ModelRunner:
         # offered to this model; then guards on the modules' attributes can go (nothing the
         # graph reads from them changes after loading: weights, rotary tables and layer ids
         # are fixed, the KV cache and step metadata sit behind the opaque attention op).
-        # Checking those ~6000 guards cost a tenth of a one-sequence step (BENCHMARKS.md
-        # section 10).
+        # Checking those thousands of guards every step cost a sizeable share of a
+        # one-sequence step (measured in BENCHMARKS.md).
         stack.forward = torch.compile(
             _private_forward(stack), dynamic=True,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},

@@ -68,7 +68,7 @@ DEQUANTIZE_FROM_ROWS = 128
 """From this many float32 rows gemm_q dequantizes the weight, a slice of outputs at a time,
 and multiplies with torch's BLAS matmul (prefills): the kernel decodes every weight once per
 4 rows, so it falls behind a BLAS matmul by a little once the one-off dequantization (4
-bytes written a weight) is amortized (the crossover measured: BENCHMARKS.md section 10)."""
+bytes written a weight) is amortized (the crossover is measured in BENCHMARKS.md)."""
 DEQUANTIZE_SLICE_BYTES = 8 << 20
 """Float32 weight bytes dequantized at once (a cache-sized slice of W^T, reused per call)."""
 

@@ -24,13 +24,13 @@ Kernels, per layer, chosen once (`QuantizedLinear.kernel`):
   - float32 activations on every CPU (gemm_f32.c: AVX2, AVX-512F, NEON, generic). No
     float weight is kept: from ops.DEQUANTIZE_FROM_ROWS rows on the kernel dequantizes the
     weight slice by slice for a BLAS matmul, so the model stays at its 4-bit size.
-  Timings: BENCHMARKS.md sections 7 and 9 (benchmarks/bench_quantized_matmul.py).
+  Timings: benchmarks/bench_quantized_matmul.py (results in BENCHMARKS.md).
 - "torch-int4": elsewhere (no C compiler), int4 through torch._weight_int4pack_mm_for_cpu.
 - "dense": elsewhere, int8 as the dequantized weight through F.linear (the same numbers, no
   speed-up; PyTorch's int8 kernel has no per-group scales).
 
-Accuracy on the bundled model against float32: tests/executor/test_fidelity.py and
-BENCHMARKS.md section 9. With float32 activations int4 multiplies by the very weights the
+Accuracy on the bundled model against float32: tests/executor/test_fidelity.py (figures in
+BENCHMARKS.md). With float32 activations int4 multiplies by the very weights the
 float32 run uses (the file's Q4_1 codes), so only summation order differs.
 """
 

@@ -2,7 +2,7 @@
  * qkv, q/k norms, rotary, paged attention with the step's keys written, o, RMSNorm, gate/up,
  * SiLU, down, the residual adds) over packed weights, float32 activations on any CPU. The
  * Python forward does the same work in ~40 dispatched ops a layer, which at single-stream
- * sizes cost more than the matmuls (BENCHMARKS.md section 13). The arithmetic is the eager
+ * sizes cost more than the matmuls (measured in BENCHMARKS.md). The arithmetic is the eager
  * path's: the same matmul and attention kernels, RMSNorm as pagoda_rms_norm_f32; only the
  * elementwise steps (rotary, SiLU, q/k norms) round differently, within float32 rounding.
  *
