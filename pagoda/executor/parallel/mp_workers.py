@@ -22,6 +22,7 @@ from pagoda.child_process import (
 )
 from pagoda.config import EngineConfig
 from pagoda.errors import EngineFatalError
+from pagoda.executor.parallel.messages import Call, Reply, Shutdown, WorkerStart
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ def start_local_workers(config: EngineConfig) -> tuple[LocalWorkers, list]:
     for rank in range(world_size):
         process = start_child_process("pagoda.executor.parallel.worker_process",
                                       {"OMP_NUM_THREADS": str(threads)})
-        send_message(process.connection, (config, rank, world_size, init_method,
-                                          logging.getLogger().getEffectiveLevel()))
+        send_message(process.connection, WorkerStart(
+            config, rank, world_size, init_method, logging.getLogger().getEffectiveLevel()))
         processes.append(process)
         connections.append(process.connection)
     workers = LocalWorkers(processes, connections)
@@ -66,7 +67,7 @@ class LocalWorkers:
     def call_all(self, method: str, args: tuple) -> list:
         for rank, connection in enumerate(self.connections):
             try:
-                send_message(connection, (method, args))
+                send_message(connection, Call(method, args))
             except OSError:
                 raise EngineFatalError(f"tensor-parallel rank {rank} is gone") from None
         return self.wait_all()
@@ -87,20 +88,20 @@ class LocalWorkers:
                     raise EngineFatalError(
                         f"tensor-parallel rank {rank} did not answer in {timeout:.0f} s")
             try:
-                status, value = receive_message(connection)
+                reply: Reply = receive_message(connection)
             except (EOFError, OSError):
                 raise EngineFatalError(
                     f"tensor-parallel rank {rank} closed its socket (it died)") from None
-            if status == "error":
-                raise EngineFatalError(f"tensor-parallel rank {rank}: {value}")
-            replies.append(value)
+            if reply.error is not None:
+                raise EngineFatalError(f"tensor-parallel rank {rank}: {reply.error}")
+            replies.append(reply.value)
         return replies
 
 
 def _stop_workers(processes: list[ChildProcess], connections: list[Connection]) -> None:
     for connection in connections:
         with contextlib.suppress(OSError, ValueError):
-            send_message(connection, None)
+            send_message(connection, Shutdown())
     for process in processes:
         process.join(10)
         if process.is_alive():
