@@ -31,7 +31,13 @@ from torch import nn
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, KernelDecodeGroup
 from pagoda.executor.forward_context import get_forward_context
-from pagoda.executor.kernels.abi import weight_format
+from pagoda.executor.kernels.abi import (
+    MAX_SEGMENTS,
+    Decoder,
+    DecoderLayer,
+    DecoderLinear,
+    weight_format,
+)
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, kernels_available, load_cpu_kernels
 from pagoda.executor.kernels.packed_weight import PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
@@ -44,33 +50,6 @@ from pagoda.executor.models.llama import (
     LlamaModel,
 )
 
-MAX_SEGMENTS = 4
-"""csrc/decoder_f32.c: parts of one fused projection in different formats"""
-
-_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-
-
-class _Segment(ctypes.Structure):
-    _fields_ = [("format", _i64), ("out_features", _i64)] + [(n, _ptr) for n in PLANE_NAMES]
-
-
-class _Linear(ctypes.Structure):
-    _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
-                ("segments", _Segment * MAX_SEGMENTS), ("bias", _ptr)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _ptr), ("post_attention_norm", _ptr), ("q_norm", _ptr),
-                ("k_norm", _ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
-                ("down", _Linear), ("kv_cache", _ptr), ("window", _i64), ("scale", _f32)]
-
-
-class _Decoder(ctypes.Structure):
-    _fields_ = [("num_layers", _i64), ("hidden", _i64), ("num_heads", _i64),
-                ("num_kv_heads", _i64), ("head_dim", _i64), ("intermediate", _i64),
-                ("rotary_dim", _i64), ("num_blocks", _i64), ("block_size", _i64), ("eps", _f32),
-                ("cos_cache", _ptr), ("signed_sin_cache", _ptr), ("layers", ctypes.POINTER(_Layer))]
-
 
 def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:
     """A linear's weight as (format, out_features, planes) segments in the kernels' formats:
@@ -82,7 +61,7 @@ def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]
     return None
 
 
-def _linear(module: nn.Module) -> _Linear | None:
+def _linear(module: nn.Module) -> DecoderLinear | None:
     """The C description of a linear layer, or None where the kernel cannot take it."""
     segments = _segments(module)
     if segments is None or len(segments) > MAX_SEGMENTS:
@@ -90,9 +69,9 @@ def _linear(module: nn.Module) -> _Linear | None:
     bias = module.bias
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         return None
-    linear = _Linear(num_segments=len(segments), in_features=module.in_features,
-                     out_features=module.out_features,
-                     bias=None if bias is None else bias.data_ptr())
+    linear = DecoderLinear(num_segments=len(segments), in_features=module.in_features,
+                           out_features=module.out_features,
+                           bias=None if bias is None else bias.data_ptr())
     for slot, (format, out_features, planes) in zip(linear.segments, segments):
         slot.format, slot.out_features = weight_format(format), out_features
         for name in PLANE_NAMES:
@@ -108,7 +87,7 @@ class WholeStackDecode:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.enabled = True
-        self._plan: _Decoder | None = None
+        self._plan: Decoder | None = None
         self._planned_for: object = None  # the first layer's KV cache the plan was made for
         self._keep: list = []  # the ctypes arrays the plan points into
 
@@ -148,11 +127,11 @@ class WholeStackDecode:
         key_lens = group.seq_lens.contiguous()
         tables = group.block_tables.contiguous()
         load_cpu_kernels().pagoda_decode_layers_f32(
-            ctypes.addressof(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
+            ctypes.byref(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
             tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
         return self.model.norm(x)
 
-    def plan(self) -> _Decoder | None:
+    def plan(self) -> Decoder | None:
         """The model's C description for its current KV caches, made on first use; None
         where the model is not one the kernel covers."""
         layers = self.model.layers
@@ -169,7 +148,7 @@ class WholeStackDecode:
         window on a model that has none)."""
         self._planned_for = None
 
-    def _describe(self) -> _Decoder | None:
+    def _describe(self) -> Decoder | None:
         model = self.model
         if not kernels_available(torch.float32):
             return None
@@ -185,9 +164,9 @@ class WholeStackDecode:
         attention = model.layers[0].self_attn
         kv_cache = attention.attn.kv_cache
         mlp = getattr(model.layers[0], model.layers[0].mlp_name)
-        layers = (_Layer * len(described))(*described)
+        layers = (DecoderLayer * len(described))(*described)
         self._keep = [layers, cos, sin]
-        return _Decoder(
+        return Decoder(
             num_layers=len(described), hidden=model.norm.weight.shape[0],
             num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
             head_dim=attention.head_dim, intermediate=mlp.down_proj.in_features,
@@ -195,7 +174,7 @@ class WholeStackDecode:
             block_size=kv_cache.shape[3], eps=model.norm.eps, cos_cache=cos.data_ptr(),
             signed_sin_cache=sin.data_ptr(), layers=layers)
 
-    def _describe_layer(self, layer: nn.Module) -> _Layer | None:
+    def _describe_layer(self, layer: nn.Module) -> DecoderLayer | None:
         attention = layer.self_attn
         mlp = getattr(layer, layer.mlp_name, None)
         attn = attention.attn
@@ -218,7 +197,7 @@ class WholeStackDecode:
         if any(linear is None for linear in linears):
             return None
         window = attn.sliding_window if attn.sliding_window is not None else attn.backend.sliding_window
-        return _Layer(
+        return DecoderLayer(
             input_norm=layer.input_layernorm.weight.data_ptr(),
             post_attention_norm=layer.post_attention_layernorm.weight.data_ptr(),
             q_norm=None if attention.q_norm is None else attention.q_norm.weight.data_ptr(),

@@ -1,6 +1,6 @@
-"""The C library's interface in one place: the format codes of csrc/kernels.h and every
-exported entry's ctypes signature. tests/executor/test_kernel_abi.py parses kernels.h and
-checks both against this module, so a changed prototype or code fails there, not as a
+"""The C library's interface in one place: the format codes of csrc/kernels.h, its structs'
+ctypes mirrors and every exported entry's ctypes signature. tests/executor/test_kernel_abi.py
+parses kernels.h and checks all three against this module, so a changed prototype or code fails there, not as a
 crash or a silently wrong argument.
 
 Imports nothing of Pagoda (every other kernel-facing module imports it)."""
@@ -59,8 +59,50 @@ class AttentionArgs(ctypes.Structure):
     ]
 
 
-STRUCTS: dict[str, type[ctypes.Structure]] = {"pagoda_attention_args": AttentionArgs}
-"""The parameter structs of kernels.h: struct tag -> its ctypes mirror."""
+MAX_SEGMENTS = 4
+"""kernels.h: parts of one fused projection in the whole-stack decoder (DecoderLinear)"""
+
+
+class DecoderSegment(ctypes.Structure):
+    """struct pagoda_decoder_segment: one packed weight, a column block of a linear."""
+
+    _fields_ = [("format", _i64), ("out_features", _i64), ("codes", _ptr), ("high", _ptr),
+                ("scales", _ptr), ("mins", _ptr), ("sub_scales", _ptr), ("sub_mins", _ptr)]
+
+
+class DecoderLinear(ctypes.Structure):
+    """struct pagoda_decoder_linear: y = x W^T (+ bias), W the segments' rows in turn."""
+
+    _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
+                ("segments", DecoderSegment * MAX_SEGMENTS), ("bias", _ptr)]
+
+
+class DecoderLayer(ctypes.Structure):
+    """struct pagoda_decoder_layer: one Llama-family decoder layer."""
+
+    _fields_ = [("input_norm", _ptr), ("post_attention_norm", _ptr), ("q_norm", _ptr),
+                ("k_norm", _ptr), ("qkv", DecoderLinear), ("o", DecoderLinear),
+                ("gate_up", DecoderLinear), ("down", DecoderLinear), ("kv_cache", _ptr),
+                ("window", _i64), ("scale", _f32)]
+
+
+class Decoder(ctypes.Structure):
+    """struct pagoda_decoder: pagoda_decode_layers_f32's model (whole_stack_decode.py
+    fills it)."""
+
+    _fields_ = [("num_layers", _i64), ("hidden", _i64), ("num_heads", _i64),
+                ("num_kv_heads", _i64), ("head_dim", _i64), ("intermediate", _i64),
+                ("rotary_dim", _i64), ("num_blocks", _i64), ("block_size", _i64),
+                ("eps", _f32), ("cos_cache", _ptr), ("signed_sin_cache", _ptr),
+                ("layers", ctypes.POINTER(DecoderLayer))]
+
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "pagoda_attention_args": AttentionArgs, "pagoda_decoder_segment": DecoderSegment,
+    "pagoda_decoder_linear": DecoderLinear, "pagoda_decoder_layer": DecoderLayer,
+    "pagoda_decoder": Decoder,
+}
+"""The structs of kernels.h: struct tag -> its ctypes mirror."""
 _ATTENTION = [ctypes.POINTER(AttentionArgs)]
 _GEMM_Q = [_int, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr]
 _GEMM_PACKED = [_int, _ptr, _i64, _i64, _i64, *_PLANES, _ptr]
@@ -82,9 +124,10 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_paged_attention_f32": (None, _ATTENTION),
     "pagoda_paged_attention_q8_f32": (None, _ATTENTION),
     "pagoda_rms_norm_f32": (None, [_ptr, _ptr, _ptr, _f32, _i64, _i64, _ptr, _ptr]),
-    # decoder_f32.c (the model: whole_stack_decode.py's _Decoder, by address)
+    # decoder_f32.c (the model: a Decoder, whole_stack_decode.py fills it)
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),
-    "pagoda_decode_layers_f32": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]),
+    "pagoda_decode_layers_f32": (None, [ctypes.POINTER(Decoder), _i64, _ptr, _ptr, _ptr, _i64,
+                                        _ptr, _ptr]),
 }
 """Every entry of kernels.h: name -> (restype, argtypes)."""
 BF16_ENTRIES = ("pagoda_gemm_q_bf16", "pagoda_paged_attention_bf16")

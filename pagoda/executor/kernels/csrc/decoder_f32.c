@@ -6,8 +6,8 @@
  * path's: the same matmul and attention kernels, RMSNorm as pagoda_rms_norm_f32; only the
  * elementwise steps (rotary, SiLU, q/k norms) round differently, within float32 rounding.
  *
- * The model is described once (pagoda/executor/whole_stack_decode.py fills these
- * structs with pointers to the layers' parameters and caches); a step passes its tokens'
+ * The model is described once (kernels.h's struct pagoda_decoder: whole_stack_decode.py
+ * fills it with pointers to the layers' parameters and caches); a step passes its tokens'
  * positions and the attention metadata of a decode-only batch: token t is the one new token
  * of sequence t.
  */
@@ -16,45 +16,10 @@
 
 #include "gemm_packed.h"
 
-#define MAX_SEGMENTS 4
-
-/* One packed weight (kernels.h formats), a column block of a linear's output. */
-typedef struct {
-    int64_t format, out_features;
-    const uint8_t *codes, *high;
-    const uint16_t *scales, *mins;
-    const uint8_t *sub_scales, *sub_mins;
-} decoder_segment_t;
-
-/* y = x W^T (+ bias): W's rows are the segments' outputs one after another. */
-typedef struct {
-    int64_t num_segments, in_features, out_features;
-    decoder_segment_t segments[MAX_SEGMENTS];
-    const float *bias; /* (out_features) or NULL */
-} decoder_linear_t;
-
-typedef struct {
-    const float *input_norm, *post_attention_norm; /* (hidden) */
-    const float *q_norm, *k_norm;                  /* (head_dim) each, or NULL (no q/k norms) */
-    decoder_linear_t qkv, o, gate_up, down;        /* qkv rows [q | k | v], gate_up [gate | up] */
-    float *kv_cache; /* (2, num_kv_heads, num_blocks, block_size, head_dim) */
-    int64_t window;  /* keys attended: the last `window` (0: all) */
-    float scale;     /* of the attention scores */
-} decoder_layer_t;
-
-typedef struct pagoda_decoder { /* kernels.h's opaque struct pagoda_decoder */
-    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, rotary_dim;
-    int64_t num_blocks, block_size;
-    float eps;
-    /* (positions, rotary_dim): cos, and sin with its first half negated (layers/rotary.py) */
-    const float *cos_cache, *signed_sin_cache;
-    const decoder_layer_t *layers;
-} decoder_t;
-
-static void linear(const decoder_linear_t *w, const float *x, int64_t T, float *y) {
+static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y) {
     int64_t offset = 0;
     for (int64_t s = 0; s < w->num_segments; s++) {
-        const decoder_segment_t *seg = &w->segments[s];
+        const struct pagoda_decoder_segment *seg = &w->segments[s];
         const planes_t planes = {seg->codes, seg->high, seg->scales,
                                  seg->mins, seg->sub_scales, seg->sub_mins};
         gemm_packed_f32_strided((int)seg->format, x, T, w->in_features, seg->out_features,
@@ -101,7 +66,7 @@ void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *
  * the sum the final norm takes. Token t sits at positions[t] and is the one new token of
  * sequence t: block_tables (T, table_width), key_lens (T,) its keys including itself,
  * slots (T,) the cache slot its key and value go to. */
-void pagoda_decode_layers_f32(const decoder_t *model, int64_t T, float *x,
+void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, float *x,
                               const int64_t *positions, const int64_t *block_tables,
                               int64_t table_width, const int64_t *key_lens,
                               const int64_t *slots) {
@@ -117,7 +82,7 @@ void pagoda_decode_layers_f32(const decoder_t *model, int64_t T, float *x,
     float *activated = gate_up + T * 2 * I, *sum = activated + T * I;
     for (int64_t t = 0; t < T; t++) query_seq[t] = t;
     for (int64_t l = 0; l < model->num_layers; l++) {
-        const decoder_layer_t *layer = &model->layers[l];
+        const struct pagoda_decoder_layer *layer = &model->layers[l];
         pagoda_rms_norm_f32(x, NULL, layer->input_norm, model->eps, T, Hd, normed, NULL);
         linear(&layer->qkv, normed, T, qkv);
         for (int64_t t = 0; t < T; t++) {

@@ -140,9 +140,63 @@ void pagoda_rms_norm_f32(const float *x, const float *residual, const float *wei
 /* decoder_f32.c: gate_up (T, 2I) rows [gate | up] -> out (T, I) = silu(gate) * up, each row
  * on its own */
 void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *out);
-/* decoder_f32.c: a decode step's whole layer stack over x (T, hidden); the model described
- * by decoder_f32.c's struct (whole_stack_decode.py's _Decoder) */
-struct pagoda_decoder;
+/* decoder_f32.c's model: whole_stack_decode.py fills these structs (abi.Decoder and the
+ * three below mirror them field for field; tests/executor/test_kernel_abi.py checks) with
+ * pointers to the layers' parameters and caches. */
+#define MAX_SEGMENTS 4 /* parts of one fused projection, each in its own format */
+
+/* One packed weight (the formats above), a column block of a linear's output. */
+struct pagoda_decoder_segment {
+    int64_t format;             /* FORMAT_* */
+    int64_t out_features;
+    const uint8_t *codes;       /* the planes, NULL for those the format lacks */
+    const uint8_t *high;
+    const uint16_t *scales;
+    const uint16_t *mins;
+    const uint8_t *sub_scales;
+    const uint8_t *sub_mins;
+};
+
+/* y = x W^T (+ bias): W's rows are the segments' outputs one after another. */
+struct pagoda_decoder_linear {
+    int64_t num_segments;
+    int64_t in_features;
+    int64_t out_features;
+    struct pagoda_decoder_segment segments[MAX_SEGMENTS];
+    const float *bias;          /* (out_features) or NULL */
+};
+
+struct pagoda_decoder_layer {
+    const float *input_norm;    /* (hidden) */
+    const float *post_attention_norm; /* (hidden) */
+    const float *q_norm;        /* (head_dim), or NULL (no q/k norms) */
+    const float *k_norm;        /* (head_dim), or NULL */
+    struct pagoda_decoder_linear qkv;     /* rows [q | k | v] */
+    struct pagoda_decoder_linear o;
+    struct pagoda_decoder_linear gate_up; /* rows [gate | up] */
+    struct pagoda_decoder_linear down;
+    float *kv_cache;            /* (2, num_kv_heads, num_blocks, block_size, head_dim) */
+    int64_t window;             /* keys attended: the last `window` (0: all) */
+    float scale;                /* of the attention scores */
+};
+
+struct pagoda_decoder {
+    int64_t num_layers;
+    int64_t hidden;
+    int64_t num_heads;
+    int64_t num_kv_heads;
+    int64_t head_dim;
+    int64_t intermediate;
+    int64_t rotary_dim;
+    int64_t num_blocks;
+    int64_t block_size;
+    float eps;
+    const float *cos_cache;     /* (positions, rotary_dim) */
+    const float *signed_sin_cache; /* sin, its first half negated (layers/rotary.py) */
+    const struct pagoda_decoder_layer *layers; /* (num_layers) */
+};
+
+/* decoder_f32.c: a decode step's whole layer stack over x (T, hidden) */
 void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, float *x,
                               const int64_t *positions, const int64_t *block_tables,
                               int64_t table_width, const int64_t *key_lens,
