@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pagoda.config_args import add_config_args, config_from_kwargs, config_from_namespace
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREFILL_DTYPES = ("auto", "float32", "bfloat16")
+"""`prefill_dtype` values (pagoda/executor/kernels/large_batch.py)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
@@ -55,6 +57,12 @@ class ModelConfig:
     packed by Pagoda's CPU kernels wherever they build, else none; for an AWQ or GPTQ folder
     (4-bit, zero points) its own 4-bit weights, run packed (auto or int4 only); `pagoda env`
     shows the choice."""
+    prefill_dtype: str = field(default="auto", metadata={"choices": PREFILL_DTYPES})
+    """Arithmetic of large batches (prefill chunks of 128 tokens or more) over quantized
+    weights, CPU: float32, or bfloat16 (inputs and weights rounded to bf16, sums in float32:
+    AMX's rate where the CPU has it). auto: bfloat16 where it measures at least 1.5x
+    float32's rate on this CPU at start and dtype is auto (or bfloat16), else float32; an
+    explicit --dtype float32 keeps float32 everywhere."""
     compile: bool = False
     """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
@@ -77,6 +85,11 @@ class ModelConfig:
         if self.deterministic and self.dtype not in ("auto", "float32"):
             raise ValueError(f"deterministic runs float32 activations; got dtype {self.dtype!r} "
                              "(use dtype auto or float32)")
+        if self.prefill_dtype not in PREFILL_DTYPES:
+            raise ValueError(f"prefill_dtype must be one of {', '.join(PREFILL_DTYPES)}, "
+                             f"got {self.prefill_dtype!r}")
+        if self.deterministic and self.prefill_dtype == "bfloat16":
+            raise ValueError("deterministic runs float32 arithmetic; drop prefill_dtype bfloat16")
         if self.deterministic and self.compile:
             raise ValueError("deterministic runs the eager model; drop compile")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:

@@ -13,7 +13,9 @@ import torch
 from pagoda.config import EngineConfig
 from pagoda.executor.batch_invariant import make_batch_invariant
 from pagoda.executor.kernels.cpu_info import describe_run
+from pagoda.executor.kernels.large_batch import resolve_prefill_dtype
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
+from pagoda.executor.layers.packed_linear import set_large_batch_dtype
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
@@ -82,6 +84,7 @@ def build_runner(
         release_freed_memory()
     if config.model.deterministic:
         make_batch_invariant(model, dtype, device)
+    prefill_dtype = _choose_prefill_dtype(model, config, device)
     tokenizer = tokenizer or load_tokenizer(resolve_model_files(config.model.tokenizer)
                                             if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
@@ -89,7 +92,7 @@ def build_runner(
                          batch_invariant=config.model.deterministic,
                          whole_stack_decode=group is None)
     if device.type == "cpu":
-        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name)
+        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, prefill_dtype)
                     + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
@@ -103,6 +106,20 @@ def build_runner(
     logger.info("step executors: %s", runner.describe_step_executors())
     torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
     return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows))
+
+
+def _choose_prefill_dtype(model: torch.nn.Module, config: EngineConfig,
+                          device: torch.device) -> torch.dtype | None:
+    """The dtype the model's packed linears multiply large batches in (set on them), or None
+    where it has none (or runs off the CPU): kernels/large_batch.py decides, measuring this
+    CPU where `prefill_dtype` is auto."""
+    if device.type != "cpu" or not set_large_batch_dtype(model, torch.float32):
+        return None
+    if config.model.deterministic:
+        return torch.float32
+    prefill_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
+    set_large_batch_dtype(model, prefill_dtype)
+    return prefill_dtype
 
 
 def _size_kv_cache(

@@ -67,6 +67,9 @@ def test_packed_gguf_dequantizes_bit_for_bit(ggml_type) -> None:
         raw, packed, reference = case(ggml_type, n, k)
         assert torch.equal(packed.dequantize(), reference)
         assert torch.equal(dequantize_transposed(packed), reference.T)
+        # the bf16 form large batches multiply: each weight rounded to nearest even
+        assert torch.equal(dequantize_transposed(packed, dtype=torch.bfloat16),
+                           reference.T.to(torch.bfloat16))
         from_torch = pack_gguf(torch.from_numpy(raw.reshape(-1)), ggml_type, (n, k))
         assert torch.equal(from_torch.dequantize(), reference)
 
@@ -93,6 +96,30 @@ def test_large_batches_dequantize_slice_by_slice(monkeypatch) -> None:
     assert_matmul_close(gemm_packed(x, packed), x, reference)
 
 
+@pytest.mark.parametrize("slice_outputs", [16, None], ids=["sliced", "whole"])
+def test_large_batches_in_bf16_are_the_bf16_product(monkeypatch, slice_outputs) -> None:
+    """large_batch_dtype bfloat16: x and the weights rounded to bf16, each output what
+    torch's bf16 matmul of those gives (a float32 sum rounded once), slice by slice or
+    whole; fewer rows than ops.DEQUANTIZE_FROM_ROWS stay in the float32 kernel."""
+    if slice_outputs:
+        monkeypatch.setattr(ops, "DEQUANTIZE_SLICE_BYTES", 4 * 512 * slice_outputs)
+    _, packed, reference = case(Q.Q4_K, seed=4)
+    w_t = reference.T.to(torch.bfloat16)
+    x = torch.randn(ops.DEQUANTIZE_FROM_ROWS + 5, 512, generator=torch.Generator().manual_seed(4))
+    y = gemm_packed(x, packed, large_batch_dtype=torch.bfloat16)
+    assert y.dtype == torch.float32
+    width = slice_outputs or packed.out_features
+    expected = torch.cat([(x.to(torch.bfloat16) @ w_t[:, i:i + width]).float()
+                          for i in range(0, packed.out_features, width)], dim=1)
+    assert torch.equal(y, expected)
+    assert not torch.equal(y, gemm_packed(x, packed))  # bf16 differs from float32 ...
+    bound = 2e-2 * (x.abs() @ reference.abs().T)  # ... by bf16's rounding of inputs and sums
+    assert ((y - x @ reference.T).abs() <= bound).all()
+    small = x[: ops.DEQUANTIZE_FROM_ROWS - 1]
+    assert torch.equal(gemm_packed(small, packed, large_batch_dtype=torch.bfloat16),
+                       gemm_packed(small, packed))
+
+
 @pytest.fixture(scope="module")
 def isa_libraries(tmp_path_factory) -> dict:
     """Each x86 instruction-set build this CPU runs (test_cpu_kernels.runnable_builds), the
@@ -115,6 +142,8 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
     for ggml_type in TYPES:
         _, packed, reference = case(ggml_type, 32, 256, seed=3)
         assert torch.equal(packed.dequantize(), reference), ggml_type.name
+        assert torch.equal(dequantize_transposed(packed, dtype=torch.bfloat16),
+                           reference.T.to(torch.bfloat16)), ggml_type.name
         for rows in (1, 2, 4, 5):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
             assert_matmul_close(gemm_packed(x, packed), x, reference)

@@ -119,6 +119,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_gemm_packed_f32": (None, _GEMM_PACKED),
     "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
     "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
+    "pagoda_dequantize_packed_bf16": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),
     # attention_f32.c (paged attention: attention_driver.c)
     "pagoda_paged_attention_f32": (None, _ATTENTION),

@@ -64,12 +64,16 @@ def describe_kernels() -> str:
     return f"Pagoda's CPU kernels: float32 on {isa}; bfloat16: {bf16}"
 
 
-def describe_run(dtype: torch.dtype, quantization: str | None, attention: str) -> str:
-    """The one line logged at start: what runs on this CPU."""
+def describe_run(dtype: torch.dtype, quantization: str | None, attention: str,
+                 prefill_dtype: torch.dtype | None = None) -> str:
+    """The one line logged at start: what runs on this CPU. `prefill_dtype`: what the
+    packed weights' large batches multiply in (None: no packed weights)."""
     name = str(dtype).removeprefix("torch.")
     weights = f"{quantization} weights" if quantization else f"{name} weights"
+    prefill = ("" if prefill_dtype is None else
+               f", prefill matmuls in {str(prefill_dtype).removeprefix('torch.')}")
     return (f"{cpu_name()} ({', '.join(cpu_features()) or 'no vector extensions seen'}), "
-            f"{torch.get_num_threads()} threads: {name} activations, {weights}, "
+            f"{torch.get_num_threads()} threads: {name} activations, {weights}{prefill}, "
             f"attention {attention}; {describe_kernels()}")
 
 

@@ -96,20 +96,24 @@ def _dequantized_matmul(
 
 def dequantized_matmul(
     x: torch.Tensor, out_features: int, dequantize_slice: Callable[[int, int], torch.Tensor],
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """x (M, K) float32 @ W^T -> (M, out_features), where dequantize_slice(start, stop) gives
-    W^T's columns start .. stop - 1 as float32 (K, stop - start): a cache-sized slice of
-    whole 16-output tiles at a time (DEQUANTIZE_SLICE_BYTES), each multiplied by torch's BLAS
-    matmul into its columns of the output."""
+    """x (M, K) float32 @ W^T -> (M, out_features) float32, where dequantize_slice(start,
+    stop) gives W^T's columns start .. stop - 1 (K, stop - start) in `dtype`: a cache-sized
+    slice of whole 16-output tiles at a time (DEQUANTIZE_SLICE_BYTES of float32), each
+    multiplied by torch's matmul into its columns of the output. dtype bfloat16: x is rounded
+    to bf16 once, each slice's product comes out of oneDNN in bf16 (float32 sums rounded
+    once) and the whole result is widened to float32."""
     in_features = x.shape[1]
     slice_outputs = max(TILE_N, DEQUANTIZE_SLICE_BYTES // (4 * in_features) // TILE_N * TILE_N)
+    rows = x.to(dtype)
     if slice_outputs >= out_features:
-        return x @ dequantize_slice(0, out_features)
-    y = x.new_empty(x.shape[0], out_features)
+        return (rows @ dequantize_slice(0, out_features)).float()
+    y = rows.new_empty(x.shape[0], out_features)
     for start in range(0, out_features, slice_outputs):
         stop = min(start + slice_outputs, out_features)
-        torch.mm(x, dequantize_slice(start, stop), out=y[:, start:stop])
-    return y
+        torch.mm(rows, dequantize_slice(start, stop), out=y[:, start:stop])
+    return y.float()
 
 
 def dequantize_transposed(

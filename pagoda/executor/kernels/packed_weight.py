@@ -127,11 +127,14 @@ def _kernels():
     return lib
 
 
-def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False) -> torch.Tensor:
+def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False,
+                large_batch_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """x (M, K) float32 contiguous @ W^T -> (M, N) float32. From ops.DEQUANTIZE_FROM_ROWS
-    rows on, W is dequantized a slice at a time for torch's BLAS matmul (prefills).
-    `rowwise`: batch-invariant, row m of the result bit for bit what x[m:m+1] alone gives,
-    whatever M (the kernel's one-row tiles at every M; --deterministic)."""
+    rows on, W is dequantized a slice at a time for torch's matmul (prefills), in
+    `large_batch_dtype`: float32, or bfloat16 (x and the weights rounded to bf16, products
+    summed in float32 by oneDNN, the result rounded to bf16: AMX's rate where the CPU has it;
+    large_batch.py chooses). `rowwise`: batch-invariant, row m of the result bit for bit what
+    x[m:m+1] alone gives, whatever M (the kernel's one-row tiles at every M; --deterministic)."""
     if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() \
             or x.shape[1] != w.in_features:
         raise ValueError(f"gemm_packed takes a contiguous float32 (M, {w.in_features}) input, "
@@ -140,7 +143,9 @@ def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False) -> torc
         return x.new_empty(0, w.out_features)
     if x.shape[0] >= ops.DEQUANTIZE_FROM_ROWS and not rowwise:
         return ops.dequantized_matmul(
-            x, w.out_features, lambda start, stop: dequantize_transposed(w.rows(start, stop)))
+            x, w.out_features,
+            lambda start, stop: dequantize_transposed(w.rows(start, stop), dtype=large_batch_dtype),
+            large_batch_dtype)
     y = x.new_empty(x.shape[0], w.out_features)
     lib = _kernels()
     gemm = lib.pagoda_gemm_packed_rowwise_f32 if rowwise else lib.pagoda_gemm_packed_f32
@@ -149,13 +154,19 @@ def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False) -> torc
     return y
 
 
-def dequantize_transposed(w: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """W^T (in_features, out_features) float32, for x @ W^T by a BLAS matmul; written into
-    `out` when given."""
+def dequantize_transposed(w: PackedWeight, out: torch.Tensor | None = None,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """W^T (in_features, out_features) in float32, or bfloat16 (the float32 weights rounded
+    to nearest even), for x @ W^T by a BLAS matmul; written into `out` when given."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"packed weights dequantize to float32 or bfloat16, not {dtype}")
     if out is None:
-        out = torch.empty(w.in_features, w.out_features)
-    _kernels().pagoda_dequantize_packed_f32(weight_format(w.format), w.in_features,
-                                            w.out_features, *w.pointers(), out.data_ptr())
+        out = torch.empty(w.in_features, w.out_features, dtype=dtype)
+    lib = _kernels()
+    dequantize = (lib.pagoda_dequantize_packed_bf16 if dtype == torch.bfloat16
+                  else lib.pagoda_dequantize_packed_f32)
+    dequantize(weight_format(w.format), w.in_features, w.out_features, *w.pointers(),
+               out.data_ptr())
     return out
 
 
@@ -183,15 +194,17 @@ def _from_plane_list(format: str, out_features: int, in_features: int, planes) -
 
 
 # Graph-facing ops for torch.compile, which treats them as opaque (as ops.py's gemm_q):
-# gemm_packed_op(x, format, out_features, *plane_list(w)) and
+# gemm_packed_op(x, format, out_features, large_batch_bf16, *plane_list(w)) and
 # dequantize_rows_op(rows, format, out_features, in_features, *plane_list(w)).
 _library = torch.library.Library("pagoda", "FRAGMENT")
 _PLANE_ARGS = ", ".join(f"Tensor? {name}" for name in PLANE_NAMES)
-_library.define(f"gemm_packed(Tensor x, str format, int out_features, {_PLANE_ARGS}) -> Tensor")
+_library.define(f"gemm_packed(Tensor x, str format, int out_features, bool large_batch_bf16, "
+                f"{_PLANE_ARGS}) -> Tensor")
 _library.define(f"dequantize_rows_packed(Tensor rows, str format, int out_features, "
                 f"int in_features, {_PLANE_ARGS}) -> Tensor")
-_library.impl("gemm_packed", lambda x, format, out_features, *planes: gemm_packed(
-    x, _from_plane_list(format, out_features, x.shape[1], planes)), "CPU")
+_library.impl("gemm_packed", lambda x, format, out_features, large_batch_bf16, *planes: gemm_packed(
+    x, _from_plane_list(format, out_features, x.shape[1], planes),
+    large_batch_dtype=torch.bfloat16 if large_batch_bf16 else torch.float32), "CPU")
 _library.impl("dequantize_rows_packed", lambda rows, format, out_features, in_features, *planes:
               dequantize_rows(_from_plane_list(format, out_features, in_features, planes), rows),
               "CPU")
@@ -200,7 +213,7 @@ dequantize_rows_op = torch.ops.pagoda.dequantize_rows_packed
 
 
 @torch.library.register_fake("pagoda::gemm_packed")
-def _(x, format, out_features, *planes):
+def _(x, format, out_features, large_batch_bf16, *planes):
     return x.new_empty(x.shape[0], out_features)
 
 

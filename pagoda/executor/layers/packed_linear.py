@@ -68,6 +68,9 @@ class PackedLinear(nn.Module):
     """Float32 rows run the float32 kernels on every CPU (a logits head is fed float32)."""
     batch_invariant = False
     """Set by executor/batch_invariant.py: float32 rows through the row-wise kernel."""
+    large_batch_dtype: torch.dtype = torch.float32
+    """What float32 batches of ops.DEQUANTIZE_FROM_ROWS rows or more are multiplied in
+    (kernels/large_batch.py chooses; set_large_batch_dtype sets it on a model)."""
 
     @property
     def formats(self) -> list[str]:
@@ -100,15 +103,30 @@ class PackedLinear(nn.Module):
                 rows, planes["codes"], planes["scales"], planes.get("mins"), weight.format,
                 weight.out_features)
         x = rows if rows.dtype == torch.float32 else rows.float()
+        bf16_large = self.large_batch_dtype == torch.bfloat16
         if compiling:
-            y = gemm_packed_op(x, weight.format, weight.out_features, *plane_list(weight))
+            y = gemm_packed_op(x, weight.format, weight.out_features, bf16_large,
+                               *plane_list(weight))
         else:
-            y = gemm_packed(x, weight)
+            y = gemm_packed(x, weight, large_batch_dtype=self.large_batch_dtype)
         return y.to(rows.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"formats={'+'.join(self.formats)}")
+
+
+def set_large_batch_dtype(model: nn.Module, dtype: torch.dtype) -> int:
+    """Every packed linear of `model` but its logits head multiplies large float32 batches
+    in `dtype` (float32 or bfloat16); returns how many there are. The head keeps float32:
+    the logits the sampler ranks stay float32 sums (bf16's rounding makes exact ties)."""
+    head = getattr(model, "quantized_head", None)
+    in_head = {id(m) for m in head.modules()} if isinstance(head, nn.Module) else set()
+    linears = [m for m in model.modules()
+               if isinstance(m, PackedLinear) and id(m) not in in_head]
+    for linear in linears:
+        linear.large_batch_dtype = dtype
+    return len(linears)
 
 
 class PackedEmbedding(nn.Module):

@@ -126,6 +126,11 @@ void pagoda_dequantize_packed_f32(int format, int64_t K, int64_t N, const uint8_
                                   const uint8_t *high, const uint16_t *scales,
                                   const uint16_t *mins, const uint8_t *sub_scales,
                                   const uint8_t *sub_mins, float *w_t);
+/* w_t (K, N) bfloat16 words = W^T, each weight the float32 one rounded to nearest even */
+void pagoda_dequantize_packed_bf16(int format, int64_t K, int64_t N, const uint8_t *codes,
+                                   const uint8_t *high, const uint16_t *scales,
+                                   const uint16_t *mins, const uint8_t *sub_scales,
+                                   const uint8_t *sub_mins, uint16_t *w_t);
 void pagoda_dequantize_rows_packed_f32(int format, int64_t K, int64_t N, const uint8_t *codes,
                                        const uint8_t *high, const uint16_t *scales,
                                        const uint16_t *mins, const uint8_t *sub_scales,

@@ -42,6 +42,15 @@ ALWAYS_INLINE vf32 load_f32(const float *p) {
 
 ALWAYS_INLINE void store_f32(float *p, vf32 v) { memcpy(p, &v, sizeof v); }
 
+/* v rounded to bfloat16, to nearest even (torch's .to(torch.bfloat16) for finite numbers),
+ * stored as LANES words: the bits below the 16 kept are added with the tie going to the
+ * even neighbour, then dropped. */
+ALWAYS_INLINE void store_bf16(uint16_t *p, vf32 v) {
+    const vu32 bits = (vu32)v;
+    const vu16 rounded = __builtin_convertvector((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, vu16);
+    memcpy(p, &rounded, sizeof rounded);
+}
+
 /* Widening loads: GCC lowers __builtin_convertvector of a loaded vector to two half-width
  * conversions on x86, so x86 takes the one instruction (vpmovzxwd / vpmovsxbd) directly. */
 #if VECTOR_BYTES == 64 && defined(__AVX512F__)
