@@ -19,7 +19,9 @@ from pagoda.config_args import add_config_args, config_from_kwargs, config_from_
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFILL_DTYPES = ("auto", "float32", "bfloat16")
-"""`prefill_dtype` values (pagoda/executor/kernels/large_batch.py)."""
+"""`prefill_dtype` values (pagoda/executor/kernels/arithmetic.py)."""
+DECODE_ACTIVATIONS = ("auto", "float32", "int8")
+"""`decode_activations` values (pagoda/executor/kernels/arithmetic.py)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
@@ -63,6 +65,12 @@ class ModelConfig:
     AMX's rate where the CPU has it). auto: bfloat16 where it measures at least 1.5x
     float32's rate on this CPU at start and dtype is auto (or bfloat16), else float32; an
     explicit --dtype float32 keeps float32 everywhere."""
+    decode_activations: str = field(default="auto", metadata={"choices": DECODE_ACTIVATIONS})
+    """Arithmetic of small batches (decode steps) over quantized weights, CPU: float32, or
+    int8 (activations quantized to 8 bits per 32 inputs, integer dot products: llama.cpp's
+    arithmetic; VNNI / AVX2 / ARM dot products). auto: int8 where it measures at least 1.2x
+    float32's rate on this CPU at start and dtype is auto, else float32; an explicit
+    --dtype float32 keeps float32 everywhere."""
     compile: bool = False
     """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
@@ -88,8 +96,13 @@ class ModelConfig:
         if self.prefill_dtype not in PREFILL_DTYPES:
             raise ValueError(f"prefill_dtype must be one of {', '.join(PREFILL_DTYPES)}, "
                              f"got {self.prefill_dtype!r}")
-        if self.deterministic and self.prefill_dtype == "bfloat16":
-            raise ValueError("deterministic runs float32 arithmetic; drop prefill_dtype bfloat16")
+        if self.decode_activations not in DECODE_ACTIVATIONS:
+            raise ValueError(f"decode_activations must be one of {', '.join(DECODE_ACTIVATIONS)}"
+                             f", got {self.decode_activations!r}")
+        if self.deterministic and (self.prefill_dtype == "bfloat16"
+                                   or self.decode_activations == "int8"):
+            raise ValueError("deterministic runs float32 arithmetic; drop prefill_dtype "
+                             "bfloat16 and decode_activations int8")
         if self.deterministic and self.compile:
             raise ValueError("deterministic runs the eager model; drop compile")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:

@@ -12,10 +12,10 @@ import torch
 
 from pagoda.config import EngineConfig
 from pagoda.executor.batch_invariant import make_batch_invariant
+from pagoda.executor.kernels.arithmetic import resolve_decode_activations, resolve_prefill_dtype
 from pagoda.executor.kernels.cpu_info import describe_run
-from pagoda.executor.kernels.large_batch import resolve_prefill_dtype
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
-from pagoda.executor.layers.packed_linear import set_large_batch_dtype
+from pagoda.executor.layers.packed_linear import set_arithmetic
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
@@ -84,7 +84,7 @@ def build_runner(
         release_freed_memory()
     if config.model.deterministic:
         make_batch_invariant(model, dtype, device)
-    prefill_dtype = _choose_prefill_dtype(model, config, device)
+    arithmetic = _choose_arithmetic(model, config, device)
     tokenizer = tokenizer or load_tokenizer(resolve_model_files(config.model.tokenizer)
                                             if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
@@ -92,7 +92,7 @@ def build_runner(
                          batch_invariant=config.model.deterministic,
                          whole_stack_decode=group is None)
     if device.type == "cpu":
-        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, prefill_dtype)
+        logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, arithmetic)
                     + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
@@ -108,18 +108,19 @@ def build_runner(
     return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows))
 
 
-def _choose_prefill_dtype(model: torch.nn.Module, config: EngineConfig,
-                          device: torch.device) -> torch.dtype | None:
-    """The dtype the model's packed linears multiply large batches in (set on them), or None
-    where it has none (or runs off the CPU): kernels/large_batch.py decides, measuring this
-    CPU where `prefill_dtype` is auto."""
-    if device.type != "cpu" or not set_large_batch_dtype(model, torch.float32):
+def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
+                       device: torch.device) -> tuple[torch.dtype, bool] | None:
+    """What the model's packed linears multiply in (set on them): the large batches' dtype
+    and whether small batches take 8-bit activations; None where it has none (or runs off
+    the CPU). kernels/arithmetic.py decides, measuring this CPU where a setting is auto."""
+    if device.type != "cpu" or not set_arithmetic(model, torch.float32):
         return None
     if config.model.deterministic:
-        return torch.float32
-    prefill_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
-    set_large_batch_dtype(model, prefill_dtype)
-    return prefill_dtype
+        return torch.float32, False
+    large_batch_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
+    int8 = resolve_decode_activations(config.model.decode_activations, config.model.dtype)
+    set_arithmetic(model, large_batch_dtype, int8)
+    return large_batch_dtype, int8
 
 
 def _size_kv_cache(

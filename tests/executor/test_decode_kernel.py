@@ -95,6 +95,24 @@ def test_the_decode_kernel_gives_the_eager_forwards_tokens(arch, types, window,
     assert calls >= 8
     assert_same_completions(fused, eager)
 
+def test_8_bit_activations_take_the_kernel_as_the_eager_forward_does(tmp_path) -> None:
+    """--decode-activations int8: the whole-stack step quantizes each linear's input as the
+    eager PackedLinear does (gemm_int8.c both ways): the same tokens and logprobs."""
+    llm = engine_of(tiny_gguf(tmp_path, "llama", mixed_type), decode_activations="int8")
+    linear = llm.engine.runner.model.model.layers[0].mlp.down_proj
+    assert linear.int8_activations and not llm.engine.runner.model.quantized_head.int8_activations
+    fused, eager, calls = generate_both_ways(llm)
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+    # and the mode is really on: its logprobs differ from float32 activations'
+    exact = engine_of(tiny_gguf(tmp_path / "exact", "llama", mixed_type))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
+    float32 = [out.outputs[0] for out in exact.generate(PROMPTS, params, use_tqdm=False)]
+    assert any(abs(a[t].logprob - b[t].logprob) > 1e-5
+               for ours, theirs in zip(fused, float32)
+               for a, b in zip(ours.logprobs, theirs.logprobs) for t in a.keys() & b.keys())
+
+
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_a_float_checkpoint_quantized_at_load_takes_the_kernel(quantization, tmp_path) -> None:
     """`--quantization int4/int8` of a Hugging Face folder: QuantizedLinear layers on the

@@ -120,6 +120,44 @@ def test_large_batches_in_bf16_are_the_bf16_product(monkeypatch, slice_outputs) 
                        gemm_packed(small, packed))
 
 
+def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) as gemm_int8.c quantizes it, per 32 inputs: (x's 8-bit approximation dx * xq,
+    the largest rounding error dx / 2 of each input), both (M, K)."""
+    groups = x.view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    xq = torch.round(groups * torch.where(amax > 0, 127.0 / amax, 0.0))  # ties to even
+    dx = amax / 127.0
+    return (xq * dx).view_as(x), (dx / 2).expand_as(groups).reshape_as(x)
+
+
+def assert_int8_product(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        ggml_type) -> None:
+    """The 8-bit-activation product: x's 8-bit approximation times the weights, to float32
+    rounding of its partial sums (whose scale is the codes' and mins' magnitudes: up to ~4x
+    the weights' for Q4_0); so within the activations' rounding of x @ W^T. Q8_0 weights
+    take the float32 kernel (x @ W^T to float32 rounding)."""
+    if ggml_type == Q.Q8_0:
+        assert_matmul_close(y, x, weight)
+        return
+    x_hat, rounding = quantized_activations(x)
+    exact = x_hat.double() @ weight.double().T
+    assert ((y - exact).abs() <= 1e-4 * (x_hat.abs() @ weight.abs().T) + 1e-30).all()
+    assert ((y - x @ weight.T).abs() <= 1.01 * (rounding @ weight.abs().T) + 1e-6).all()
+    assert not torch.equal(y, x @ weight.T)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_int8_activations_multiply_the_8_bit_approximation(ggml_type) -> None:
+    """gemm_int8.c: every format, 1 to 9 rows (1-4 row tiles, several passes)."""
+    for n, k in legacy_or_k_shapes(ggml_type):
+        _, packed, reference = case(ggml_type, n, k, seed=5)
+        for rows in (1, 2, 3, 4, 5, 9):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            x[0, :32] = 0.0  # an all-zero group quantizes to zeros (dx = 0)
+            y = gemm_packed(x, packed, int8_activations=True)
+            assert_int8_product(y, x, reference, ggml_type)
+
+
 @pytest.fixture(scope="module")
 def isa_libraries(tmp_path_factory) -> dict:
     """Each x86 instruction-set build this CPU runs (test_cpu_kernels.runnable_builds), the
@@ -136,7 +174,8 @@ def isa_libraries(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("isa", [b for b in runnable_builds() if b != "native"])
 def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeypatch) -> None:
-    """Every type dequantized and multiplied (1, 2, 4 and 5 rows) by each ISA build."""
+    """Every type dequantized and multiplied (1, 2, 4 and 5 rows; float32 and 8-bit
+    activations: each build's dot4, gemm_int8.c) by each ISA build."""
     lib = isa_libraries[isa]
     monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
     for ggml_type in TYPES:
@@ -147,6 +186,8 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
         for rows in (1, 2, 4, 5):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
             assert_matmul_close(gemm_packed(x, packed), x, reference)
+            assert_int8_product(gemm_packed(x, packed, int8_activations=True), x, reference,
+                                ggml_type)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

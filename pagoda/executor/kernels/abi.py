@@ -74,7 +74,8 @@ class DecoderLinear(ctypes.Structure):
     """struct pagoda_decoder_linear: y = x W^T (+ bias), W the segments' rows in turn."""
 
     _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
-                ("segments", DecoderSegment * MAX_SEGMENTS), ("bias", _ptr)]
+                ("segments", DecoderSegment * MAX_SEGMENTS), ("bias", _ptr),
+                ("int8_activations", _i64)]
 
 
 class DecoderLayer(ctypes.Structure):
@@ -118,6 +119,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_dequantize_q_f32": (None, [_int, _i64, _i64, _ptr, _ptr, _ptr, _ptr]),
     "pagoda_gemm_packed_f32": (None, _GEMM_PACKED),
     "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
+    "pagoda_gemm_packed_int8_f32": (None, _GEMM_PACKED),
     "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_packed_bf16": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),

@@ -70,7 +70,9 @@ class PackedLinear(nn.Module):
     """Set by executor/batch_invariant.py: float32 rows through the row-wise kernel."""
     large_batch_dtype: torch.dtype = torch.float32
     """What float32 batches of ops.DEQUANTIZE_FROM_ROWS rows or more are multiplied in
-    (kernels/large_batch.py chooses; set_large_batch_dtype sets it on a model)."""
+    (kernels/arithmetic.py chooses; set_arithmetic sets it on a model)."""
+    int8_activations = False
+    """Smaller float32 batches quantize their activations to 8 bits (gemm_int8.c)."""
 
     @property
     def formats(self) -> list[str]:
@@ -106,9 +108,10 @@ class PackedLinear(nn.Module):
         bf16_large = self.large_batch_dtype == torch.bfloat16
         if compiling:
             y = gemm_packed_op(x, weight.format, weight.out_features, bf16_large,
-                               *plane_list(weight))
+                               self.int8_activations, *plane_list(weight))
         else:
-            y = gemm_packed(x, weight, large_batch_dtype=self.large_batch_dtype)
+            y = gemm_packed(x, weight, large_batch_dtype=self.large_batch_dtype,
+                            int8_activations=self.int8_activations)
         return y.to(rows.dtype)
 
     def extra_repr(self) -> str:
@@ -116,16 +119,19 @@ class PackedLinear(nn.Module):
                 f"formats={'+'.join(self.formats)}")
 
 
-def set_large_batch_dtype(model: nn.Module, dtype: torch.dtype) -> int:
+def set_arithmetic(model: nn.Module, large_batch_dtype: torch.dtype,
+                   int8_activations: bool = False) -> int:
     """Every packed linear of `model` but its logits head multiplies large float32 batches
-    in `dtype` (float32 or bfloat16); returns how many there are. The head keeps float32:
-    the logits the sampler ranks stay float32 sums (bf16's rounding makes exact ties)."""
+    in `large_batch_dtype` (float32 or bfloat16) and small ones with or without 8-bit
+    activations (kernels/arithmetic.py); returns how many there are. The head keeps float32:
+    the logits the sampler ranks stay exact float32 sums (rounding makes exact ties)."""
     head = getattr(model, "quantized_head", None)
     in_head = {id(m) for m in head.modules()} if isinstance(head, nn.Module) else set()
     linears = [m for m in model.modules()
                if isinstance(m, PackedLinear) and id(m) not in in_head]
     for linear in linears:
-        linear.large_batch_dtype = dtype
+        linear.large_batch_dtype = large_batch_dtype
+        linear.int8_activations = int8_activations
     return len(linears)
 
 

@@ -19,6 +19,11 @@ typedef struct {
  * with ldy = N; decoder_f32.c writes fused projections' segments side by side) */
 void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
                              planes_t planes, float *y, int64_t ldy);
+/* gemm_int8.c: the same product through 8-bit activations (integer dot products), for the
+ * formats int8_format_supported */
+void gemm_packed_int8_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                              planes_t planes, float *y, int64_t ldy);
+int int8_format_supported(int format);
 
 ALWAYS_INLINE int is_kquant(int f) { return f == FORMAT_Q4K || f == FORMAT_Q5K || f == FORMAT_Q6K; }
 /* w = d * q + m with its own m per group (Q4, Q5) or super-block m = dmin * mn (Q4K, Q5K) */
@@ -44,12 +49,23 @@ ALWAYS_INLINE planes_t tile_planes(int f, planes_t p, int64_t K, int64_t t) {
     return tp;
 }
 
+/* A K-quant super-block's float16 d and dmin (Q4K, Q5K) for lanes v*LANES ..; zero for the
+ * other formats. */
+ALWAYS_INLINE void super_scales(int f, planes_t tp, int64_t super, int v, vf32 *super_d,
+                                vf32 *super_min) {
+    *super_d = *super_min = (vf32){0};
+    if (!is_kquant(f)) return;
+    *super_d = load_f16(tp.scales + super * TILE_N + v * LANES);
+    if (has_mins(f)) *super_min = load_f16(tp.mins + super * TILE_N + v * LANES);
+}
+
 /* Group g's scales for lanes v*LANES ..: w = d * q + m (m = 0 for Q8); Q6K has no m and
  * two d, *d for inputs 0 .. 15 of the group and *d_hi for 16 .. 31, w = d * (q - 32).
  * Every product here is exact in float32 (an 11-bit float16 mantissa times a 6- or 8-bit
- * integer), so the weights come out as GGUF's dequantization rounds them: once. */
-ALWAYS_INLINE void group_scales(int f, planes_t tp, int64_t g, int v, vf32 *d, vf32 *m,
-                                vf32 *d_hi) {
+ * integer), so the weights come out as GGUF's dequantization rounds them: once.
+ * K-quants take their super-block's super_scales (loaded once for its 8 groups). */
+ALWAYS_INLINE void group_scales_in(int f, planes_t tp, int64_t g, int v, vf32 super_d,
+                                   vf32 super_min, vf32 *d, vf32 *m, vf32 *d_hi) {
     const int64_t lane0 = v * LANES;
     *m = (vf32){0};
     *d_hi = (vf32){0};
@@ -58,8 +74,6 @@ ALWAYS_INLINE void group_scales(int f, planes_t tp, int64_t g, int v, vf32 *d, v
         if (has_mins(f)) *m = load_f16(tp.mins + g * TILE_N + lane0);
         return;
     }
-    const int64_t super = g / (SUPER_K / GROUP_K);
-    const vf32 super_d = load_f16(tp.scales + super * TILE_N + lane0);
     if (f == FORMAT_Q6K) {
         const int8_t *sc = (const int8_t *)tp.sub_scales + g * 2 * TILE_N + lane0;
         *d = super_d * load_i8_as_f32(sc);
@@ -67,8 +81,15 @@ ALWAYS_INLINE void group_scales(int f, planes_t tp, int64_t g, int v, vf32 *d, v
         return;
     }
     *d = super_d * load_u8_as_f32(tp.sub_scales + g * TILE_N + lane0);
-    *m = -(load_f16(tp.mins + super * TILE_N + lane0)
-           * load_u8_as_f32(tp.sub_mins + g * TILE_N + lane0));
+    *m = -(super_min * load_u8_as_f32(tp.sub_mins + g * TILE_N + lane0));
+}
+
+/* group_scales_in with the super-block's scales loaded here */
+ALWAYS_INLINE void group_scales(int f, planes_t tp, int64_t g, int v, vf32 *d, vf32 *m,
+                                vf32 *d_hi) {
+    vf32 super_d, super_min;
+    super_scales(f, tp, g / (SUPER_K / GROUP_K), v, &super_d, &super_min);
+    group_scales_in(f, tp, g, v, super_d, super_min, d, m, d_hi);
 }
 
 /* Group g's high-bit words for lanes v*LANES .. (kernels.h: Q5, Q5K one, Q6K two). */

@@ -8,6 +8,8 @@
  *   gemm_f32.c      float32 activations, the quantized matmul (every format below),
  *   gemm_dequantize_f32.c  its dequantization (large batches, embedding rows; gemm_packed.h
  *                   holds what both read of the packed formats),
+ *   gemm_int8.c     the same matmul for small batches through 8-bit activations: integer
+ *                   dot products (AVX-512 VNNI / AVX-VNNI, AVX2, ARM dotprod, portable),
  *   attention_f32.c paged attention's float32 and 8-bit-cache inner loops, and RMSNorm: GCC
  *                   vector extensions (vec_f32.h), AVX-512F (16 lanes), AVX2 + FMA (8
  *                   lanes), NEON / SSE / anything else (4 lanes)
@@ -115,6 +117,12 @@ void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, in
                             const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
                             const uint16_t *mins, const uint8_t *sub_scales,
                             const uint8_t *sub_mins, float *y);
+/* gemm_int8.c: the same product with x quantized to 8 bits per 32 inputs and integer dot
+ * products (llama.cpp's arithmetic); Q8 weights take the float32 kernel. */
+void pagoda_gemm_packed_int8_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                                 const uint8_t *codes, const uint8_t *high,
+                                 const uint16_t *scales, const uint16_t *mins,
+                                 const uint8_t *sub_scales, const uint8_t *sub_mins, float *y);
 /* The same product with each row on its own: row m of y depends on row m of x only,
  * whatever M (bit for bit a one-row call; --deterministic). */
 void pagoda_gemm_packed_rowwise_f32(int format, const float *x, int64_t M, int64_t K,
@@ -169,6 +177,7 @@ struct pagoda_decoder_linear {
     int64_t out_features;
     struct pagoda_decoder_segment segments[MAX_SEGMENTS];
     const float *bias;          /* (out_features) or NULL */
+    int64_t int8_activations;   /* 1: x quantized to 8 bits, integer dot products (gemm_int8.c) */
 };
 
 struct pagoda_decoder_layer {

@@ -1,7 +1,9 @@
-"""Large batches (prefill chunks) over packed weights in float32 or bfloat16: the choice
-(kernels/large_batch.py: a measurement where it is `auto`, never a CPU name), the runner
-setting it on every packed linear but the logits head, and a prefill taking the bf16 path.
-The bf16 product itself: test_gguf_packed.py; its fidelity: test_fidelity.py."""
+"""What packed weights multiply in (kernels/arithmetic.py): large batches (prefill chunks)
+in float32 or bfloat16, small ones (decode steps) with float32 or 8-bit activations. The
+choice (a measurement where it is `auto`, never a CPU name), the runner setting it on every
+packed linear but the logits head, and a prefill taking the bf16 path. The products
+themselves: test_gguf_packed.py; the whole-stack step's int8: test_decode_kernel.py; their
+fidelity: test_fidelity.py."""
 
 from __future__ import annotations
 
@@ -12,57 +14,77 @@ import pytest
 import torch
 
 from pagoda.config import CacheConfig, EngineConfig, ModelConfig
-from pagoda.executor.kernels import large_batch, ops
+from pagoda.executor.kernels import arithmetic, ops
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.runner_builder import build_runner
 
 
 def test_explicit_choices_and_dtypes_need_no_measurement(monkeypatch) -> None:
-    monkeypatch.setattr(large_batch, "bf16_speedup", lambda: pytest.fail("measured"))
-    resolve = large_batch.resolve_prefill_dtype
-    assert resolve("float32", "auto") == torch.float32
-    assert resolve("bfloat16", "float32") == torch.bfloat16
-    assert resolve("auto", "float32") == torch.float32  # an explicit float32 run stays float32
-    assert resolve("auto", "bfloat16") == torch.bfloat16
+    monkeypatch.setattr(arithmetic, "bf16_speedup", lambda: pytest.fail("measured"))
+    monkeypatch.setattr(arithmetic, "int8_speedup", lambda: pytest.fail("measured"))
+    prefill, decode = arithmetic.resolve_prefill_dtype, arithmetic.resolve_decode_activations
+    assert prefill("float32", "auto") == torch.float32
+    assert prefill("bfloat16", "float32") == torch.bfloat16
+    assert prefill("auto", "float32") == torch.float32  # an explicit float32 run stays float32
+    assert prefill("auto", "bfloat16") == torch.bfloat16
+    assert decode("int8", "float32") and not decode("float32", "auto")
+    assert not decode("auto", "float32") and not decode("auto", "bfloat16")
     with pytest.raises(ValueError, match="prefill_dtype must be"):
-        resolve("float16", "auto")
+        prefill("float16", "auto")
+    with pytest.raises(ValueError, match="decode_activations must be"):
+        decode("int4", "auto")
 
 
 @pytest.mark.parametrize("speedup, chosen", [(1.0, torch.float32), (1.49, torch.float32),
                                              (1.5, torch.bfloat16), (5.0, torch.bfloat16)])
 def test_auto_takes_bf16_only_where_it_measures_clearly_faster(monkeypatch, speedup,
                                                                 chosen) -> None:
-    monkeypatch.setattr(large_batch, "bf16_speedup", lambda: speedup)
-    assert large_batch.resolve_prefill_dtype("auto", "auto") == chosen
+    monkeypatch.setattr(arithmetic, "bf16_speedup", lambda: speedup)
+    assert arithmetic.resolve_prefill_dtype("auto", "auto") == chosen
 
 
-def test_the_measurement_times_both_products() -> None:
-    """A real (small) timing: a finite positive ratio. Its value is this CPU's."""
-    speedup = large_batch.bf16_speedup((16, 64, 32), repeats=1)
-    assert math.isfinite(speedup) and speedup > 0
+@pytest.mark.parametrize("speedup, chosen", [(0.6, False), (1.19, False), (1.2, True),
+                                             (2.0, True)])
+def test_auto_takes_int8_only_where_it_measures_clearly_faster(monkeypatch, speedup,
+                                                                chosen) -> None:
+    monkeypatch.setattr(arithmetic, "int8_speedup", lambda: speedup)
+    assert arithmetic.resolve_decode_activations("auto", "auto") == chosen
 
 
-def test_config_refuses_bad_prefill_dtypes() -> None:
+def test_the_measurements_time_both_products() -> None:
+    """Real (small) timings: finite positive ratios. Their values are this CPU's."""
+    for speedup in (arithmetic.bf16_speedup((16, 64, 32), repeats=1),
+                    arithmetic.int8_speedup((32, 256), repeats=1)):
+        assert math.isfinite(speedup) and speedup > 0
+
+
+def test_config_refuses_bad_settings() -> None:
     with pytest.raises(ValueError, match="prefill_dtype must be one of"):
         ModelConfig(prefill_dtype="int8")
+    with pytest.raises(ValueError, match="decode_activations must be one of"):
+        ModelConfig(decode_activations="bfloat16")
     with pytest.raises(ValueError, match="deterministic runs float32"):
         ModelConfig(deterministic=True, prefill_dtype="bfloat16")
+    with pytest.raises(ValueError, match="deterministic runs float32"):
+        ModelConfig(deterministic=True, decode_activations="int8")
 
 
 @pytest.fixture(scope="module")
 def bf16_prefill_runner():
-    config = EngineConfig(model=ModelConfig(prefill_dtype="bfloat16", max_model_len=512),
+    config = EngineConfig(model=ModelConfig(prefill_dtype="bfloat16", decode_activations="int8",
+                                            max_model_len=512),
                           cache=CacheConfig(kv_cache_memory=32 << 20))
     return build_runner(config)[0]
 
 
-def test_the_runner_sets_bf16_on_every_packed_linear_but_the_head(bf16_prefill_runner) -> None:
+def test_the_runner_sets_its_choice_on_every_packed_linear_but_the_head(bf16_prefill_runner) -> None:
     model = bf16_prefill_runner.model
     head = model.quantized_head
     linears = [m for m in model.model.modules() if isinstance(m, PackedLinear)]
     assert len(linears) == 4 * model.config.num_hidden_layers  # qkv, o, gate_up, down
-    assert all(m.large_batch_dtype == torch.bfloat16 for m in linears)
+    assert all(m.large_batch_dtype == torch.bfloat16 and m.int8_activations for m in linears)
     assert isinstance(head, PackedLinear) and head.large_batch_dtype == torch.float32
+    assert not head.int8_activations
 
 
 def test_a_long_prefill_multiplies_in_bf16(bf16_prefill_runner, monkeypatch) -> None:
@@ -92,4 +114,4 @@ def test_the_start_line_names_the_prefill_dtype(caplog) -> None:
                           cache=CacheConfig(kv_cache_memory=32 << 20))
     with caplog.at_level(logging.INFO, logger="pagoda.executor.runner_builder"):
         build_runner(config)
-    assert "prefill matmuls in float32" in caplog.text
+    assert "prefill matmuls in float32, decode activations float32" in caplog.text

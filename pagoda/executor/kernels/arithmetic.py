@@ -1,0 +1,115 @@
+"""What packed weights are multiplied in, by batch size, chosen for this CPU by measurement
+(never by a CPU name): float32 activations everywhere is the exact mode; two faster ones
+round what they multiply, each at least as finely as llama.cpp's own run of the same file.
+
+Large batches (prefill chunks; from ops.DEQUANTIZE_FROM_ROWS rows): a packed weight is
+dequantized a cache-sized slice at a time and multiplied by torch's matmul
+(ops.dequantized_matmul), in float32 (the CPU's FMA rate, ~0.3 TFLOP/s on 2 cores of any
+kind seen) or in bfloat16 (x and the weights rounded to bf16, float32 sums rounded to bf16):
+oneDNN runs AMX tiles where the CPU has them (~1.7 TFLOP/s on the same 2 cores) and an
+emulation slower than float32 where it has no bf16 arithmetic (AVX2, most ARM).
+
+Small batches (decode steps): the packed kernels multiply float32 activations by the
+weights' codes (gemm_f32.c), or quantize the activations to 8 bits per 32 inputs and sum
+integer dot products (gemm_int8.c: VNNI's vpdpbusd, AVX2's vpmaddubsw, ARM's sdot; llama.cpp's
+arithmetic), which decodes fewer instructions per weight where the CPU has those.
+
+`prefill_dtype` / `decode_activations` (ModelConfig): an explicit value, or "auto": the
+faster mode where it measures clearly faster than the float32 one on this CPU (MIN_*) and
+`dtype` is auto; an explicit `--dtype float32` keeps exact float32 everywhere (the mode the
+oracle tests compare). Fidelity bars: tests/executor/test_fidelity.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+MIN_BF16_SPEEDUP = 1.5
+"""bf16 prefill is taken only where its matmul measures this much faster than float32's: a
+margin over the timing noise of a shared machine and over the dequantization both share,
+so that a CPU near the border takes float32 run after run, not one or the other."""
+MIN_INT8_SPEEDUP = 1.2
+"""8-bit decode activations only where the kernel measures this much faster in cache (its
+compute rate; the memory both read is the same, so the gain in a real step is smaller)."""
+PREFILL_SHAPE = (256, 2048, 1024)
+"""(rows, inputs, outputs) of the timed prefill product: a chunk of a 1B model times one
+dequantized slice (ops.DEQUANTIZE_SLICE_BYTES)."""
+DECODE_SHAPE = (1024, 2048)
+"""(outputs, inputs) of the timed decode product: one row through a 4-bit weight that
+stays in cache, so the kernels' own rates compare, not the memory's."""
+REPEATS = 5
+
+
+def _best_seconds(run, repeats: int) -> float:
+    run()  # warm-up: oneDNN builds its kernel for the shape on first use
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def bf16_speedup(shape: tuple[int, int, int] = PREFILL_SHAPE, repeats: int = REPEATS) -> float:
+    """float32's time over bf16's for x (rows, inputs) @ w (inputs, outputs), each the best of
+    `repeats`, bf16 including x's rounding and the result's widening; measured once per
+    process (about 0.1 s where bf16 is native, up to ~0.5 s where it is emulated)."""
+    rows, inputs, outputs = shape
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, inputs, generator=generator)
+    w = torch.randn(inputs, outputs, generator=generator)
+    w_bf16 = w.to(torch.bfloat16)
+    float32 = _best_seconds(lambda: torch.mm(x, w), repeats)
+    bfloat16 = _best_seconds(lambda: torch.mm(x.to(torch.bfloat16), w_bf16).float(), repeats)
+    return float32 / bfloat16
+
+
+@functools.cache
+def int8_speedup(shape: tuple[int, int] = DECODE_SHAPE, repeats: int = 20) -> float:
+    """The float32 packed kernel's time over the 8-bit-activation one's, one row through a
+    random q4 weight of `shape`, best of `repeats` each; once per process (~10 ms)."""
+    from pagoda.executor.kernels.packed_weight import from_group_quantized, gemm_packed
+    from pagoda.executor.kernels.packing import quantize_groups
+
+    outputs, inputs = shape
+    generator = torch.Generator().manual_seed(0)
+    weight = from_group_quantized(quantize_groups(
+        torch.randn(outputs, inputs, generator=generator), "q4"))
+    x = torch.randn(1, inputs, generator=generator)
+    float32 = _best_seconds(lambda: gemm_packed(x, weight), repeats)
+    int8 = _best_seconds(lambda: gemm_packed(x, weight, int8_activations=True), repeats)
+    return float32 / int8
+
+
+def _resolve(name: str, setting: str, dtype: str, choices: tuple[str, str], faster_enough) -> str:
+    """`setting` (one of choices or auto) under ModelConfig's `dtype` -> one of `choices`
+    (exact, faster): auto takes the faster where dtype is auto and faster_enough() says so."""
+    exact, faster = choices
+    if setting in choices:
+        return setting
+    if setting != "auto":
+        raise ValueError(f"{name} must be auto, {exact} or {faster}, got {setting!r}")
+    if dtype != "auto":
+        return exact
+    return faster if faster_enough() else exact
+
+
+def resolve_prefill_dtype(prefill_dtype: str, dtype: str) -> torch.dtype:
+    """ModelConfig's prefill_dtype and dtype (names, as configured) -> the dtype packed
+    weights' large batches are multiplied in (bf16 activations: bf16 under auto)."""
+    if prefill_dtype == "auto" and dtype == "bfloat16":
+        return torch.bfloat16
+    chosen = _resolve("prefill_dtype", prefill_dtype, dtype, ("float32", "bfloat16"),
+                      lambda: bf16_speedup() >= MIN_BF16_SPEEDUP)
+    return torch.bfloat16 if chosen == "bfloat16" else torch.float32
+
+
+def resolve_decode_activations(decode_activations: str, dtype: str) -> bool:
+    """ModelConfig's decode_activations and dtype -> whether packed weights' small batches
+    quantize their activations to 8 bits (integer dot products)."""
+    return _resolve("decode_activations", decode_activations, dtype, ("float32", "int8"),
+                    lambda: int8_speedup() >= MIN_INT8_SPEEDUP) == "int8"

@@ -1,0 +1,236 @@
+/* Integer dot products for small batches (decode steps): the packed weights' integer codes
+ * times activations quantized on the fly to 8 bits per group of 32 inputs, as llama.cpp
+ * multiplies (its Q8 activations), summed exactly in 32-bit integers; float32 only for the
+ * group's scales. Formats: Q4 (Q4_0, Q4_1, Pagoda's q4), Q5 (Q5_0, Q5_1), Q4K, Q5K, Q6K;
+ * Q8 stays in gemm_f32.c (int8_format_supported).
+ *
+ * Activations, per row m and group g of 32 inputs: dx = max|x| / 127, xq = round(x / dx) in
+ * [-127, 127] (ties to even). A tile's group then contributes, per output lane, the product
+ * of the weights with x's 8-bit approximation dx * xq, whole:
+ *     Q4, Q5, Q4K, Q5K (w = d q + m):  (d * dx) * sum_k q_k xq_k + (m * dx) * sum_k xq_k
+ *     Q6K (per 16-input half, codes q in [0, 63] stored, w = d (q - 32)):
+ *                                      (d * dx) * (sum_k q_k xq_k - 32 sum_k xq_k)
+ * (the mins' term over x's exact sum instead would weigh x's rounding errors by the codes
+ * q, not the weights d q + m: 2-4x larger where m offsets the codes, as in Q4_0 and Q4_K).
+ * The integer sums are exact, so every build gives the same ones; the float32 epilogue is
+ * one expression in a fixed order.
+ *
+ * The 4-way byte dot product (dot4: sum of 4 unsigned weight bytes times 4 signed activation
+ * bytes, added to a 32-bit lane) by instruction set: AVX-512 VNNI or AVX-VNNI vpdpbusd;
+ * AVX-512BW / AVX2 vpmaddubsw + vpmaddwd (no saturation: codes <= 63, |xq| <= 127, so a pair
+ * sums to at most 16002); ARM64 with the dot-product extension sdot (codes <= 63 are
+ * non-negative signed bytes); anything else, and every emulation build of another width,
+ * portable byte arithmetic with the same exact result.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gemm_packed.h"
+
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#endif
+
+int int8_format_supported(int f) { return f != FORMAT_Q8; }
+
+/* acc + for each 32-bit lane: sum over its 4 bytes j of w.byte[j] (unsigned) * x.byte[j]
+ * (signed). */
+ALWAYS_INLINE vi32 dot4(vi32 acc, vu32 w, vi32 x) {
+#if VECTOR_BYTES == 64 && defined(__AVX512VNNI__)
+    return (vi32)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, (__m512i)x);
+#elif VECTOR_BYTES == 32 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return (vi32)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)w, (__m256i)x);
+#elif VECTOR_BYTES == 32 && defined(__AVXVNNI__)
+    return (vi32)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)w, (__m256i)x);
+#elif VECTOR_BYTES == 64 && defined(__AVX512BW__)
+    const __m512i pairs = _mm512_maddubs_epi16((__m512i)w, (__m512i)x);
+    return acc + (vi32)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+#elif VECTOR_BYTES == 32 && defined(__AVX2__)
+    const __m256i pairs = _mm256_maddubs_epi16((__m256i)w, (__m256i)x);
+    return acc + (vi32)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#elif VECTOR_BYTES == 16 && defined(__ARM_FEATURE_DOTPROD)
+    return (vi32)vdotq_s32((int32x4_t)acc, (int8x16_t)w, (int8x16_t)x);
+#else
+    for (int j = 0; j < 4; j++)
+        acc += (vi32)((w >> (8 * j)) & 0xFF) * ((x << (24 - 8 * j)) >> 24);
+    return acc;
+#endif
+}
+
+/* The codes of inputs 4c .. 4c+3 of a group as the 4 bytes of each lane, in input order,
+ * unsigned (Q6K's in [0, 63], not minus 32): the nibble word's e (inputs 4c, 4c+1 at bits
+ * 0, 8) and o (4c+2, 4c+3, moved down to bits 0, 8), each with its high bits next to it
+ * (gemm_packed.h's chunk_codes, the same slots), then o above e. */
+ALWAYS_INLINE vu32 chunk_bytes(int f, vu32 words, const vu32 hw[2], int c) {
+#if VECTOR_BYTES == 64 && defined(__AVX512VBMI__)
+    if (high_bits(f) == 0) { /* each byte its nibble's 8 bits (bits 0, 8, 4, 12 of the lane) */
+        const __m512i from = _mm512_set1_epi64(0x2C2428200C040800LL); /* 2 lanes a qword */
+        return (vu32)_mm512_multishift_epi64_epi8(from, (__m512i)words) & 0x0F0F0F0F;
+    }
+#endif
+    vu32 e = words & 0x0F0F, o = (words >> 4) & 0x0F0F;
+    if (high_bits(f) == 1) {
+        e |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c), 4, 0x1010);
+        o |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c + 1), 4, 0x1010);
+    } else if (high_bits(f) == 2) {
+        e |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c), 4, 0x3030);
+        o |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c + 1), 4, 0x3030);
+    }
+    return e | (o << 16);
+}
+
+/* Row activations quantized per group: xq (M, K) int8, dx (M, groups), xq_half (M, 2 groups)
+ * the integer sums of xq per 16 inputs. */
+typedef struct {
+    int8_t *xq;
+    float *dx;
+    int32_t *xq_half;
+} quantized_rows_t;
+
+static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K) {
+    const int64_t groups = K / GROUP_K;
+    quantized_rows_t q;
+    q.xq = malloc((size_t)(M * K));
+    q.dx = malloc(sizeof(float) * (size_t)(M * groups));
+    q.xq_half = malloc(sizeof(int32_t) * (size_t)(M * groups * 2));
+    if ((q.xq == NULL || q.dx == NULL || q.xq_half == NULL) && M * K > 0)
+        abort();
+    for (int64_t i = 0; i < M * groups; i++) {
+        const float *xg = x + i * GROUP_K;
+        float amax = 0.0f;
+        for (int k = 0; k < GROUP_K; k++) amax = fmaxf(amax, fabsf(xg[k]));
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        q.dx[i] = amax / 127.0f;
+        int32_t half[2] = {0, 0};
+        for (int k = 0; k < GROUP_K; k++) {
+            const int32_t v = (int32_t)nearbyintf(xg[k] * inverse);
+            q.xq[i * GROUP_K + k] = (int8_t)v;
+            half[k / 16] += v;
+        }
+        q.xq_half[2 * i] = half[0];
+        q.xq_half[2 * i + 1] = half[1];
+    }
+    return q;
+}
+
+static void free_rows(quantized_rows_t q) {
+    free(q.xq);
+    free(q.dx);
+    free(q.xq_half);
+}
+
+/* One tile of 16 outputs for `rows` (<= GEMM_ROWS) rows starting at row m0 of q. */
+ALWAYS_INLINE void tile_int8(int rows, int f, quantized_rows_t q, int64_t m0, int64_t K,
+                             planes_t tp, float *y, int64_t ldy) {
+    const int64_t groups = K / GROUP_K;
+    vf32 total[GEMM_ROWS][CHUNKS], super_d[CHUNKS], super_min[CHUNKS];
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < CHUNKS; v++) total[r][v] = (vf32){0};
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *gc = tp.codes + g * GROUP_K * TILE_N / 2;
+        for (int i = 0; i < 4; i++) __builtin_prefetch(gc + 4 * GROUP_K * TILE_N / 2 + 64 * i);
+        if (high_bits(f)) __builtin_prefetch(tp.high + (g + 4) * TILE_N * 4 * high_bits(f));
+        if (g % (SUPER_K / GROUP_K) == 0)
+            for (int v = 0; v < CHUNKS; v++)
+                super_scales(f, tp, g / (SUPER_K / GROUP_K), v, &super_d[v], &super_min[v]);
+        vf32 d[CHUNKS], m[CHUNKS], d_hi[CHUNKS];
+        vu32 hw[CHUNKS][2];
+        for (int v = 0; v < CHUNKS; v++) {
+            group_scales_in(f, tp, g, v, super_d[v], super_min[v], &d[v], &m[v], &d_hi[v]);
+            group_high(f, tp, g, v, hw[v]);
+        }
+        /* `chains` independent sums per (row, vector) (vpdpbusd's latency is 5 cycles) */
+        const int chains = rows * CHUNKS >= 4 ? 1 : rows * CHUNKS >= 2 ? 2 : 4;
+        vi32 acc[GEMM_ROWS][CHUNKS][4], first_half[GEMM_ROWS][CHUNKS];
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < CHUNKS; v++)
+                for (int j = 0; j < chains; j++) acc[r][v][j] = (vi32){0};
+#pragma GCC unroll 8
+        for (int c = 0; c < GROUP_K / 4; c++) {
+            vu32 w[CHUNKS];
+            for (int v = 0; v < CHUNKS; v++) w[v] = chunk_bytes(f, chunk_words(tp, g, c, v), hw[v], c);
+            for (int r = 0; r < rows; r++) {
+                int32_t word;
+                memcpy(&word, q.xq + (m0 + r) * K + g * GROUP_K + 4 * c, 4);
+                const vi32 xw = (vi32){0} + word;
+                for (int v = 0; v < CHUNKS; v++)
+                    acc[r][v][c % chains] = dot4(acc[r][v][c % chains], w[v], xw);
+            }
+            if (f == FORMAT_Q6K && c == GROUP_K / 8 - 1) /* the first 16 inputs done */
+                for (int r = 0; r < rows; r++)
+                    for (int v = 0; v < CHUNKS; v++) {
+                        first_half[r][v] = acc[r][v][0];
+                        acc[r][v][0] = (vi32){0};
+                        for (int j = 1; j < chains; j++) {
+                            first_half[r][v] += acc[r][v][j];
+                            acc[r][v][j] = (vi32){0};
+                        }
+                    }
+        }
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < CHUNKS; v++)
+                for (int j = 1; j < chains; j++) acc[r][v][0] += acc[r][v][j];
+        for (int r = 0; r < rows; r++) {
+            const int64_t i = (m0 + r) * groups + g;
+            const float dx = q.dx[i];
+            for (int v = 0; v < CHUNKS; v++) {
+                if (f == FORMAT_Q6K) {
+                    const vf32 lo = __builtin_convertvector(first_half[r][v] - 32 * q.xq_half[2 * i], vf32);
+                    const vf32 hi = __builtin_convertvector(acc[r][v][0] - 32 * q.xq_half[2 * i + 1], vf32);
+                    total[r][v] += (d[v] * dx) * lo + (d_hi[v] * dx) * hi;
+                } else {
+                    const float xq_sum = (float)(q.xq_half[2 * i] + q.xq_half[2 * i + 1]);
+                    total[r][v] += (d[v] * dx) * __builtin_convertvector(acc[r][v][0], vf32)
+                                   + (m[v] * dx) * xq_sum;
+                }            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < CHUNKS; v++) store_f32(y + r * ldy + v * LANES, total[r][v]);
+}
+
+#define INT8_TILE(F, R) tile_int8(R, F, q, m0, K, tp, y + m0 * ldy + t * TILE_N, ldy)
+#define INT8_CASE(F)                                                                      \
+    case F:                                                                               \
+        switch (rows) {                                                                   \
+        case 1: INT8_TILE(F, 1); break;                                                   \
+        case 2: INT8_TILE(F, 2); break;                                                   \
+        case 3: INT8_TILE(F, 3); break;                                                   \
+        default: INT8_TILE(F, 4); break;                                                  \
+        }                                                                                 \
+        break;
+
+/* y (M, N) float32 = x (M, K) . W^T through 8-bit activations, row m of y at y + m * ldy;
+ * the shapes gemm_packed_f32_strided takes, a format int8_format_supported. */
+void gemm_packed_int8_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                              planes_t planes, float *y, int64_t ldy) {
+    const int64_t tiles = N / TILE_N;
+    const quantized_rows_t q = quantize_rows(x, M, K);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const planes_t tp = tile_planes(format, planes, K, t);
+        for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
+            const int rows = M - m0 < GEMM_ROWS ? (int)(M - m0) : GEMM_ROWS;
+            switch (format) {
+            INT8_CASE(FORMAT_Q4)
+            INT8_CASE(FORMAT_Q5)
+            INT8_CASE(FORMAT_Q4K)
+            INT8_CASE(FORMAT_Q5K)
+            INT8_CASE(FORMAT_Q6K)
+            }
+        }
+    }
+    free_rows(q);
+}
+
+void pagoda_gemm_packed_int8_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
+                                 const uint8_t *codes, const uint8_t *high,
+                                 const uint16_t *scales, const uint16_t *mins,
+                                 const uint8_t *sub_scales, const uint8_t *sub_mins, float *y) {
+    const planes_t planes = {codes, high, scales, mins, sub_scales, sub_mins};
+    if (int8_format_supported(format)) gemm_packed_int8_strided(format, x, M, K, N, planes, y, N);
+    else gemm_packed_f32_strided(format, x, M, K, N, planes, y, N);
+}
