@@ -20,7 +20,7 @@ from pagoda.config_args import add_config_args, config_from_kwargs, config_from_
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFILL_DTYPES = ("auto", "float32", "bfloat16")
 """`prefill_dtype` values (pagoda/executor/kernels/arithmetic.py)."""
-DECODE_ACTIVATIONS = ("auto", "float32", "int8")
+DECODE_ACTIVATIONS = ("auto", "float32", "int16", "int8")
 """`decode_activations` values (pagoda/executor/kernels/arithmetic.py)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4")
@@ -67,9 +67,11 @@ class ModelConfig:
     explicit --dtype float32 keeps float32 everywhere."""
     decode_activations: str = field(default="auto", metadata={"choices": DECODE_ACTIVATIONS})
     """Arithmetic of small batches (decode steps) over quantized weights, CPU: float32, or
-    int8 (activations quantized to 8 bits per 32 inputs, integer dot products: llama.cpp's
-    arithmetic; VNNI / AVX2 / ARM dot products). auto: int8 where it measures at least 1.2x
-    float32's rate on this CPU at start and dtype is auto, else float32; an explicit
+    activations quantized per 32 inputs for integer dot products (VNNI / AVX2 / ARM):
+    int16 (two 8-bit parts: ~2e-5 relative error, float32's tokens) or int8 (llama.cpp's
+    arithmetic: ~0.5 %, faster with several rows). auto: int16 where one row through the
+    model's weights measures at least 1.1x float32's rate at start and dtype is auto, else
+    float32; an explicit
     --dtype float32 keeps float32 everywhere."""
     compile: bool = False
     """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
@@ -100,9 +102,9 @@ class ModelConfig:
             raise ValueError(f"decode_activations must be one of {', '.join(DECODE_ACTIVATIONS)}"
                              f", got {self.decode_activations!r}")
         if self.deterministic and (self.prefill_dtype == "bfloat16"
-                                   or self.decode_activations == "int8"):
+                                   or self.decode_activations in ("int8", "int16")):
             raise ValueError("deterministic runs float32 arithmetic; drop prefill_dtype "
-                             "bfloat16 and decode_activations int8")
+                             "bfloat16 and decode_activations int8 / int16")
         if self.deterministic and self.compile:
             raise ValueError("deterministic runs the eager model; drop compile")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:

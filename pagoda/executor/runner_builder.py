@@ -15,7 +15,7 @@ from pagoda.executor.batch_invariant import make_batch_invariant
 from pagoda.executor.kernels.arithmetic import resolve_decode_activations, resolve_prefill_dtype
 from pagoda.executor.kernels.cpu_info import describe_run
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
-from pagoda.executor.layers.packed_linear import set_arithmetic
+from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
@@ -109,18 +109,20 @@ def build_runner(
 
 
 def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
-                       device: torch.device) -> tuple[torch.dtype, bool] | None:
+                       device: torch.device) -> tuple[torch.dtype, int] | None:
     """What the model's packed linears multiply in (set on them): the large batches' dtype
-    and whether small batches take 8-bit activations; None where it has none (or runs off
-    the CPU). kernels/arithmetic.py decides, measuring this CPU where a setting is auto."""
+    and the small batches' activation_parts; None where it has none (or runs off the CPU).
+    kernels/arithmetic.py decides, measuring this CPU where a setting is auto."""
     if device.type != "cpu" or not set_arithmetic(model, torch.float32):
         return None
     if config.model.deterministic:
-        return torch.float32, False
+        return torch.float32, 0
     large_batch_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
-    int8 = resolve_decode_activations(config.model.decode_activations, config.model.dtype)
-    set_arithmetic(model, large_batch_dtype, int8)
-    return large_batch_dtype, int8
+    weights = [segment for linear in body_linears(model) for segment in linear.segments]
+    parts = resolve_decode_activations(config.model.decode_activations, config.model.dtype,
+                                       weights)
+    set_arithmetic(model, large_batch_dtype, parts)
+    return large_batch_dtype, parts
 
 
 def _size_kv_cache(

@@ -72,7 +72,7 @@ def _linear(module: nn.Module) -> DecoderLinear | None:
     linear = DecoderLinear(num_segments=len(segments), in_features=module.in_features,
                            out_features=module.out_features,
                            bias=None if bias is None else bias.data_ptr(),
-                           int8_activations=int(module.int8_activations))
+                           activation_parts=module.activation_parts)
     for slot, (format, out_features, planes) in zip(linear.segments, segments):
         slot.format, slot.out_features = weight_format(format), out_features
         for name in PLANE_NAMES:

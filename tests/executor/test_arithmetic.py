@@ -1,5 +1,5 @@
 """What packed weights multiply in (kernels/arithmetic.py): large batches (prefill chunks)
-in float32 or bfloat16, small ones (decode steps) with float32 or 8-bit activations. The
+in float32 or bfloat16, small ones (decode steps) with float32, 16- or 8-bit activations. The
 choice (a measurement where it is `auto`, never a CPU name), the runner setting it on every
 packed linear but the logits head, and a prefill taking the bf16 path. The products
 themselves: test_gguf_packed.py; the whole-stack step's int8: test_decode_kernel.py; their
@@ -15,20 +15,24 @@ import torch
 
 from pagoda.config import CacheConfig, EngineConfig, ModelConfig
 from pagoda.executor.kernels import arithmetic, ops
+from pagoda.executor.kernels.packed_weight import from_group_quantized
+from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.runner_builder import build_runner
 
 
 def test_explicit_choices_and_dtypes_need_no_measurement(monkeypatch) -> None:
     monkeypatch.setattr(arithmetic, "bf16_speedup", lambda: pytest.fail("measured"))
-    monkeypatch.setattr(arithmetic, "int8_speedup", lambda: pytest.fail("measured"))
-    prefill, decode = arithmetic.resolve_prefill_dtype, arithmetic.resolve_decode_activations
+    monkeypatch.setattr(arithmetic, "int16_speedup", lambda weights: pytest.fail("measured"))
+    prefill = arithmetic.resolve_prefill_dtype
+    decode = lambda setting, dtype: arithmetic.resolve_decode_activations(setting, dtype, [])
     assert prefill("float32", "auto") == torch.float32
     assert prefill("bfloat16", "float32") == torch.bfloat16
     assert prefill("auto", "float32") == torch.float32  # an explicit float32 run stays float32
     assert prefill("auto", "bfloat16") == torch.bfloat16
-    assert decode("int8", "float32") and not decode("float32", "auto")
-    assert not decode("auto", "float32") and not decode("auto", "bfloat16")
+    assert decode("int8", "float32") == 1 and decode("int16", "float32") == 2
+    assert decode("float32", "auto") == decode("auto", "float32") == 0
+    assert decode("auto", "bfloat16") == 0
     with pytest.raises(ValueError, match="prefill_dtype must be"):
         prefill("float16", "auto")
     with pytest.raises(ValueError, match="decode_activations must be"):
@@ -43,18 +47,19 @@ def test_auto_takes_bf16_only_where_it_measures_clearly_faster(monkeypatch, spee
     assert arithmetic.resolve_prefill_dtype("auto", "auto") == chosen
 
 
-@pytest.mark.parametrize("speedup, chosen", [(0.6, False), (1.19, False), (1.2, True),
-                                             (2.0, True)])
-def test_auto_takes_int8_only_where_it_measures_clearly_faster(monkeypatch, speedup,
-                                                                chosen) -> None:
-    monkeypatch.setattr(arithmetic, "int8_speedup", lambda: speedup)
-    assert arithmetic.resolve_decode_activations("auto", "auto") == chosen
+@pytest.mark.parametrize("speedup, parts", [(0.6, 0), (1.09, 0), (1.1, 2), (2.0, 2)])
+def test_auto_takes_int16_only_where_it_measures_clearly_faster(monkeypatch, speedup,
+                                                                 parts) -> None:
+    """(never int8: llama.cpp's coarser arithmetic is asked for by name)"""
+    monkeypatch.setattr(arithmetic, "int16_speedup", lambda weights: speedup)
+    assert arithmetic.resolve_decode_activations("auto", "auto", []) == parts
 
 
 def test_the_measurements_time_both_products() -> None:
     """Real (small) timings: finite positive ratios. Their values are this CPU's."""
+    weight = from_group_quantized(quantize_groups(torch.randn(32, 256), "q4"))
     for speedup in (arithmetic.bf16_speedup((16, 64, 32), repeats=1),
-                    arithmetic.int8_speedup((32, 256), repeats=1)):
+                    arithmetic.int16_speedup([weight], repeats=1)):
         assert math.isfinite(speedup) and speedup > 0
 
 
@@ -63,10 +68,12 @@ def test_config_refuses_bad_settings() -> None:
         ModelConfig(prefill_dtype="int8")
     with pytest.raises(ValueError, match="decode_activations must be one of"):
         ModelConfig(decode_activations="bfloat16")
+    for decode_activations in ("int8", "int16"):
+        with pytest.raises(ValueError, match="deterministic runs float32"):
+            ModelConfig(deterministic=True, decode_activations=decode_activations)
     with pytest.raises(ValueError, match="deterministic runs float32"):
         ModelConfig(deterministic=True, prefill_dtype="bfloat16")
-    with pytest.raises(ValueError, match="deterministic runs float32"):
-        ModelConfig(deterministic=True, decode_activations="int8")
+
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +89,10 @@ def test_the_runner_sets_its_choice_on_every_packed_linear_but_the_head(bf16_pre
     head = model.quantized_head
     linears = [m for m in model.model.modules() if isinstance(m, PackedLinear)]
     assert len(linears) == 4 * model.config.num_hidden_layers  # qkv, o, gate_up, down
-    assert all(m.large_batch_dtype == torch.bfloat16 and m.int8_activations for m in linears)
+    assert all(m.large_batch_dtype == torch.bfloat16 and m.activation_parts == 1
+               for m in linears)
     assert isinstance(head, PackedLinear) and head.large_batch_dtype == torch.float32
-    assert not head.int8_activations
+    assert head.activation_parts == 0
 
 
 def test_a_long_prefill_multiplies_in_bf16(bf16_prefill_runner, monkeypatch) -> None:

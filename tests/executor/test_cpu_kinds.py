@@ -58,8 +58,9 @@ PATHS = {  # path id: (kernel build, --dtype, --prefill-dtype, --decode-activati
     # what auto runs where bf16 matmuls measure faster (AMX: kernels/arithmetic.py), on
     # every CPU (oneDNN's bf16 runs everywhere, emulated where the CPU lacks it)
     "amx-bf16-prefill": ("native", "auto", "bfloat16", "float32"),
-    # what auto runs where the integer kernels measure faster (VNNI, AVX2); each kernel
-    # build's dot products: test_gguf_packed.py
+    # what auto runs where the integer kernels measure faster (VNNI, AVX2), and llama.cpp's
+    # 8-bit arithmetic; each kernel build's dot products: test_gguf_packed.py
+    "int16-decode": ("native", "auto", "float32", "int16"),
     "int8-decode": ("native", "auto", "float32", "int8"),
     "avx512bf16-bfloat16": ("avx512bf16-emulated", "bfloat16", "auto", "auto"),
 }
@@ -107,13 +108,14 @@ class KernelPath(NamedTuple):
     """--dtype"""
     bf16_large_batches: bool
     """whether prefill chunks multiply in bf16 (--prefill-dtype bfloat16, or bf16 activations)"""
-    int8_decode: bool
+    activation_parts: int
+    """decode's integer activations: 0 (float32), 1 (8-bit), 2 (16-bit)"""
     bars: tuple[float, float]
 
     @property
     def exact_decode(self) -> bool:
-        """float32 arithmetic in decode steps (float32's tokens but on near-ties)"""
-        return self.dtype == "auto" and not self.int8_decode
+        """float32's tokens in decode but on near-ties: float32 or 16-bit activations"""
+        return self.dtype == "auto" and self.activation_parts != 1
 
 
 @pytest.fixture(scope="module", params=list(PATHS))
@@ -131,10 +133,10 @@ def path(request, tmp_path_factory):
                       decode_activations=decode_activations, enable_prefix_caching=False)
             assert build.load_cpu_kernels() is not None
             bf16_prefill = dtype == "auto" and prefill_dtype == "bfloat16"
-            int8_decode = decode_activations == "int8"
-            bars = BARS["bf16-prefill" if bf16_prefill else "int8-decode" if int8_decode
+            parts = {"int8": 1, "int16": 2}.get(decode_activations, 0)
+            bars = BARS["bf16-prefill" if bf16_prefill else "int8-decode" if parts == 1
                         else dtype]
-            yield KernelPath(llm, dtype, bf16_prefill or dtype == "bfloat16", int8_decode, bars)
+            yield KernelPath(llm, dtype, bf16_prefill or dtype == "bfloat16", parts, bars)
         finally:
             build.load_cpu_kernels.cache_clear()
 
@@ -148,7 +150,8 @@ def test_the_path_runs_what_auto_runs(path) -> None:
     assert "Packed" in type(down_proj).__name__
     assert down_proj.large_batch_dtype == (torch.bfloat16 if path.bf16_large_batches
                                            else torch.float32)
-    assert down_proj.int8_activations == path.int8_decode
+    if dtype == "auto":
+        assert down_proj.activation_parts == path.activation_parts
 
 
 def test_prefill_and_decode_kernels_follow_float32(path, reference, texts) -> None:
@@ -189,8 +192,8 @@ def test_greedy_decoding_follows_float32(path, reference, texts, streams) -> Non
 
 
 def test_the_readme_question_is_answered_on_a_real_margin(path, reference) -> None:
-    """With float32 decode arithmetic the answer is promised; in bf16 or with 8-bit
-    activations it is asserted only where the margin check allows, and otherwise the path's
+    """With float32 decode arithmetic (or 16-bit activations) the answer is promised; in
+    bf16 or with 8-bit activations it is asserted only where the margin check allows, and otherwise the path's
     logits must at least not tie exactly (the sampler ranks float32 logits in every mode: a
     bf16 head made the tie that flipped this answer once)."""
     llm = path.llm

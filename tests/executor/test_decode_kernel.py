@@ -95,12 +95,16 @@ def test_the_decode_kernel_gives_the_eager_forwards_tokens(arch, types, window,
     assert calls >= 8
     assert_same_completions(fused, eager)
 
-def test_8_bit_activations_take_the_kernel_as_the_eager_forward_does(tmp_path) -> None:
-    """--decode-activations int8: the whole-stack step quantizes each linear's input as the
-    eager PackedLinear does (gemm_int8.c both ways): the same tokens and logprobs."""
-    llm = engine_of(tiny_gguf(tmp_path, "llama", mixed_type), decode_activations="int8")
+@pytest.mark.parametrize("decode_activations, parts", [("int8", 1), ("int16", 2)])
+def test_integer_activations_take_the_kernel_as_the_eager_forward_does(
+        decode_activations, parts, tmp_path) -> None:
+    """--decode-activations int8 / int16: the whole-stack step quantizes each linear's input
+    as the eager PackedLinear does (gemm_int8.c both ways): the same tokens and logprobs."""
+    llm = engine_of(tiny_gguf(tmp_path, "llama", mixed_type),
+                    decode_activations=decode_activations)
     linear = llm.engine.runner.model.model.layers[0].mlp.down_proj
-    assert linear.int8_activations and not llm.engine.runner.model.quantized_head.int8_activations
+    assert linear.activation_parts == parts
+    assert llm.engine.runner.model.quantized_head.activation_parts == 0
     fused, eager, calls = generate_both_ways(llm)
     assert calls >= 8
     assert_same_completions(fused, eager)
@@ -108,7 +112,7 @@ def test_8_bit_activations_take_the_kernel_as_the_eager_forward_does(tmp_path) -
     exact = engine_of(tiny_gguf(tmp_path / "exact", "llama", mixed_type))
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
     float32 = [out.outputs[0] for out in exact.generate(PROMPTS, params, use_tqdm=False)]
-    assert any(abs(a[t].logprob - b[t].logprob) > 1e-5
+    assert any(abs(a[t].logprob - b[t].logprob) > 1e-6
                for ours, theirs in zip(fused, float32)
                for a, b in zip(ours.logprobs, theirs.logprobs) for t in a.keys() & b.keys())
 

@@ -121,8 +121,8 @@ def test_large_batches_in_bf16_are_the_bf16_product(monkeypatch, slice_outputs) 
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K) as gemm_int8.c quantizes it, per 32 inputs: (x's 8-bit approximation dx * xq,
-    the largest rounding error dx / 2 of each input), both (M, K)."""
+    """x (M, K) as gemm_int8.c quantizes it to 8 bits, per 32 inputs: (x's 8-bit
+    approximation dx * xq, the largest rounding error dx / 2 of each input), both (M, K)."""
     groups = x.view(x.shape[0], -1, 32)
     amax = groups.abs().amax(dim=-1, keepdim=True)
     xq = torch.round(groups * torch.where(amax > 0, 127.0 / amax, 0.0))  # ties to even
@@ -146,16 +146,26 @@ def assert_int8_product(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     assert not torch.equal(y, x @ weight.T)
 
 
+def assert_int16_product(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """16-bit activations (two 8-bit parts): x's rounding error at most dx / 512 (the second
+    part's step dx / 256), 128 times finer than 8 bits', plus float32 rounding."""
+    _, rounding_8_bit = quantized_activations(x)
+    bound = 1.01 * (rounding_8_bit / 256) @ weight.abs().T + 2e-6 * (x.abs() @ weight.abs().T)
+    assert ((y - x @ weight.T).abs() <= bound + 1e-30).all()
+
+
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-def test_int8_activations_multiply_the_8_bit_approximation(ggml_type) -> None:
-    """gemm_int8.c: every format, 1 to 9 rows (1-4 row tiles, several passes)."""
+def test_integer_activations_multiply_their_approximation(ggml_type) -> None:
+    """gemm_int8.c, 8- and 16-bit activations: every format, 1 to 9 rows (1-4 row tiles,
+    several passes)."""
     for n, k in legacy_or_k_shapes(ggml_type):
         _, packed, reference = case(ggml_type, n, k, seed=5)
         for rows in (1, 2, 3, 4, 5, 9):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             x[0, :32] = 0.0  # an all-zero group quantizes to zeros (dx = 0)
-            y = gemm_packed(x, packed, int8_activations=True)
-            assert_int8_product(y, x, reference, ggml_type)
+            assert_int8_product(gemm_packed(x, packed, activation_parts=1), x, reference,
+                                ggml_type)
+            assert_int16_product(gemm_packed(x, packed, activation_parts=2), x, reference)
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +196,9 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
         for rows in (1, 2, 4, 5):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
             assert_matmul_close(gemm_packed(x, packed), x, reference)
-            assert_int8_product(gemm_packed(x, packed, int8_activations=True), x, reference,
+            assert_int8_product(gemm_packed(x, packed, activation_parts=1), x, reference,
                                 ggml_type)
+            assert_int16_product(gemm_packed(x, packed, activation_parts=2), x, reference)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

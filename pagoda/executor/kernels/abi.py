@@ -75,7 +75,7 @@ class DecoderLinear(ctypes.Structure):
 
     _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
                 ("segments", DecoderSegment * MAX_SEGMENTS), ("bias", _ptr),
-                ("int8_activations", _i64)]
+                ("activation_parts", _i64)]
 
 
 class DecoderLayer(ctypes.Structure):
@@ -119,7 +119,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_dequantize_q_f32": (None, [_int, _i64, _i64, _ptr, _ptr, _ptr, _ptr]),
     "pagoda_gemm_packed_f32": (None, _GEMM_PACKED),
     "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
-    "pagoda_gemm_packed_int8_f32": (None, _GEMM_PACKED),
+    "pagoda_gemm_packed_int8_f32": (None, [_int, _int, *_GEMM_PACKED[1:]]),
     "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_packed_bf16": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),

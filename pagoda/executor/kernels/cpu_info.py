@@ -65,16 +65,16 @@ def describe_kernels() -> str:
 
 
 def describe_run(dtype: torch.dtype, quantization: str | None, attention: str,
-                 arithmetic: tuple[torch.dtype, bool] | None = None) -> str:
+                 arithmetic: tuple[torch.dtype, int] | None = None) -> str:
     """The one line logged at start: what runs on this CPU. `arithmetic`: what the packed
-    weights' large batches multiply in and whether small ones take 8-bit activations
-    (None: no packed weights)."""
+    weights' large batches multiply in and the 8-bit parts of small ones' activations (0:
+    float32; None: no packed weights)."""
     name = str(dtype).removeprefix("torch.")
     weights = f"{quantization} weights" if quantization else f"{name} weights"
     prefill = ""
     if arithmetic is not None:
         prefill = (f", prefill matmuls in {str(arithmetic[0]).removeprefix('torch.')}, decode "
-                   f"activations {'int8' if arithmetic[1] else 'float32'}")
+                   f"activations {('float32', 'int8', 'int16')[arithmetic[1]]}")
     return (f"{cpu_name()} ({', '.join(cpu_features()) or 'no vector extensions seen'}), "
             f"{torch.get_num_threads()} threads: {name} activations, {weights}{prefill}, "
             f"attention {attention}; {describe_kernels()}")

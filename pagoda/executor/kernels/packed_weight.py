@@ -129,15 +129,16 @@ def _kernels():
 
 def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False,
                 large_batch_dtype: torch.dtype = torch.float32,
-                int8_activations: bool = False) -> torch.Tensor:
+                activation_parts: int = 0) -> torch.Tensor:
     """x (M, K) float32 contiguous @ W^T -> (M, N) float32. From ops.DEQUANTIZE_FROM_ROWS
     rows on, W is dequantized a slice at a time for torch's matmul (prefills), in
     `large_batch_dtype`: float32, or bfloat16 (x and the weights rounded to bf16, products
     summed in float32 by oneDNN, the result rounded to bf16: AMX's rate where the CPU has it;
     arithmetic.py chooses). Fewer rows take the packed kernel: float32 products, or with
-    `int8_activations` x quantized to 8 bits per 32 inputs and integer dot products
-    (gemm_int8.c; Q8 weights stay float32). `rowwise`: batch-invariant, row m of the result bit for bit what
-    x[m:m+1] alone gives, whatever M (the kernel's one-row tiles at every M; --deterministic)."""
+    `activation_parts` 1 (2) x quantized per 32 inputs to 8 (16) bits and integer dot
+    products (gemm_int8.c; Q8 weights stay float32). `rowwise`: batch-invariant, row m of
+    the result bit for bit what x[m:m+1] alone gives, whatever M (the kernel's one-row tiles
+    at every M; --deterministic)."""
     if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() \
             or x.shape[1] != w.in_features:
         raise ValueError(f"gemm_packed takes a contiguous float32 (M, {w.in_features}) input, "
@@ -150,15 +151,15 @@ def gemm_packed(x: torch.Tensor, w: PackedWeight, rowwise: bool = False,
             lambda start, stop: dequantize_transposed(w.rows(start, stop), dtype=large_batch_dtype),
             large_batch_dtype)
     y = x.new_empty(x.shape[0], w.out_features)
-    lib = _kernels()
+    lib, format = _kernels(), weight_format(w.format)
+    operands = (x.data_ptr(), x.shape[0], w.in_features, w.out_features, *w.pointers(),
+                y.data_ptr())
     if rowwise:
-        gemm = lib.pagoda_gemm_packed_rowwise_f32
-    elif int8_activations:
-        gemm = lib.pagoda_gemm_packed_int8_f32
+        lib.pagoda_gemm_packed_rowwise_f32(format, *operands)
+    elif activation_parts:
+        lib.pagoda_gemm_packed_int8_f32(format, activation_parts, *operands)
     else:
-        gemm = lib.pagoda_gemm_packed_f32
-    gemm(weight_format(w.format), x.data_ptr(), x.shape[0], w.in_features, w.out_features,
-         *w.pointers(), y.data_ptr())
+        lib.pagoda_gemm_packed_f32(format, *operands)
     return y
 
 
@@ -202,20 +203,20 @@ def _from_plane_list(format: str, out_features: int, in_features: int, planes) -
 
 
 # Graph-facing ops for torch.compile, which treats them as opaque (as ops.py's gemm_q):
-# gemm_packed_op(x, format, out_features, large_batch_bf16, int8_activations, *plane_list(w))
+# gemm_packed_op(x, format, out_features, large_batch_bf16, activation_parts, *plane_list(w))
 # and
 # dequantize_rows_op(rows, format, out_features, in_features, *plane_list(w)).
 _library = torch.library.Library("pagoda", "FRAGMENT")
 _PLANE_ARGS = ", ".join(f"Tensor? {name}" for name in PLANE_NAMES)
 _library.define(f"gemm_packed(Tensor x, str format, int out_features, bool large_batch_bf16, "
-                f"bool int8_activations, {_PLANE_ARGS}) -> Tensor")
+                f"int activation_parts, {_PLANE_ARGS}) -> Tensor")
 _library.define(f"dequantize_rows_packed(Tensor rows, str format, int out_features, "
                 f"int in_features, {_PLANE_ARGS}) -> Tensor")
-_library.impl("gemm_packed", lambda x, format, out_features, large_batch_bf16, int8_activations,
+_library.impl("gemm_packed", lambda x, format, out_features, large_batch_bf16, activation_parts,
               *planes: gemm_packed(
                   x, _from_plane_list(format, out_features, x.shape[1], planes),
                   large_batch_dtype=torch.bfloat16 if large_batch_bf16 else torch.float32,
-                  int8_activations=int8_activations), "CPU")
+                  activation_parts=activation_parts), "CPU")
 _library.impl("dequantize_rows_packed", lambda rows, format, out_features, in_features, *planes:
               dequantize_rows(_from_plane_list(format, out_features, in_features, planes), rows),
               "CPU")
@@ -224,7 +225,7 @@ dequantize_rows_op = torch.ops.pagoda.dequantize_rows_packed
 
 
 @torch.library.register_fake("pagoda::gemm_packed")
-def _(x, format, out_features, large_batch_bf16, int8_activations, *planes):
+def _(x, format, out_features, large_batch_bf16, activation_parts, *planes):
     return x.new_empty(x.shape[0], out_features)
 
 

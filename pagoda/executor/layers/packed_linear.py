@@ -71,8 +71,9 @@ class PackedLinear(nn.Module):
     large_batch_dtype: torch.dtype = torch.float32
     """What float32 batches of ops.DEQUANTIZE_FROM_ROWS rows or more are multiplied in
     (kernels/arithmetic.py chooses; set_arithmetic sets it on a model)."""
-    int8_activations = False
-    """Smaller float32 batches quantize their activations to 8 bits (gemm_int8.c)."""
+    activation_parts = 0
+    """Smaller float32 batches: 0 multiply float32 activations; 1 (2) quantize them to 8
+    (16) bits for integer dot products (gemm_int8.c)."""
 
     @property
     def formats(self) -> list[str]:
@@ -108,10 +109,10 @@ class PackedLinear(nn.Module):
         bf16_large = self.large_batch_dtype == torch.bfloat16
         if compiling:
             y = gemm_packed_op(x, weight.format, weight.out_features, bf16_large,
-                               self.int8_activations, *plane_list(weight))
+                               self.activation_parts, *plane_list(weight))
         else:
             y = gemm_packed(x, weight, large_batch_dtype=self.large_batch_dtype,
-                            int8_activations=self.int8_activations)
+                            activation_parts=self.activation_parts)
         return y.to(rows.dtype)
 
     def extra_repr(self) -> str:
@@ -119,19 +120,24 @@ class PackedLinear(nn.Module):
                 f"formats={'+'.join(self.formats)}")
 
 
-def set_arithmetic(model: nn.Module, large_batch_dtype: torch.dtype,
-                   int8_activations: bool = False) -> int:
-    """Every packed linear of `model` but its logits head multiplies large float32 batches
-    in `large_batch_dtype` (float32 or bfloat16) and small ones with or without 8-bit
-    activations (kernels/arithmetic.py); returns how many there are. The head keeps float32:
-    the logits the sampler ranks stay exact float32 sums (rounding makes exact ties)."""
+def body_linears(model: nn.Module) -> list[PackedLinear]:
+    """Every packed linear of `model` but its logits head's."""
     head = getattr(model, "quantized_head", None)
     in_head = {id(m) for m in head.modules()} if isinstance(head, nn.Module) else set()
-    linears = [m for m in model.modules()
-               if isinstance(m, PackedLinear) and id(m) not in in_head]
+    return [m for m in model.modules() if isinstance(m, PackedLinear) and id(m) not in in_head]
+
+
+def set_arithmetic(model: nn.Module, large_batch_dtype: torch.dtype,
+                   activation_parts: int = 0) -> int:
+    """Every packed linear of `model` but its logits head multiplies large float32 batches
+    in `large_batch_dtype` (float32 or bfloat16) and small ones with float32 activations or
+    `activation_parts` 8-bit parts of them (kernels/arithmetic.py); returns how many there
+    are. The head keeps float32: the logits the sampler ranks stay exact float32 sums
+    (rounding makes exact ties)."""
+    linears = body_linears(model)
     for linear in linears:
         linear.large_batch_dtype = large_batch_dtype
-        linear.int8_activations = int8_activations
+        linear.activation_parts = activation_parts
     return len(linears)
 
 

@@ -22,9 +22,10 @@ static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_
         const struct pagoda_decoder_segment *seg = &w->segments[s];
         const planes_t planes = {seg->codes, seg->high, seg->scales,
                                  seg->mins, seg->sub_scales, seg->sub_mins};
-        if (w->int8_activations && int8_format_supported((int)seg->format))
-            gemm_packed_int8_strided((int)seg->format, x, T, w->in_features, seg->out_features,
-                                     planes, y + offset, w->out_features);
+        if (w->activation_parts && int8_format_supported((int)seg->format))
+            gemm_packed_int8_strided((int)seg->format, (int)w->activation_parts, x, T,
+                                     w->in_features, seg->out_features, planes, y + offset,
+                                     w->out_features);
         else
             gemm_packed_f32_strided((int)seg->format, x, T, w->in_features, seg->out_features,
                                     planes, y + offset, w->out_features);

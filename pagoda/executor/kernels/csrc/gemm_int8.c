@@ -82,33 +82,51 @@ ALWAYS_INLINE vu32 chunk_bytes(int f, vu32 words, const vu32 hw[2], int c) {
     return e | (o << 16);
 }
 
-/* Row activations quantized per group: xq (M, K) int8, dx (M, groups), xq_half (M, 2 groups)
- * the integer sums of xq per 16 inputs. */
+/* Row activations quantized per group, in `parts` 8-bit parts: xq (parts, M, K) int8, unit
+ * (M, groups) the float value of the combined code's 1, xq_half (M, 2 groups) the combined
+ * codes' integer sums per 16 inputs. One part: x ~ unit * xq, unit = dx. Two parts (16-bit
+ * activations): the second codes the first's rounding error r = x - dx * xq[0] in steps of
+ * dx / 256 (|r| <= dx / 2, clamped to 127 steps), x ~ unit * (256 xq[0] + xq[1]) with
+ * unit = dx / 256: a combined code of ~16 bits, summed exactly in 32-bit integers (256 *
+ * 256032 + 256032 < 2^31). */
 typedef struct {
     int8_t *xq;
-    float *dx;
+    float *unit;
     int32_t *xq_half;
+    int64_t part_size; /* M * K */
 } quantized_rows_t;
 
-static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K) {
+static int8_t round_code(float v) {
+    const float r = nearbyintf(v);
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r);
+}
+
+static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int parts) {
     const int64_t groups = K / GROUP_K;
     quantized_rows_t q;
-    q.xq = malloc((size_t)(M * K));
-    q.dx = malloc(sizeof(float) * (size_t)(M * groups));
+    q.part_size = M * K;
+    q.xq = malloc((size_t)(parts * M * K));
+    q.unit = malloc(sizeof(float) * (size_t)(M * groups));
     q.xq_half = malloc(sizeof(int32_t) * (size_t)(M * groups * 2));
-    if ((q.xq == NULL || q.dx == NULL || q.xq_half == NULL) && M * K > 0)
+    if ((q.xq == NULL || q.unit == NULL || q.xq_half == NULL) && M * K > 0)
         abort();
     for (int64_t i = 0; i < M * groups; i++) {
         const float *xg = x + i * GROUP_K;
         float amax = 0.0f;
         for (int k = 0; k < GROUP_K; k++) amax = fmaxf(amax, fabsf(xg[k]));
-        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-        q.dx[i] = amax / 127.0f;
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
+        q.unit[i] = parts == 1 ? dx : dx / 256.0f;
         int32_t half[2] = {0, 0};
         for (int k = 0; k < GROUP_K; k++) {
-            const int32_t v = (int32_t)nearbyintf(xg[k] * inverse);
-            q.xq[i * GROUP_K + k] = (int8_t)v;
-            half[k / 16] += v;
+            const int8_t first = round_code(xg[k] * inverse);
+            q.xq[i * GROUP_K + k] = first;
+            if (parts == 1) {
+                half[k / 16] += first;
+                continue;
+            }
+            const int8_t second = round_code((xg[k] - dx * first) * (inverse * 256.0f));
+            q.xq[q.part_size + i * GROUP_K + k] = second;
+            half[k / 16] += 256 * first + second;
         }
         q.xq_half[2 * i] = half[0];
         q.xq_half[2 * i + 1] = half[1];
@@ -118,13 +136,25 @@ static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K) {
 
 static void free_rows(quantized_rows_t q) {
     free(q.xq);
-    free(q.dx);
+    free(q.unit);
     free(q.xq_half);
 }
 
-/* One tile of 16 outputs for `rows` (<= GEMM_ROWS) rows starting at row m0 of q. */
-ALWAYS_INLINE void tile_int8(int rows, int f, quantized_rows_t q, int64_t m0, int64_t K,
-                             planes_t tp, float *y, int64_t ldy) {
+/* The combined code's sum for (row r, vector v): its chains added, parts weighted 256, 1. */
+ALWAYS_INLINE vi32 combined_sum(vi32 acc[2][GEMM_ROWS][CHUNKS][4], int parts, int chains, int r,
+                                int v) {
+    vi32 sum[2];
+    for (int p = 0; p < parts; p++) {
+        sum[p] = acc[p][r][v][0];
+        for (int j = 1; j < chains; j++) sum[p] += acc[p][r][v][j];
+    }
+    return parts == 1 ? sum[0] : 256 * sum[0] + sum[1];
+}
+
+/* One tile of 16 outputs for `rows` (<= GEMM_ROWS) rows starting at row m0 of q, whose
+ * activations come in `parts` (a constant) 8-bit parts. */
+ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int64_t m0,
+                             int64_t K, planes_t tp, float *y, int64_t ldy) {
     const int64_t groups = K / GROUP_K;
     vf32 total[GEMM_ROWS][CHUNKS], super_d[CHUNKS], super_min[CHUNKS];
     for (int r = 0; r < rows; r++)
@@ -142,48 +172,47 @@ ALWAYS_INLINE void tile_int8(int rows, int f, quantized_rows_t q, int64_t m0, in
             group_scales_in(f, tp, g, v, super_d[v], super_min[v], &d[v], &m[v], &d_hi[v]);
             group_high(f, tp, g, v, hw[v]);
         }
-        /* `chains` independent sums per (row, vector) (vpdpbusd's latency is 5 cycles) */
-        const int chains = rows * CHUNKS >= 4 ? 1 : rows * CHUNKS >= 2 ? 2 : 4;
-        vi32 acc[GEMM_ROWS][CHUNKS][4], first_half[GEMM_ROWS][CHUNKS];
-        for (int r = 0; r < rows; r++)
-            for (int v = 0; v < CHUNKS; v++)
-                for (int j = 0; j < chains; j++) acc[r][v][j] = (vi32){0};
+        /* `chains` independent sums per (row, vector, part) (vpdpbusd's latency is 5) */
+        const int chains = rows * CHUNKS * parts >= 4 ? 1 : rows * CHUNKS * parts >= 2 ? 2 : 4;
+        vi32 acc[2][GEMM_ROWS][CHUNKS][4], first_half[GEMM_ROWS][CHUNKS];
+        for (int p = 0; p < parts; p++)
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < CHUNKS; v++)
+                    for (int j = 0; j < chains; j++) acc[p][r][v][j] = (vi32){0};
 #pragma GCC unroll 8
         for (int c = 0; c < GROUP_K / 4; c++) {
             vu32 w[CHUNKS];
             for (int v = 0; v < CHUNKS; v++) w[v] = chunk_bytes(f, chunk_words(tp, g, c, v), hw[v], c);
-            for (int r = 0; r < rows; r++) {
-                int32_t word;
-                memcpy(&word, q.xq + (m0 + r) * K + g * GROUP_K + 4 * c, 4);
-                const vi32 xw = (vi32){0} + word;
-                for (int v = 0; v < CHUNKS; v++)
-                    acc[r][v][c % chains] = dot4(acc[r][v][c % chains], w[v], xw);
-            }
+            for (int p = 0; p < parts; p++)
+                for (int r = 0; r < rows; r++) {
+                    int32_t word;
+                    memcpy(&word, q.xq + p * q.part_size + (m0 + r) * K + g * GROUP_K + 4 * c, 4);
+                    const vi32 xw = (vi32){0} + word;
+                    for (int v = 0; v < CHUNKS; v++)
+                        acc[p][r][v][c % chains] = dot4(acc[p][r][v][c % chains], w[v], xw);
+                }
             if (f == FORMAT_Q6K && c == GROUP_K / 8 - 1) /* the first 16 inputs done */
                 for (int r = 0; r < rows; r++)
                     for (int v = 0; v < CHUNKS; v++) {
-                        first_half[r][v] = acc[r][v][0];
-                        acc[r][v][0] = (vi32){0};
-                        for (int j = 1; j < chains; j++) {
-                            first_half[r][v] += acc[r][v][j];
-                            acc[r][v][j] = (vi32){0};
-                        }
+                        first_half[r][v] = combined_sum(acc, parts, chains, r, v);
+                        for (int p = 0; p < parts; p++)
+                            for (int j = 0; j < chains; j++) acc[p][r][v][j] = (vi32){0};
                     }
         }
+        vi32 sums[GEMM_ROWS][CHUNKS];
         for (int r = 0; r < rows; r++)
-            for (int v = 0; v < CHUNKS; v++)
-                for (int j = 1; j < chains; j++) acc[r][v][0] += acc[r][v][j];
+            for (int v = 0; v < CHUNKS; v++) sums[r][v] = combined_sum(acc, parts, chains, r, v);
         for (int r = 0; r < rows; r++) {
             const int64_t i = (m0 + r) * groups + g;
-            const float dx = q.dx[i];
+            const float dx = q.unit[i];
             for (int v = 0; v < CHUNKS; v++) {
                 if (f == FORMAT_Q6K) {
                     const vf32 lo = __builtin_convertvector(first_half[r][v] - 32 * q.xq_half[2 * i], vf32);
-                    const vf32 hi = __builtin_convertvector(acc[r][v][0] - 32 * q.xq_half[2 * i + 1], vf32);
+                    const vf32 hi = __builtin_convertvector(sums[r][v] - 32 * q.xq_half[2 * i + 1], vf32);
                     total[r][v] += (d[v] * dx) * lo + (d_hi[v] * dx) * hi;
                 } else {
                     const float xq_sum = (float)(q.xq_half[2 * i] + q.xq_half[2 * i + 1]);
-                    total[r][v] += (d[v] * dx) * __builtin_convertvector(acc[r][v][0], vf32)
+                    total[r][v] += (d[v] * dx) * __builtin_convertvector(sums[r][v], vf32)
                                    + (m[v] * dx) * xq_sum;
                 }            }
         }
@@ -192,23 +221,26 @@ ALWAYS_INLINE void tile_int8(int rows, int f, quantized_rows_t q, int64_t m0, in
         for (int v = 0; v < CHUNKS; v++) store_f32(y + r * ldy + v * LANES, total[r][v]);
 }
 
-#define INT8_TILE(F, R) tile_int8(R, F, q, m0, K, tp, y + m0 * ldy + t * TILE_N, ldy)
+#define INT8_TILE(F, R, P) tile_int8(R, F, P, q, m0, K, tp, y + m0 * ldy + t * TILE_N, ldy)
+#define INT8_ROWS(F, P)                                                                   \
+    switch (rows) {                                                                       \
+    case 1: INT8_TILE(F, 1, P); break;                                                    \
+    case 2: INT8_TILE(F, 2, P); break;                                                    \
+    case 3: INT8_TILE(F, 3, P); break;                                                    \
+    default: INT8_TILE(F, 4, P); break;                                                   \
+    }
 #define INT8_CASE(F)                                                                      \
     case F:                                                                               \
-        switch (rows) {                                                                   \
-        case 1: INT8_TILE(F, 1); break;                                                   \
-        case 2: INT8_TILE(F, 2); break;                                                   \
-        case 3: INT8_TILE(F, 3); break;                                                   \
-        default: INT8_TILE(F, 4); break;                                                  \
-        }                                                                                 \
+        if (parts == 1) INT8_ROWS(F, 1) else INT8_ROWS(F, 2)                              \
         break;
 
-/* y (M, N) float32 = x (M, K) . W^T through 8-bit activations, row m of y at y + m * ldy;
- * the shapes gemm_packed_f32_strided takes, a format int8_format_supported. */
-void gemm_packed_int8_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                              planes_t planes, float *y, int64_t ldy) {
+/* y (M, N) float32 = x (M, K) . W^T through activations of `parts` 8-bit parts (1: 8-bit,
+ * 2: 16-bit), row m of y at y + m * ldy; the shapes gemm_packed_f32_strided takes, a format
+ * int8_format_supported. */
+void gemm_packed_int8_strided(int format, int parts, const float *x, int64_t M, int64_t K,
+                              int64_t N, planes_t planes, float *y, int64_t ldy) {
     const int64_t tiles = N / TILE_N;
-    const quantized_rows_t q = quantize_rows(x, M, K);
+    const quantized_rows_t q = quantize_rows(x, M, K, parts);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const planes_t tp = tile_planes(format, planes, K, t);
@@ -226,11 +258,12 @@ void gemm_packed_int8_strided(int format, const float *x, int64_t M, int64_t K, 
     free_rows(q);
 }
 
-void pagoda_gemm_packed_int8_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                                 const uint8_t *codes, const uint8_t *high,
+void pagoda_gemm_packed_int8_f32(int format, int parts, const float *x, int64_t M, int64_t K,
+                                 int64_t N, const uint8_t *codes, const uint8_t *high,
                                  const uint16_t *scales, const uint16_t *mins,
                                  const uint8_t *sub_scales, const uint8_t *sub_mins, float *y) {
     const planes_t planes = {codes, high, scales, mins, sub_scales, sub_mins};
-    if (int8_format_supported(format)) gemm_packed_int8_strided(format, x, M, K, N, planes, y, N);
+    if (int8_format_supported(format))
+        gemm_packed_int8_strided(format, parts, x, M, K, N, planes, y, N);
     else gemm_packed_f32_strided(format, x, M, K, N, planes, y, N);
 }

@@ -19,10 +19,10 @@ typedef struct {
  * with ldy = N; decoder_f32.c writes fused projections' segments side by side) */
 void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
                              planes_t planes, float *y, int64_t ldy);
-/* gemm_int8.c: the same product through 8-bit activations (integer dot products), for the
- * formats int8_format_supported */
-void gemm_packed_int8_strided(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                              planes_t planes, float *y, int64_t ldy);
+/* gemm_int8.c: the same product through integer activations of `parts` 8-bit parts (1:
+ * 8-bit, 2: 16-bit) and integer dot products, for the formats int8_format_supported */
+void gemm_packed_int8_strided(int format, int parts, const float *x, int64_t M, int64_t K,
+                              int64_t N, planes_t planes, float *y, int64_t ldy);
 int int8_format_supported(int format);
 
 ALWAYS_INLINE int is_kquant(int f) { return f == FORMAT_Q4K || f == FORMAT_Q5K || f == FORMAT_Q6K; }

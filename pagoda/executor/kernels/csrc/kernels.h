@@ -117,10 +117,11 @@ void pagoda_gemm_packed_f32(int format, const float *x, int64_t M, int64_t K, in
                             const uint8_t *codes, const uint8_t *high, const uint16_t *scales,
                             const uint16_t *mins, const uint8_t *sub_scales,
                             const uint8_t *sub_mins, float *y);
-/* gemm_int8.c: the same product with x quantized to 8 bits per 32 inputs and integer dot
- * products (llama.cpp's arithmetic); Q8 weights take the float32 kernel. */
-void pagoda_gemm_packed_int8_f32(int format, const float *x, int64_t M, int64_t K, int64_t N,
-                                 const uint8_t *codes, const uint8_t *high,
+/* gemm_int8.c: the same product with x quantized per 32 inputs to `parts` 8-bit parts (1:
+ * 8 bits, llama.cpp's arithmetic; 2: 16 bits) and integer dot products; Q8 weights take the
+ * float32 kernel. */
+void pagoda_gemm_packed_int8_f32(int format, int parts, const float *x, int64_t M, int64_t K,
+                                 int64_t N, const uint8_t *codes, const uint8_t *high,
                                  const uint16_t *scales, const uint16_t *mins,
                                  const uint8_t *sub_scales, const uint8_t *sub_mins, float *y);
 /* The same product with each row on its own: row m of y depends on row m of x only,
@@ -177,7 +178,8 @@ struct pagoda_decoder_linear {
     int64_t out_features;
     struct pagoda_decoder_segment segments[MAX_SEGMENTS];
     const float *bias;          /* (out_features) or NULL */
-    int64_t int8_activations;   /* 1: x quantized to 8 bits, integer dot products (gemm_int8.c) */
+    int64_t activation_parts;   /* 0: float32 x; 1, 2: x in 8-bit parts, integer dot products
+                                   (gemm_int8.c: 8- or 16-bit activations) */
 };
 
 struct pagoda_decoder_layer {
