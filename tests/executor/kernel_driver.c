@@ -81,7 +81,9 @@ int main(int argc, char **argv) {
             planes[i] = h[4 + i] ? p : NULL;
             p += h[4 + i];
         }
-        float *out = malloc((M * N + 2 * K * N) * sizeof(float));
+        /* out: y (M, N) float32 activations, w_t (K, N), W's rows reversed (N, K), then y
+         * through 8-bit and 16-bit activations (gemm_int8.c) */
+        float *out = malloc((3 * M * N + 2 * K * N) * sizeof(float));
         int64_t *rows = malloc(N * sizeof(int64_t));
         for (int64_t r = 0; r < N; r++) rows[r] = N - 1 - r;
         pagoda_gemm_packed_f32((int)format, x, M, K, N, planes[0], planes[1], planes[2],
@@ -91,7 +93,11 @@ int main(int argc, char **argv) {
         pagoda_dequantize_rows_packed_f32((int)format, K, N, planes[0], planes[1], planes[2],
                                           planes[3], planes[4], planes[5], rows, N,
                                           out + M * N + K * N);
-        write_all(argv[3], out, (M * N + 2 * K * N) * sizeof(float));
+        for (int parts = 1; parts <= 2; parts++)
+            pagoda_gemm_packed_int8_f32((int)format, parts, x, M, K, N, planes[0], planes[1],
+                                        planes[2], planes[3], planes[4], planes[5],
+                                        out + M * N + 2 * K * N + (parts - 1) * M * N);
+        write_all(argv[3], out, (3 * M * N + 2 * K * N) * sizeof(float));
         return 0;
     }
     const int64_t format = h[0], M = h[1], K = h[2], N = h[3];

@@ -44,6 +44,7 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 X86_FEATURES = {  # build.ISA_BUILDS name: CPU features the build needs to run
     "generic": set(),
     "avx2": {"avx2", "fma", "f16c"},
+    "avxvnni": {"avx2", "fma", "f16c", "avx_vnni"},
     "avx512f": {"avx512f", "avx512bw", "avx512vl"},
 }
 ON_X86 = platform.machine() in ("x86_64", "AMD64")

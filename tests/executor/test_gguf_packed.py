@@ -156,11 +156,11 @@ def assert_int16_product(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor)
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_integer_activations_multiply_their_approximation(ggml_type) -> None:
-    """gemm_int8.c, 8- and 16-bit activations: every format, 1 to 9 rows (1-4 row tiles,
-    several passes)."""
+    """gemm_int8.c, 8- and 16-bit activations: every format, 1 to 19 rows (passes of 1-4
+    rows and of 8)."""
     for n, k in legacy_or_k_shapes(ggml_type):
         _, packed, reference = case(ggml_type, n, k, seed=5)
-        for rows in (1, 2, 3, 4, 5, 9):
+        for rows in (1, 2, 3, 4, 5, 9, 19):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             x[0, :32] = 0.0  # an all-zero group quantizes to zeros (dx = 0)
             assert_int8_product(gemm_packed(x, packed, activation_parts=1), x, reference,
@@ -184,7 +184,7 @@ def isa_libraries(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("isa", [b for b in runnable_builds() if b != "native"])
 def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeypatch) -> None:
-    """Every type dequantized and multiplied (1, 2, 4 and 5 rows; float32 and 8-bit
+    """Every type dequantized and multiplied (1, 2, 4, 5 and 11 rows; float32 and integer
     activations: each build's dot4, gemm_int8.c) by each ISA build."""
     lib = isa_libraries[isa]
     monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
@@ -193,7 +193,7 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
         assert torch.equal(packed.dequantize(), reference), ggml_type.name
         assert torch.equal(dequantize_transposed(packed, dtype=torch.bfloat16),
                            reference.T.to(torch.bfloat16)), ggml_type.name
-        for rows in (1, 2, 4, 5):
+        for rows in (1, 2, 4, 5, 11):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
             assert_matmul_close(gemm_packed(x, packed), x, reference)
             assert_int8_product(gemm_packed(x, packed, activation_parts=1), x, reference,

@@ -39,6 +39,18 @@ def driver(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def dotprod_driver(tmp_path_factory) -> Path:
+    """The driver for ARM64 with the dot-product extension (-march=armv8.2-a+dotprod: sdot
+    in gemm_int8.c's dot4), run under qemu's `max` CPU, which has it."""
+    target = tmp_path_factory.mktemp("aarch64-dotprod") / "kernel_driver"
+    source = Path(__file__).with_name("kernel_driver.c")
+    subprocess.run([CROSS_CC, "-O3", "-march=armv8.2-a+dotprod", "-fopenmp", f"-I{SOURCE_DIR}",
+                    "-o", str(target), str(source), *map(str, kernel_sources()), "-lm"],
+                   check=True)
+    return target
+
+
+@pytest.fixture(scope="module")
 def emulating_driver(tmp_path_factory) -> Path:
     """The same driver for this x86 CPU, its kernels as build.ISA_BUILDS["arm64-emulated"]
     builds them (with the library's own optional flags)."""
@@ -57,7 +69,7 @@ def run(driver: Path, command: str, inputs: list[np.ndarray], tmp_path: Path) ->
     path_in.write_bytes(b"".join(np.ascontiguousarray(a).tobytes() for a in inputs))
     emulator = [] if driver.read_bytes()[18:20] != b"\xb7\x00" else [QEMU, "-L", SYSROOT]
     subprocess.run([*emulator, str(driver), command, str(path_in), str(path_out)],
-                   check=True, timeout=300, env={"OMP_NUM_THREADS": "2"})
+                   check=True, timeout=300, env={"OMP_NUM_THREADS": "2", "QEMU_CPU": "max"})
     return np.frombuffer(path_out.read_bytes(), dtype=np.float32)
 
 
@@ -105,16 +117,42 @@ def packed_case(ggml_type: str, rows: int) -> tuple[list[np.ndarray], torch.Tens
 @pytest.mark.parametrize("ggml_type", ["Q5_1", "Q4_K", "Q6_K"])
 def test_packed_gguf_on_arm64_matches_gguf(driver, tmp_path, ggml_type) -> None:
     """The packed GGUF formats on NEON: the factored 1-2 row path and the 3-4 row one (5
-    rows), against gguf's dequantization, bit for bit where it dequantizes."""
+    rows), against gguf's dequantization, bit for bit where it dequantizes; and through 8-
+    and 16-bit activations (gemm_int8.c's portable dot products)."""
     for rows in (2, 5):
-        inputs, reference = packed_case(ggml_type, rows)
-        x = torch.from_numpy(inputs[1])
-        out = torch.from_numpy(run(driver, "packed", inputs, tmp_path).copy())
-        y, w_t, w_rows = out.split([rows * 32, 256 * 32, 32 * 256])
-        bound = 1e-5 * (x.abs() @ reference.abs().T)
-        assert ((y.view(rows, 32) - x @ reference.T).abs() <= bound).all()
-        assert torch.equal(w_t.view(256, 32), reference.T)
-        assert torch.equal(w_rows.view(32, 256), reference.flip(0))
+        check_packed_outputs(driver, tmp_path, ggml_type, rows)
+
+
+def check_packed_outputs(driver: Path, tmp_path: Path, ggml_type: str, rows: int) -> np.ndarray:
+    from tests.executor.test_gguf_packed import assert_int8_product, assert_int16_product
+
+    inputs, reference = packed_case(ggml_type, rows)
+    x = torch.from_numpy(inputs[1])
+    raw = run(driver, "packed", inputs, tmp_path)
+    y, w_t, w_rows, y_int8, y_int16 = torch.from_numpy(raw.copy()).split(
+        [rows * 32, 256 * 32, 32 * 256, rows * 32, rows * 32])
+    bound = 1e-5 * (x.abs() @ reference.abs().T)
+    assert ((y.view(rows, 32) - x @ reference.T).abs() <= bound).all()
+    assert torch.equal(w_t.view(256, 32), reference.T)
+    assert torch.equal(w_rows.view(32, 256), reference.flip(0))
+    assert_int8_product(y_int8.view(rows, 32), x, reference,
+                        gguf.GGMLQuantizationType[ggml_type])
+    assert_int16_product(y_int16.view(rows, 32), x, reference)
+    return raw
+
+
+def test_the_dotprod_build_takes_sdot_and_gives_the_same_sums(driver, dotprod_driver,
+                                                              tmp_path) -> None:
+    """ARM64 with the dot-product extension: sdot in the integer kernels, and (the integer
+    sums being exact) every output bit for bit the plain NEON build's."""
+    disassembly = subprocess.run([CROSS_CC.replace("gcc", "objdump"), "-d", str(dotprod_driver)],
+                                 capture_output=True, text=True, check=True).stdout
+    assert "sdot\tv" in disassembly
+    for ggml_type in ("Q4_0", "Q5_K", "Q4_K", "Q6_K"):
+        for rows in (1, 3, 5):
+            with_sdot = check_packed_outputs(dotprod_driver, tmp_path, ggml_type, rows)
+            inputs, _ = packed_case(ggml_type, rows)
+            assert np.array_equal(with_sdot, run(driver, "packed", inputs, tmp_path))
 
 
 ATTENTION_LENS = [8, 1, 131, 34]

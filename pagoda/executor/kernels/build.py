@@ -45,6 +45,7 @@ ISA_BUILDS = {
     "native": (),
     "generic": ("-march=x86-64",),
     "avx2": ("-march=haswell",),
+    "avxvnni": ("-march=alderlake",),  # AVX2 with AVX-VNNI's 256-bit vpdpbusd (gemm_int8.c)
     "avx512f": ("-march=skylake-avx512",),
     "avx512f-emulated": ("-DPAGODA_F32_VECTOR_BYTES=64",),
     "avx2-emulated": ("-DPAGODA_F32_VECTOR_BYTES=32",),
@@ -57,8 +58,8 @@ ISA_BUILDS = {
     "avx512bf16-emulated": EMULATE_AVX512_BF16,
 }
 """Named builds of the library, for $PAGODA_KERNEL_ISA: the instruction-set paths of the x86
-CPU kinds Pagoda runs on (generic SSE2 vectors, AVX2, AVX-512F: each only where the CPU can
-run it), and their emulation builds for any CPU, ARM included: the float32 kernels at
+CPU kinds Pagoda runs on (generic SSE2 vectors, AVX2, AVX2 with AVX-VNNI, AVX-512F: each
+only where the CPU can run it), and their emulation builds for any CPU, ARM included: the float32 kernels at
 AVX-512F's (AVX2's, ARM64 NEON's) vector width in portable vectors, and the bf16 kernels in
 portable code (csrc/vec_f32.h, csrc/avx512_emulated.h). "native" (the default) is
 what this CPU has. Tests and `pagoda generate` take any of them, so every CPU kind's path

@@ -36,6 +36,11 @@
 
 int int8_format_supported(int f) { return f != FORMAT_Q8; }
 
+/* Rows one pass decodes a tile's codes for: 8 with one vector a tile (16 lanes: AVX-512),
+ * whose 8 rows x 2 parts of accumulators fit its 32 registers; else GEMM_ROWS. A pass takes
+ * 1-4 rows, or INT8_ROWS. */
+#define INT8_ROWS (CHUNKS == 1 ? 8 : GEMM_ROWS)
+
 /* acc + for each 32-bit lane: sum over its 4 bytes j of w.byte[j] (unsigned) * x.byte[j]
  * (signed). */
 ALWAYS_INLINE vi32 dot4(vi32 acc, vu32 w, vi32 x) {
@@ -141,7 +146,7 @@ static void free_rows(quantized_rows_t q) {
 }
 
 /* The combined code's sum for (row r, vector v): its chains added, parts weighted 256, 1. */
-ALWAYS_INLINE vi32 combined_sum(vi32 acc[2][GEMM_ROWS][CHUNKS][4], int parts, int chains, int r,
+ALWAYS_INLINE vi32 combined_sum(vi32 acc[2][INT8_ROWS][CHUNKS][4], int parts, int chains, int r,
                                 int v) {
     vi32 sum[2];
     for (int p = 0; p < parts; p++) {
@@ -151,12 +156,13 @@ ALWAYS_INLINE vi32 combined_sum(vi32 acc[2][GEMM_ROWS][CHUNKS][4], int parts, in
     return parts == 1 ? sum[0] : 256 * sum[0] + sum[1];
 }
 
-/* One tile of 16 outputs for `rows` (<= GEMM_ROWS) rows starting at row m0 of q, whose
+/* One tile of 16 outputs for `rows` (<= INT8_ROWS) rows starting at row m0 of q, whose
  * activations come in `parts` (a constant) 8-bit parts. */
 ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int64_t m0,
                              int64_t K, planes_t tp, float *y, int64_t ldy) {
     const int64_t groups = K / GROUP_K;
-    vf32 total[GEMM_ROWS][CHUNKS], super_d[CHUNKS], super_min[CHUNKS];
+    vf32 total[INT8_ROWS][CHUNKS], super_d[CHUNKS], super_min[CHUNKS];
+    for (int v = 0; v < CHUNKS; v++) super_d[v] = super_min[v] = (vf32){0};
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < CHUNKS; v++) total[r][v] = (vf32){0};
     for (int64_t g = 0; g < groups; g++) {
@@ -174,7 +180,7 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
         }
         /* `chains` independent sums per (row, vector, part) (vpdpbusd's latency is 5) */
         const int chains = rows * CHUNKS * parts >= 4 ? 1 : rows * CHUNKS * parts >= 2 ? 2 : 4;
-        vi32 acc[2][GEMM_ROWS][CHUNKS][4], first_half[GEMM_ROWS][CHUNKS];
+        vi32 acc[2][INT8_ROWS][CHUNKS][4], first_half[INT8_ROWS][CHUNKS];
         for (int p = 0; p < parts; p++)
             for (int r = 0; r < rows; r++)
                 for (int v = 0; v < CHUNKS; v++)
@@ -199,7 +205,7 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
                             for (int j = 0; j < chains; j++) acc[p][r][v][j] = (vi32){0};
                     }
         }
-        vi32 sums[GEMM_ROWS][CHUNKS];
+        vi32 sums[INT8_ROWS][CHUNKS];
         for (int r = 0; r < rows; r++)
             for (int v = 0; v < CHUNKS; v++) sums[r][v] = combined_sum(acc, parts, chains, r, v);
         for (int r = 0; r < rows; r++) {
@@ -222,16 +228,17 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
 }
 
 #define INT8_TILE(F, R, P) tile_int8(R, F, P, q, m0, K, tp, y + m0 * ldy + t * TILE_N, ldy)
-#define INT8_ROWS(F, P)                                                                   \
+#define INT8_BY_ROWS(F, P)                                                                \
     switch (rows) {                                                                       \
     case 1: INT8_TILE(F, 1, P); break;                                                    \
     case 2: INT8_TILE(F, 2, P); break;                                                    \
     case 3: INT8_TILE(F, 3, P); break;                                                    \
-    default: INT8_TILE(F, 4, P); break;                                                   \
+    case 4: INT8_TILE(F, 4, P); break;                                                    \
+    default: INT8_TILE(F, INT8_ROWS, P); break;                                           \
     }
 #define INT8_CASE(F)                                                                      \
     case F:                                                                               \
-        if (parts == 1) INT8_ROWS(F, 1) else INT8_ROWS(F, 2)                              \
+        if (parts == 1) INT8_BY_ROWS(F, 1) else INT8_BY_ROWS(F, 2)                        \
         break;
 
 /* y (M, N) float32 = x (M, K) . W^T through activations of `parts` 8-bit parts (1: 8-bit,
@@ -244,8 +251,8 @@ void gemm_packed_int8_strided(int format, int parts, const float *x, int64_t M, 
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const planes_t tp = tile_planes(format, planes, K, t);
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
-            const int rows = M - m0 < GEMM_ROWS ? (int)(M - m0) : GEMM_ROWS;
+        for (int64_t m0 = 0, rows; m0 < M; m0 += rows) {
+            rows = M - m0 >= INT8_ROWS ? INT8_ROWS : M - m0 < GEMM_ROWS ? M - m0 : GEMM_ROWS;
             switch (format) {
             INT8_CASE(FORMAT_Q4)
             INT8_CASE(FORMAT_Q5)
