@@ -17,7 +17,7 @@ from pagoda.config import CacheConfig, EngineConfig, ModelConfig
 from pagoda.executor.kernels import arithmetic, ops
 from pagoda.executor.kernels.packed_weight import from_group_quantized
 from pagoda.executor.kernels.packing import quantize_groups
-from pagoda.executor.layers.packed_linear import PackedLinear
+from pagoda.executor.layers.packed_linear import PackedLinear, set_arithmetic
 from pagoda.executor.runner_builder import build_runner
 
 
@@ -92,7 +92,10 @@ def test_the_runner_sets_its_choice_on_every_packed_linear_but_the_head(bf16_pre
     assert all(m.large_batch_dtype == torch.bfloat16 and m.activation_parts == 1
                for m in linears)
     assert isinstance(head, PackedLinear) and head.large_batch_dtype == torch.float32
-    assert head.activation_parts == 0
+    assert head.activation_parts == 0  # 8-bit: the head stays float32
+    set_arithmetic(model, torch.bfloat16, 2)
+    assert head.activation_parts == 2 and head.large_batch_dtype == torch.float32
+    set_arithmetic(model, torch.bfloat16, 1)
 
 
 def test_a_long_prefill_multiplies_in_bf16(bf16_prefill_runner, monkeypatch) -> None:

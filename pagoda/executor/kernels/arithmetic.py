@@ -20,7 +20,8 @@ README's answer included, at nearly 8-bit's speed, the weights' reading being th
 prefill, 16-bit decode activations, each where it measures clearly faster than float32 on
 this CPU (MIN_*) and `dtype` is auto; an explicit `--dtype float32` keeps exact float32
 everywhere (the mode the oracle tests compare); 8-bit activations are asked for by name.
-Fidelity bars: tests/executor/test_fidelity.py.
+The logits head takes float32 large batches and 16-bit decode activations at most
+(layers/packed_linear.py's HEAD_ACTIVATION_PARTS). Fidelity bars: tests/executor/test_fidelity.py.
 """
 
 from __future__ import annotations

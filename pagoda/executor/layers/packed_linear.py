@@ -120,11 +120,24 @@ class PackedLinear(nn.Module):
                 f"formats={'+'.join(self.formats)}")
 
 
+def _head_linears(model: nn.Module) -> list[PackedLinear]:
+    head = getattr(model, "quantized_head", None)
+    if not isinstance(head, nn.Module):
+        return []
+    return [m for m in head.modules() if isinstance(m, PackedLinear)]
+
+
 def body_linears(model: nn.Module) -> list[PackedLinear]:
     """Every packed linear of `model` but its logits head's."""
-    head = getattr(model, "quantized_head", None)
-    in_head = {id(m) for m in head.modules()} if isinstance(head, nn.Module) else set()
+    in_head = {id(m) for m in _head_linears(model)}
     return [m for m in model.modules() if isinstance(m, PackedLinear) and id(m) not in in_head]
+
+
+HEAD_ACTIVATION_PARTS = (0, 0, 2)
+"""The logits head's activation_parts for each of the body's: float32 unless 16-bit (whose
+products are float32's to ~2e-5, KL 5e-8: the logits the sampler ranks are float32 sums of
+the same precision); never bf16 or 8-bit, whose rounding makes near- and exact ties of the
+top logits (the bundled model's first answer token was one)."""
 
 
 def set_arithmetic(model: nn.Module, large_batch_dtype: torch.dtype,
@@ -132,12 +145,14 @@ def set_arithmetic(model: nn.Module, large_batch_dtype: torch.dtype,
     """Every packed linear of `model` but its logits head multiplies large float32 batches
     in `large_batch_dtype` (float32 or bfloat16) and small ones with float32 activations or
     `activation_parts` 8-bit parts of them (kernels/arithmetic.py); returns how many there
-    are. The head keeps float32: the logits the sampler ranks stay exact float32 sums
-    (rounding makes exact ties)."""
+    are. The head keeps float32 large batches, and small ones per HEAD_ACTIVATION_PARTS."""
     linears = body_linears(model)
     for linear in linears:
         linear.large_batch_dtype = large_batch_dtype
         linear.activation_parts = activation_parts
+    for head in _head_linears(model):
+        head.large_batch_dtype = torch.float32
+        head.activation_parts = HEAD_ACTIVATION_PARTS[activation_parts]
     return len(linears)
 
 
