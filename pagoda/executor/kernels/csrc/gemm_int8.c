@@ -101,9 +101,20 @@ typedef struct {
     int64_t part_size; /* M * K */
 } quantized_rows_t;
 
-static int8_t round_code(float v) {
-    const float r = nearbyintf(v);
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int32_t)r);
+/* v rounded to the nearest integer, ties to even (nearbyintf's result for |v| < 2^22: adding
+ * 1.5 * 2^23 leaves no fraction bits, so the add rounds, and the subtraction is exact),
+ * clamped to [-127, 127]: plain vector arithmetic on every build. */
+ALWAYS_INLINE vi32 round_codes(vf32 v) {
+    const vf32 rounded = (v + 12582912.0f) - 12582912.0f;
+    vi32 codes = __builtin_convertvector(rounded, vi32);
+    const vi32 above = codes > 127, below = codes < -127; /* lane masks: -1 or 0 */
+    codes = (codes & ~above) | (127 & above);
+    return (codes & ~below) | (-127 & below);
+}
+
+ALWAYS_INLINE void store_codes(int8_t *p, vi32 codes) {
+    const vi8 bytes = __builtin_convertvector(codes, vi8);
+    memcpy(p, &bytes, sizeof bytes);
 }
 
 static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int parts) {
@@ -115,26 +126,37 @@ static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int 
     q.xq_half = malloc(sizeof(int32_t) * (size_t)(M * groups * 2));
     if ((q.xq == NULL || q.unit == NULL || q.xq_half == NULL) && M * K > 0)
         abort();
+    enum { VECTORS = GROUP_K / LANES };
     for (int64_t i = 0; i < M * groups; i++) {
         const float *xg = x + i * GROUP_K;
+        vf32 v[VECTORS], largest = (vf32){0};
+        for (int j = 0; j < VECTORS; j++) {
+            v[j] = load_f32(xg + j * LANES);
+            const vf32 magnitude = (vf32)((vu32)v[j] & 0x7FFFFFFF);
+            largest = select_f32(largest > magnitude, largest, magnitude);
+        }
         float amax = 0.0f;
-        for (int k = 0; k < GROUP_K; k++) amax = fmaxf(amax, fabsf(xg[k]));
+        for (int l = 0; l < LANES; l++) amax = fmaxf(amax, largest[l]);
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
         q.unit[i] = parts == 1 ? dx : dx / 256.0f;
-        int32_t half[2] = {0, 0};
-        for (int k = 0; k < GROUP_K; k++) {
-            const int8_t first = round_code(xg[k] * inverse);
-            q.xq[i * GROUP_K + k] = first;
-            if (parts == 1) {
-                half[k / 16] += first;
-                continue;
+        vi32 half[2] = {{0}, {0}};
+        for (int j = 0; j < VECTORS; j++) {
+            const vi32 first = round_codes(v[j] * inverse);
+            store_codes(q.xq + i * GROUP_K + j * LANES, first);
+            vi32 combined = first;
+            if (parts == 2) {
+                const vf32 error = v[j] - dx * __builtin_convertvector(first, vf32);
+                const vi32 second = round_codes(error * (inverse * 256.0f));
+                store_codes(q.xq + q.part_size + i * GROUP_K + j * LANES, second);
+                combined = 256 * first + second;
             }
-            const int8_t second = round_code((xg[k] - dx * first) * (inverse * 256.0f));
-            q.xq[q.part_size + i * GROUP_K + k] = second;
-            half[k / 16] += 256 * first + second;
+            half[j * LANES / 16] += combined;
         }
-        q.xq_half[2 * i] = half[0];
-        q.xq_half[2 * i + 1] = half[1];
+        for (int h = 0; h < 2; h++) {
+            int32_t sum = 0;
+            for (int l = 0; l < LANES; l++) sum += half[h][l];
+            q.xq_half[2 * i + h] = sum;
+        }
     }
     return q;
 }
