@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --dtype bfloat16
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --quantization int8
     .venv/bin/python benchmarks/profile_decode_step.py --batch 16 --no-profiler --steps 30
+    .venv/bin/python benchmarks/profile_decode_step.py --model FILE.gguf --batch 16 \
+      --no-profiler --steps 8 --decode-activations int16
 
 Prefills `--batch` random 128-token prompts, then profiles `--steps` pure decode steps and
 prints the mean step time and the top operators (grouped by input shape).
@@ -22,7 +24,9 @@ from pagoda.config import QUANTIZATION_CHOICES
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a model path (default: the bundled one)")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--decode-activations", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     parser.add_argument("--steps", type=int, default=5)
@@ -31,7 +35,9 @@ def main() -> None:
                         help="time the steps only (the profiler slows small ops down)")
     args = parser.parse_args()
 
-    llm = LLM(dtype=args.dtype, quantization=args.quantization, kv_cache_memory=1 << 30,
+    model = {"model": args.model} if args.model else {}
+    llm = LLM(**model, dtype=args.dtype, quantization=args.quantization,
+              decode_activations=args.decode_activations, kv_cache_memory=1 << 30,
               max_model_len=2048, max_num_seqs=256)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.steps + 6, ignore_eos=True)

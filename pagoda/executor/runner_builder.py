@@ -12,7 +12,12 @@ import torch
 
 from pagoda.config import EngineConfig
 from pagoda.executor.batch_invariant import make_batch_invariant
-from pagoda.executor.kernels.arithmetic import resolve_decode_activations, resolve_prefill_dtype
+from pagoda.executor.kernels.arithmetic import (
+    resolve_amx_rows,
+    resolve_decode_activations,
+    resolve_prefill_dtype,
+    set_amx_rows,
+)
 from pagoda.executor.kernels.cpu_info import describe_run
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
@@ -109,20 +114,23 @@ def build_runner(
 
 
 def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
-                       device: torch.device) -> tuple[torch.dtype, int] | None:
-    """What the model's packed linears multiply in (set on them): the large batches' dtype
-    and the small batches' activation_parts; None where it has none (or runs off the CPU).
-    kernels/arithmetic.py decides, measuring this CPU where a setting is auto."""
+                       device: torch.device) -> tuple[torch.dtype, int, dict[str, int]] | None:
+    """What the model's packed linears multiply in (set on them): the large batches' dtype,
+    the small batches' activation_parts and the formats AMX tiles take from some row count
+    on; None where it has none (or runs off the CPU). kernels/arithmetic.py decides,
+    measuring this CPU where a setting is auto."""
     if device.type != "cpu" or not set_arithmetic(model, torch.float32):
         return None
     if config.model.deterministic:
-        return torch.float32, 0
+        return torch.float32, 0, {}
     large_batch_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
     weights = [segment for linear in body_linears(model) for segment in linear.segments]
     parts = resolve_decode_activations(config.model.decode_activations, config.model.dtype,
                                        weights)
     set_arithmetic(model, large_batch_dtype, parts)
-    return large_batch_dtype, parts
+    amx_rows = resolve_amx_rows(weights, parts)
+    set_amx_rows(amx_rows)
+    return large_batch_dtype, parts, amx_rows
 
 
 def _size_kv_cache(

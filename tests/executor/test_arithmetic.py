@@ -3,7 +3,8 @@ in float32 or bfloat16, small ones (decode steps) with float32, 16- or 8-bit act
 choice (a measurement where it is `auto`, never a CPU name), the runner setting it on every
 packed linear but the logits head, and a prefill taking the bf16 path. The products
 themselves: test_gguf_packed.py; the whole-stack step's int8: test_decode_kernel.py; their
-fidelity: test_fidelity.py."""
+fidelity: test_fidelity.py. AMX tiles for several rows: chosen per format by measurement
+here, their products in test_gguf_packed.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from pagoda.config import CacheConfig, EngineConfig, ModelConfig
-from pagoda.executor.kernels import arithmetic, ops
+from pagoda.executor.kernels import arithmetic, build, ops
 from pagoda.executor.kernels.packed_weight import from_group_quantized
 from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.layers.packed_linear import PackedLinear, set_arithmetic
@@ -61,6 +62,75 @@ def test_the_measurements_time_both_products() -> None:
     for speedup in (arithmetic.bf16_speedup((16, 64, 32), repeats=1),
                     arithmetic.int16_speedup([weight], repeats=1)):
         assert math.isfinite(speedup) and speedup > 0
+
+
+class FakeKernels:
+    """The two AMX entries of the kernel library, recorded."""
+
+    def __init__(self, available: int) -> None:
+        self.available, self.min_rows = available, {}
+
+    def pagoda_amx_available(self) -> int:
+        return self.available
+
+    def pagoda_set_amx_min_rows(self, format: int, rows: int) -> None:
+        self.min_rows[format] = rows
+
+
+class FakeWeight:
+    def __init__(self, format: str, nbytes: int = 1 << 20) -> None:
+        self.format, self.size = format, nbytes
+
+    def nbytes(self) -> int:
+        return self.size
+
+
+def test_amx_tiles_take_a_format_from_the_fewest_rows_that_measure_faster(monkeypatch) -> None:
+    """Per format, the row counts are timed largest first; the tiles take the format from
+    the last one still >= MIN_AMX_SPEEDUP, or never; Q8 (float32 activations always) is not
+    timed; each format's sample stops at AMX_SAMPLE_BYTES."""
+    lib = FakeKernels(available=1)
+    monkeypatch.setattr(build, "load_cpu_kernels", lambda: lib)
+    speedups = {"q4k": {16: 1.4, 12: 1.1, 8: 0.9}, "q6k": {16: 1.05, 12: 2.0, 8: 2.0},
+                "q4": {16: 1.5, 12: 1.5, 8: 1.5}}
+    timed = []
+
+    def amx_speedup(sample, rows, parts):
+        assert parts == 2 and len({w.format for w in sample}) == 1
+        timed.append((sample[0].format, rows, len(sample)))
+        return speedups[sample[0].format][rows]
+
+    monkeypatch.setattr(arithmetic, "amx_speedup", amx_speedup)
+    big = arithmetic.AMX_SAMPLE_BYTES // 2
+    weights = [FakeWeight("q4k", big) for _ in range(5)] + [FakeWeight("q6k"), FakeWeight("q8"),
+                                                            FakeWeight("q4")]
+    assert arithmetic.resolve_amx_rows(weights, 2) == {"q4k": 12, "q4": 8}
+    assert ("q4k", 16, 2) in timed and not any(format == "q8" for format, _, _ in timed)
+    assert [rows for format, rows, _ in timed if format == "q6k"] == [16]
+    arithmetic.set_amx_rows({"q4k": 12, "q4": 8})
+    assert lib.min_rows == {0: 8, 1: 0, 2: 0, 3: 12, 4: 0, 5: 0}  # FORMAT_* codes
+
+
+@pytest.mark.parametrize("available, parts", [(0, 2), (2, 2), (1, 0)])
+def test_amx_tiles_need_the_cpus_own_and_integer_activations(monkeypatch, available,
+                                                             parts) -> None:
+    """Without AMX, on the emulation build (tests force it), or under float32 activations:
+    nothing is timed and no format takes the tiles."""
+    monkeypatch.setattr(build, "load_cpu_kernels", lambda: FakeKernels(available))
+    monkeypatch.setattr(arithmetic, "amx_speedup", lambda *args: pytest.fail("measured"))
+    assert arithmetic.resolve_amx_rows([FakeWeight("q4k")], parts) == {}
+
+
+def test_the_amx_measurement_times_both_kernels(tmp_path_factory, monkeypatch) -> None:
+    """A real (small) timing on the emulation build: a finite positive ratio."""
+    from tests.executor.test_cpu_kernels import isa_library
+
+    lib = isa_library("amx-emulated", tmp_path_factory)
+    monkeypatch.setattr(build, "load_cpu_kernels", lambda: lib)
+    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    weight = from_group_quantized(quantize_groups(torch.randn(32, 256), "q4"))
+    speedup = arithmetic.amx_speedup([weight], rows=16, parts=2, repeats=1)
+    assert math.isfinite(speedup) and speedup > 0
 
 
 def test_config_refuses_bad_settings() -> None:

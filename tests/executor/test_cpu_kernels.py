@@ -99,6 +99,13 @@ def runnable_builds() -> list:
     return builds
 
 
+def amx_build() -> str:
+    """The build that runs gemm_amx.c's tiles here: this CPU's own where it lends them, else
+    their emulation build (csrc/amx_emulated.h)."""
+    native = build.load_cpu_kernels()
+    return "native" if native is not None and native.pagoda_amx_available() == 1 else "amx-emulated"
+
+
 def isa_library(name: str, tmp_path_factory) -> ctypes.CDLL:
     """build.ISA_BUILDS[name] of the library, declared; compiled once per session."""
     if name == "native":

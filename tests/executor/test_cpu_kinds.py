@@ -34,7 +34,9 @@ import torch.nn.functional as F
 from pagoda import LLM, SamplingParams
 from pagoda.evaluation.fidelity import compare_teacher_forced, decode_kernels_only
 from pagoda.executor.kernels import build
-from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, X86_FEATURES
+from pagoda.executor.kernels.abi import WeightFormat
+from pagoda.executor.kernels.arithmetic import set_amx_rows
+from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, X86_FEATURES, amx_build
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +64,10 @@ PATHS = {  # path id: (kernel build, --dtype, --prefill-dtype, --decode-activati
     # 8-bit arithmetic; each kernel build's dot products: test_gguf_packed.py
     "int16-decode": ("native", "auto", "float32", "int16"),
     "int8-decode": ("native", "auto", "float32", "int8"),
+    # AMX tiles for decode batches (auto takes them per format where they measure faster:
+    # kernels/arithmetic.py), here forced for every row count; natively where this CPU has
+    # AMX, else through their emulation build (gemm_amx.c)
+    "amx-int16-decode": (amx_build(), "auto", "float32", "int16"),
     "avx512bf16-bfloat16": ("avx512bf16-emulated", "bfloat16", "auto", "auto"),
 }
 BARS = {  # --dtype (or bf16-prefill): (least top-1 agreement, most mean KL divergence)
@@ -132,12 +138,15 @@ def path(request, tmp_path_factory):
             llm = LLM(dtype=dtype, prefill_dtype=prefill_dtype,
                       decode_activations=decode_activations, enable_prefix_caching=False)
             assert build.load_cpu_kernels() is not None
+            if request.param.startswith("amx-"):
+                set_amx_rows({format.name.lower(): 1 for format in WeightFormat})
             bf16_prefill = dtype == "auto" and prefill_dtype == "bfloat16"
             parts = {"int8": 1, "int16": 2}.get(decode_activations, 0)
             bars = BARS["bf16-prefill" if bf16_prefill else "int8-decode" if parts == 1
                         else dtype]
             yield KernelPath(llm, dtype, bf16_prefill or dtype == "bfloat16", parts, bars)
         finally:
+            set_amx_rows({})
             build.load_cpu_kernels.cache_clear()
 
 

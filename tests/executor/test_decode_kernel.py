@@ -180,3 +180,34 @@ def test_which_executor_ran_is_logged_counted_and_exported(tmp_path, caplog) -> 
     for executor, count in steps.items():
         assert re.search(rf'pagoda:model_steps_total{{executor="{executor}",model_name="tiny"}}'
                          rf" {float(count)}\b", exported), exported
+
+
+def test_amx_tiles_take_the_kernel_as_the_eager_forward_does(tmp_path, tmp_path_factory,
+                                                             monkeypatch) -> None:
+    """AMX tiles forced for every row count (natively where this CPU lends them, else their
+    emulation build): the whole-stack step (fused projections written side by side) and the
+    eager forward give the vector kernel's tokens and logprobs, exactly (the same integer
+    sums, the same epilogue)."""
+    from pagoda.executor.kernels import build
+    from pagoda.executor.kernels.abi import WeightFormat
+    from pagoda.executor.kernels.arithmetic import set_amx_rows
+    from tests.executor.test_cpu_kernels import amx_build, isa_build_cache
+
+    monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
+    monkeypatch.setenv("PAGODA_KERNEL_ISA", amx_build())
+    build.load_cpu_kernels.cache_clear()
+    try:
+        llm = engine_of(tiny_gguf(tmp_path, "llama", mixed_type), decode_activations="int16",
+                        enable_prefix_caching=False)  # each run chunks its prompts alike
+        vector_fused, vector_eager, _ = generate_both_ways(llm)
+        set_amx_rows({format.name.lower(): 1 for format in WeightFormat})
+        fused, eager, calls = generate_both_ways(llm)
+    finally:
+        set_amx_rows({})
+        build.load_cpu_kernels.cache_clear()
+    assert calls >= 8
+    for ours, theirs in ((fused, vector_fused), (eager, vector_eager)):
+        for tiles, vectors in zip(ours, theirs, strict=True):
+            assert list(tiles.token_ids) == list(vectors.token_ids)
+            assert [{t: p.logprob for t, p in position.items()} for position in tiles.logprobs] \
+                == [{t: p.logprob for t, p in position.items()} for position in vectors.logprobs]

@@ -26,7 +26,12 @@ from pagoda.executor.kernels.packed_weight import (
 )
 from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
-from tests.executor.test_cpu_kernels import isa_build_cache, runnable_builds
+from tests.executor.test_cpu_kernels import (
+    amx_build,
+    isa_build_cache,
+    isa_library,
+    runnable_builds,
+)
 
 Q = gguf.GGMLQuantizationType
 SCALE_OFFSETS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
@@ -199,6 +204,35 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
             assert_int8_product(gemm_packed(x, packed, activation_parts=1), x, reference,
                                 ggml_type)
             assert_int16_product(gemm_packed(x, packed, activation_parts=2), x, reference)
+
+
+@pytest.mark.parametrize("isa", sorted({"amx-emulated", amx_build()}))
+def test_amx_tiles_give_the_vector_kernels_floats(isa, tmp_path_factory, monkeypatch) -> None:
+    """gemm_amx.c against gemm_int8.c of the same build, bit for bit: every integer format,
+    8- and 16-bit activations, 1 to 35 rows (blocks of 16 rows, a partial last one), 16 and
+    18 groups (batches of 4 groups, a partial last one)."""
+    lib = isa_library(isa, tmp_path_factory)
+    assert lib.pagoda_amx_available() == (2 if isa == "amx-emulated" else 1)
+    monkeypatch.setattr(ops, "load_cpu_kernels", lambda: lib)
+    for ggml_type in TYPES:
+        if ggml_type == Q.Q8_0:
+            continue  # float32 activations always
+        for n, k in legacy_or_k_shapes(ggml_type):
+            _, packed, reference = case(ggml_type, n, k, seed=7)
+            format = abi.weight_format(packed.format)
+            for rows in (1, 3, 16, 17, 35):
+                x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+                x[0, :32] = 0.0
+                for parts in (1, 2):
+                    try:
+                        lib.pagoda_set_amx_min_rows(format, 1)
+                        tiles = gemm_packed(x, packed, activation_parts=parts)
+                    finally:
+                        lib.pagoda_set_amx_min_rows(format, 0)
+                    vector = gemm_packed(x, packed, activation_parts=parts)
+                    assert torch.equal(tiles, vector), (ggml_type.name, k, rows, parts)
+                    if parts == 1:
+                        assert_int8_product(tiles, x, reference, ggml_type)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

@@ -120,6 +120,8 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_gemm_packed_f32": (None, _GEMM_PACKED),
     "pagoda_gemm_packed_rowwise_f32": (None, _GEMM_PACKED),
     "pagoda_gemm_packed_int8_f32": (None, [_int, _int, *_GEMM_PACKED[1:]]),
+    "pagoda_amx_available": (_int, []),
+    "pagoda_set_amx_min_rows": (None, [_int, _int]),
     "pagoda_dequantize_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_packed_bf16": (None, [_int, _i64, _i64, *_PLANES, _ptr]),
     "pagoda_dequantize_rows_packed_f32": (None, [_int, _i64, _i64, *_PLANES, _ptr, _i64, _ptr]),

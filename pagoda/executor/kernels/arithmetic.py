@@ -15,6 +15,11 @@ products (gemm_int8.c: VNNI's vpdpbusd, AVX2's vpmaddubsw, ARM's sdot), which de
 instructions per weight where the CPU has those: to 8 bits (llama.cpp's arithmetic: ~0.5 %
 relative error a product) or to 16 bits as two 8-bit parts (~2e-5: float32's tokens, the
 README's answer included, at nearly 8-bit's speed, the weights' reading being the bound).
+Batches of several rows of those integer activations run on AMX tiles (gemm_amx.c: the
+same integer sums, the same floats) from the row count where that measures faster, per
+weight format (resolve_amx_rows): one tile product covers 16 rows x 16 outputs x 32
+inputs, but each group of 32 inputs has its own scales, so every tile product is stored
+and scaled by vector code, and the tile store is the bound.
 
 `prefill_dtype` / `decode_activations` (ModelConfig): an explicit value, or "auto": bf16
 prefill, 16-bit decode activations, each where it measures clearly faster than float32 on
@@ -40,6 +45,14 @@ MIN_INT16_SPEEDUP = 1.1
 this much faster than float32 activations. Near the border the choice may differ from one
 start to the next; both give float32's tokens (16-bit activations: KL ~5e-8 against
 float32, test_fidelity.py), so only the speed differs, by less than the margin."""
+MIN_AMX_SPEEDUP = 1.1
+"""AMX tiles take a format's products from the fewest rows of AMX_ROW_CANDIDATES at which
+they measure this much faster than the vector kernel (and at every larger candidate)."""
+AMX_ROW_CANDIDATES = (16, 12, 8)
+"""Row counts timed, largest first; fewer rows take the vector kernel (the tiles' fixed cost
+a group, decoding the weights' codes and storing the sums, outweighs its savings there)."""
+AMX_SAMPLE_BYTES = 32 << 20
+"""Per format, the model's weights of it timed: in model order, up to this many bytes."""
 ACTIVATION_PARTS = {"float32": 0, "int8": 1, "int16": 2}
 """decode_activations -> PackedLinear.activation_parts (8-bit parts of each activation)"""
 PREFILL_SHAPE = (256, 2048, 1024)
@@ -124,3 +137,64 @@ def resolve_decode_activations(decode_activations: str, dtype: str, weights: lis
     chosen = _resolve("decode_activations", decode_activations, dtype, ("float32", "int16"),
                       lambda: int16_speedup(weights) >= MIN_INT16_SPEEDUP)
     return ACTIVATION_PARTS[chosen]
+
+
+def amx_speedup(weights: list, rows: int, parts: int, repeats: int = 3) -> float:
+    """The vector kernel's time over AMX tiles' for `rows` rows of `parts`-part activations
+    through every packed weight of `weights` (all of one format), the best of `repeats`."""
+    from pagoda.executor.kernels.abi import weight_format
+    from pagoda.executor.kernels.build import load_cpu_kernels
+    from pagoda.executor.kernels.packed_weight import gemm_packed
+
+    lib, format = load_cpu_kernels(), weight_format(weights[0].format)
+    generator = torch.Generator().manual_seed(0)
+    xs = {w.in_features: torch.randn(rows, w.in_features, generator=generator) for w in weights}
+
+    def product(min_rows: int) -> None:
+        lib.pagoda_set_amx_min_rows(format, min_rows)
+        for weight in weights:
+            gemm_packed(xs[weight.in_features], weight, activation_parts=parts)
+
+    try:
+        vector = _best_seconds(lambda: product(0), repeats)
+        tiles = _best_seconds(lambda: product(1), repeats)
+    finally:
+        lib.pagoda_set_amx_min_rows(format, 0)
+    return vector / tiles
+
+
+def resolve_amx_rows(weights: list, parts: int) -> dict[str, int]:
+    """Packed format name -> the fewest rows from which AMX tiles take its integer-activation
+    products (absent: never), measured on `weights` (the model's) where this CPU lends the
+    tiles natively; {} under float32 activations, or without AMX. ~0.1 s a format at 1B."""
+    from pagoda.executor.kernels.build import load_cpu_kernels
+
+    lib = load_cpu_kernels()
+    if parts == 0 or lib is None or lib.pagoda_amx_available() != 1:
+        return {}
+    by_format: dict[str, list] = {}
+    for weight in weights:
+        if weight.format != "q8":  # float32 activations always (gemm_int8.c)
+            sample = by_format.setdefault(weight.format, [])
+            if sum(w.nbytes() for w in sample) < AMX_SAMPLE_BYTES:
+                sample.append(weight)
+    chosen = {}
+    for format, sample in by_format.items():
+        for rows in AMX_ROW_CANDIDATES:
+            if amx_speedup(sample, rows, parts) < MIN_AMX_SPEEDUP:
+                break
+            chosen[format] = rows
+    return chosen
+
+
+def set_amx_rows(min_rows: dict[str, int]) -> None:
+    """resolve_amx_rows' choice, set in the kernel library (process-wide: every model of the
+    process; formats absent stay off)."""
+    from pagoda.executor.kernels.abi import WeightFormat
+    from pagoda.executor.kernels.build import load_cpu_kernels
+
+    lib = load_cpu_kernels()
+    if lib is None:
+        return
+    for format in WeightFormat:
+        lib.pagoda_set_amx_min_rows(int(format), min_rows.get(format.name.lower(), 0))

@@ -56,6 +56,8 @@ ISA_BUILDS = {
     "arm64-emulated": ("-DPAGODA_F32_VECTOR_BYTES=16",
                        *(("-mfma",) if platform.machine() in ("x86_64", "AMD64") else ())),
     "avx512bf16-emulated": EMULATE_AVX512_BF16,
+    # gemm_amx.c's tile kernel in portable code (csrc/amx_emulated.h) at AVX-512's width
+    "amx-emulated": ("-DPAGODA_F32_VECTOR_BYTES=64", "-DPAGODA_EMULATE_AMX"),
 }
 """Named builds of the library, for $PAGODA_KERNEL_ISA: the instruction-set paths of the x86
 CPU kinds Pagoda runs on (generic SSE2 vectors, AVX2, AVX2 with AVX-VNNI, AVX-512F: each

@@ -12,7 +12,7 @@ from pagoda.executor.kernels.build import cpu_flags, load_cpu_kernels
 
 FEATURES_OF_INTEREST = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "amx_bf16", "asimd", "fphp", "asimdhp", "bf16", "sve",
+    "avx512_bf16", "amx_bf16", "amx_int8", "asimd", "fphp", "asimdhp", "bf16", "sve",
 )
 """/proc/cpuinfo flag names (x86 and ARM) that decide a kernel path."""
 
@@ -65,16 +65,21 @@ def describe_kernels() -> str:
 
 
 def describe_run(dtype: torch.dtype, quantization: str | None, attention: str,
-                 arithmetic: tuple[torch.dtype, int] | None = None) -> str:
+                 arithmetic: tuple[torch.dtype, int, dict[str, int]] | None = None) -> str:
     """The one line logged at start: what runs on this CPU. `arithmetic`: what the packed
-    weights' large batches multiply in and the 8-bit parts of small ones' activations (0:
-    float32; None: no packed weights)."""
+    weights' large batches multiply in, the 8-bit parts of small ones' activations (0:
+    float32) and the formats AMX tiles take from some row count on (format -> rows); None:
+    no packed weights."""
     name = str(dtype).removeprefix("torch.")
     weights = f"{quantization} weights" if quantization else f"{name} weights"
     prefill = ""
     if arithmetic is not None:
-        prefill = (f", prefill matmuls in {str(arithmetic[0]).removeprefix('torch.')}, decode "
-                   f"activations {('float32', 'int8', 'int16')[arithmetic[1]]}")
+        large_batch_dtype, parts, amx_rows = arithmetic
+        prefill = (f", prefill matmuls in {str(large_batch_dtype).removeprefix('torch.')}, decode "
+                   f"activations {('float32', 'int8', 'int16')[parts]}")
+        if amx_rows:
+            prefill += " (AMX tiles: " + ", ".join(
+                f"{format} from {rows} rows" for format, rows in sorted(amx_rows.items())) + ")"
     return (f"{cpu_name()} ({', '.join(cpu_features()) or 'no vector extensions seen'}), "
             f"{torch.get_num_threads()} threads: {name} activations, {weights}{prefill}, "
             f"attention {attention}; {describe_kernels()}")

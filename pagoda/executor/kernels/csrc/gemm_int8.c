@@ -25,7 +25,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "gemm_packed.h"
+#include "gemm_int8.h"
 
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -65,42 +65,6 @@ ALWAYS_INLINE vi32 dot4(vi32 acc, vu32 w, vi32 x) {
 #endif
 }
 
-/* The codes of inputs 4c .. 4c+3 of a group as the 4 bytes of each lane, in input order,
- * unsigned (Q6K's in [0, 63], not minus 32): the nibble word's e (inputs 4c, 4c+1 at bits
- * 0, 8) and o (4c+2, 4c+3, moved down to bits 0, 8), each with its high bits next to it
- * (gemm_packed.h's chunk_codes, the same slots), then o above e. */
-ALWAYS_INLINE vu32 chunk_bytes(int f, vu32 words, const vu32 hw[2], int c) {
-#if VECTOR_BYTES == 64 && defined(__AVX512VBMI__)
-    if (high_bits(f) == 0) { /* each byte its nibble's 8 bits (bits 0, 8, 4, 12 of the lane) */
-        const __m512i from = _mm512_set1_epi64(0x2C2428200C040800LL); /* 2 lanes a qword */
-        return (vu32)_mm512_multishift_epi64_epi8(from, (__m512i)words) & 0x0F0F0F0F;
-    }
-#endif
-    vu32 e = words & 0x0F0F, o = (words >> 4) & 0x0F0F;
-    if (high_bits(f) == 1) {
-        e |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c), 4, 0x1010);
-        o |= MOVE_BITS(hw[0], HIGH_SLOT_Q5(2 * c + 1), 4, 0x1010);
-    } else if (high_bits(f) == 2) {
-        e |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c), 4, 0x3030);
-        o |= MOVE_BITS(hw[c / 4], HIGH_SLOT_Q6K(2 * c + 1), 4, 0x3030);
-    }
-    return e | (o << 16);
-}
-
-/* Row activations quantized per group, in `parts` 8-bit parts: xq (parts, M, K) int8, unit
- * (M, groups) the float value of the combined code's 1, xq_half (M, 2 groups) the combined
- * codes' integer sums per 16 inputs. One part: x ~ unit * xq, unit = dx. Two parts (16-bit
- * activations): the second codes the first's rounding error r = x - dx * xq[0] in steps of
- * dx / 256 (|r| <= dx / 2, clamped to 127 steps), x ~ unit * (256 xq[0] + xq[1]) with
- * unit = dx / 256: a combined code of ~16 bits, summed exactly in 32-bit integers (256 *
- * 256032 + 256032 < 2^31). */
-typedef struct {
-    int8_t *xq;
-    float *unit;
-    int32_t *xq_half;
-    int64_t part_size; /* M * K */
-} quantized_rows_t;
-
 /* v rounded to the nearest integer, ties to even (nearbyintf's result for |v| < 2^22: adding
  * 1.5 * 2^23 leaves no fraction bits, so the add rounds, and the subtraction is exact),
  * clamped to [-127, 127]: plain vector arithmetic on every build. */
@@ -117,14 +81,15 @@ ALWAYS_INLINE void store_codes(int8_t *p, vi32 codes) {
     memcpy(p, &bytes, sizeof bytes);
 }
 
-static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int parts) {
+quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int parts) {
     const int64_t groups = K / GROUP_K;
     quantized_rows_t q;
     q.part_size = M * K;
     q.xq = malloc((size_t)(parts * M * K));
     q.unit = malloc(sizeof(float) * (size_t)(M * groups));
     q.xq_half = malloc(sizeof(int32_t) * (size_t)(M * groups * 2));
-    if ((q.xq == NULL || q.unit == NULL || q.xq_half == NULL) && M * K > 0)
+    q.xq_sum = malloc(sizeof(float) * (size_t)(M * groups));
+    if ((q.xq == NULL || q.unit == NULL || q.xq_half == NULL || q.xq_sum == NULL) && M * K > 0)
         abort();
     enum { VECTORS = GROUP_K / LANES };
     for (int64_t i = 0; i < M * groups; i++) {
@@ -157,14 +122,16 @@ static quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int 
             for (int l = 0; l < LANES; l++) sum += half[h][l];
             q.xq_half[2 * i + h] = sum;
         }
+        q.xq_sum[i] = (float)(q.xq_half[2 * i] + q.xq_half[2 * i + 1]);
     }
     return q;
 }
 
-static void free_rows(quantized_rows_t q) {
+void free_rows(quantized_rows_t q) {
     free(q.xq);
     free(q.unit);
     free(q.xq_half);
+    free(q.xq_sum);
 }
 
 /* The combined code's sum for (row r, vector v): its chains added, parts weighted 256, 1. */
@@ -230,20 +197,10 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
         vi32 sums[INT8_ROWS][CHUNKS];
         for (int r = 0; r < rows; r++)
             for (int v = 0; v < CHUNKS; v++) sums[r][v] = combined_sum(acc, parts, chains, r, v);
-        for (int r = 0; r < rows; r++) {
-            const int64_t i = (m0 + r) * groups + g;
-            const float dx = q.unit[i];
-            for (int v = 0; v < CHUNKS; v++) {
-                if (f == FORMAT_Q6K) {
-                    const vf32 lo = __builtin_convertvector(first_half[r][v] - 32 * q.xq_half[2 * i], vf32);
-                    const vf32 hi = __builtin_convertvector(sums[r][v] - 32 * q.xq_half[2 * i + 1], vf32);
-                    total[r][v] += (d[v] * dx) * lo + (d_hi[v] * dx) * hi;
-                } else {
-                    const float xq_sum = (float)(q.xq_half[2 * i] + q.xq_half[2 * i + 1]);
-                    total[r][v] += (d[v] * dx) * __builtin_convertvector(sums[r][v], vf32)
-                                   + (m[v] * dx) * xq_sum;
-                }            }
-        }
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < CHUNKS; v++)
+                total[r][v] = add_group_product(f, total[r][v], first_half[r][v], sums[r][v], d[v],
+                                                m[v], d_hi[v], q, (m0 + r) * groups + g);
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < CHUNKS; v++) store_f32(y + r * ldy + v * LANES, total[r][v]);
@@ -270,6 +227,11 @@ void gemm_packed_int8_strided(int format, int parts, const float *x, int64_t M, 
                               int64_t N, planes_t planes, float *y, int64_t ldy) {
     const int64_t tiles = N / TILE_N;
     const quantized_rows_t q = quantize_rows(x, M, K, parts);
+    if (amx_rows(format, M)) {
+        gemm_packed_amx_strided(format, parts, q, M, K, N, planes, y, ldy);
+        free_rows(q);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const planes_t tp = tile_planes(format, planes, K, t);

@@ -10,6 +10,8 @@
  *                   holds what both read of the packed formats),
  *   gemm_int8.c     the same matmul for small batches through 8-bit activations: integer
  *                   dot products (AVX-512 VNNI / AVX-VNNI, AVX2, ARM dotprod, portable),
+ *   gemm_amx.c      that matmul on AMX tiles, for batches of several rows (gemm_int8.h
+ *                   holds what the two share),
  *   attention_f32.c paged attention's float32 and 8-bit-cache inner loops, and RMSNorm: GCC
  *                   vector extensions (vec_f32.h), AVX-512F (16 lanes), AVX2 + FMA (8
  *                   lanes), NEON / SSE / anything else (4 lanes)
@@ -124,6 +126,11 @@ void pagoda_gemm_packed_int8_f32(int format, int parts, const float *x, int64_t 
                                  int64_t N, const uint8_t *codes, const uint8_t *high,
                                  const uint16_t *scales, const uint16_t *mins,
                                  const uint8_t *sub_scales, const uint8_t *sub_mins, float *y);
+/* gemm_amx.c: 1 where pagoda_gemm_packed_int8_f32 can run on AMX tiles (2: the emulation
+ * build), else 0; the tiles take its products of >= min_rows rows of a FORMAT_* (0: never,
+ * as at start) */
+int pagoda_amx_available(void);
+void pagoda_set_amx_min_rows(int format, int min_rows);
 /* The same product with each row on its own: row m of y depends on row m of x only,
  * whatever M (bit for bit a one-row call; --deterministic). */
 void pagoda_gemm_packed_rowwise_f32(int format, const float *x, int64_t M, int64_t K,
