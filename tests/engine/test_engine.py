@@ -264,3 +264,16 @@ def test_n_completions_share_prompt_blocks(bundled_llm: LLM) -> None:
     assert computed <= num_prompt + 2 * engine.snapshot().kv_block_size
     again = bundled_llm.generate(prompt, params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_the_start_up_heap_is_out_of_the_collectors_sight(bundled_llm: LLM) -> None:
+    """engine/builder.py freezes what start-up built: the model's modules are not among the
+    objects a collection scans, so a full collection in a decode step costs ~0 instead of
+    scanning hundreds of thousands of objects (a 1B model: ~110 ms unfrozen)."""
+    import gc
+
+    assert gc.get_freeze_count() > 0
+    model = bundled_llm.engine.runner.model
+    tracked = gc.get_objects()
+    assert not any(obj is model for obj in tracked)
+    assert all(obj is not layer for obj in tracked for layer in model.model.layers[:2])

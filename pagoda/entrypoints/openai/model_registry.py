@@ -259,10 +259,13 @@ class ModelRegistry:
 
 def release_memory() -> None:
     """Return freed memory (a stopped model's weights and KV cache) to the system: collect
-    the cycles that still hold tensors, then have glibc give back its free pages."""
+    the cycles that still hold tensors (the engines' start-up heaps unfrozen for it, then
+    frozen again: engine/builder.py), then have glibc give back its free pages."""
     from pagoda.executor.loader.model_loader import release_freed_memory
 
+    gc.unfreeze()
     gc.collect()
+    gc.freeze()
     release_freed_memory()
 
 
