@@ -101,7 +101,8 @@ quantized_rows_t quantize_rows(const float *x, int64_t M, int64_t K, int parts) 
             largest = select_f32(largest > magnitude, largest, magnitude);
         }
         float amax = 0.0f;
-        for (int l = 0; l < LANES; l++) amax = fmaxf(amax, largest[l]);
+        for (int l = 0; l < LANES; l++) /* fmaxf's result (a NaN lane is passed over), inline */
+            amax = largest[l] > amax ? largest[l] : amax;
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
         q.unit[i] = parts == 1 ? dx : dx / 256.0f;
         vi32 half[2] = {{0}, {0}};
