@@ -56,8 +56,7 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         sum(built.num_blocks) * config.cache.block_size, built.max_model_len,
     )
     vocab_size = int(hf_config.vocab_size)
-    grammar_compiler = GrammarCompiler(tokenizer, vocab_size, eos_ids)
-    grammar_compiler.warm_up()
+    grammar_compiler = GrammarCompiler(tokenizer, vocab_size, eos_ids)  # its trie: on first use
     engine = LLMEngine(
         config, runner, tokenizer, eos_ids, max_model_len=built.max_model_len,
         num_blocks=built.num_blocks,

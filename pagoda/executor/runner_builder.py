@@ -130,6 +130,7 @@ def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
     set_arithmetic(model, large_batch_dtype, parts)
     amx_rows = resolve_amx_rows(weights, parts)
     set_amx_rows(amx_rows)
+    release_freed_memory()  # the timed products' operands, which free() keeps in the heap
     return large_batch_dtype, parts, amx_rows
 
 

@@ -87,7 +87,6 @@ class ReplicaSetCore:
         """Of one replica."""
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size,
                                                 info.eos_token_ids)
-        self.grammar_compiler.warm_up()
         self.router = Router(self.num_replicas, info.block_size,
                              capacity_blocks=max(info.num_kv_blocks, 1))
 

@@ -86,6 +86,8 @@ class PackedGGUFLoader:
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's float tensors for load_weights; the packed ones are kept here."""
+        from pagoda.executor.loader.model_loader import release_freed_memory  # (imports us)
+
         for name, tensor in self.checkpoint.iter_weights(dtype, frozenset(self.raw_names)):
             if not isinstance(tensor, RawGGUFTensor):
                 yield name, tensor
@@ -95,6 +97,7 @@ class PackedGGUFLoader:
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
             self.formats[packed.format] += 1
+            release_freed_memory()  # the slices' temporaries: never a heap of them at once
             if name == EMBEDDING:
                 self.embedding = packed
             elif name == HEAD:
