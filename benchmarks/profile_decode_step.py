@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/profile_decode_step.py --batch 64 --quantization int8
     .venv/bin/python benchmarks/profile_decode_step.py --batch 16 --no-profiler --steps 30
     .venv/bin/python benchmarks/profile_decode_step.py --model FILE.gguf --batch 16 \
-      --no-profiler --steps 8 --decode-activations int16
+      --no-profiler --steps 8 [--decode-activations int16] [--no-amx-tiles]
 
 Prefills `--batch` random 128-token prompts, then profiles `--steps` pure decode steps and
 prints the mean step time and the top operators (grouped by input shape).
@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pagoda import LLM, SamplingParams
 from pagoda.config import QUANTIZATION_CHOICES
+from pagoda.executor.kernels.arithmetic import set_amx_rows
 
 
 def main() -> None:
@@ -27,6 +28,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model path (default: the bundled one)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--decode-activations", default="auto")
+    parser.add_argument("--no-amx-tiles", action="store_true",
+                        help="the vector kernel for every row count, whatever start-up chose")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     parser.add_argument("--steps", type=int, default=5)
@@ -40,6 +43,8 @@ def main() -> None:
               decode_activations=args.decode_activations, kv_cache_memory=1 << 30,
               max_model_len=2048, max_num_seqs=256)
     engine = llm.engine
+    if args.no_amx_tiles:
+        set_amx_rows({})
     params = SamplingParams(temperature=0, max_tokens=args.steps + 6, ignore_eos=True)
     prompts = [[100 + (i * 7 + j) % 1000 for j in range(128)] for i in range(args.batch)]
     for i, prompt in enumerate(prompts):
