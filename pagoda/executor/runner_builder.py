@@ -21,11 +21,11 @@ from pagoda.executor.kernels.arithmetic import (
 from pagoda.executor.kernels.cpu_info import describe_run
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
+from pagoda.executor.loader.heap import release_freed_memory
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
     load_model,
     open_checkpoint,
-    release_freed_memory,
     resolve_device,
     resolve_dtype,
     set_cpu_threads,

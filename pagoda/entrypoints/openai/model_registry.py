@@ -261,7 +261,7 @@ def release_memory() -> None:
     """Return freed memory (a stopped model's weights and KV cache) to the system: collect
     the cycles that still hold tensors (the engines' start-up heaps unfrozen for it, then
     frozen again: engine/builder.py), then have glibc give back its free pages."""
-    from pagoda.executor.loader.model_loader import release_freed_memory
+    from pagoda.executor.loader.heap import release_freed_memory
 
     gc.unfreeze()
     gc.collect()

@@ -29,6 +29,7 @@ from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.packed_linear import PackedEmbedding, PackedLinear
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint, RawGGUFTensor
 from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
+from pagoda.executor.loader.heap import release_freed_memory
 from pagoda.executor.loader.linear_parts import (
     QuantizedLinearParts,
     linear_target,
@@ -86,8 +87,6 @@ class PackedGGUFLoader:
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's float tensors for load_weights; the packed ones are kept here."""
-        from pagoda.executor.loader.model_loader import release_freed_memory  # (imports us)
-
         for name, tensor in self.checkpoint.iter_weights(dtype, frozenset(self.raw_names)):
             if not isinstance(tensor, RawGGUFTensor):
                 yield name, tensor

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ from pagoda.executor.layers.quantization import (
 )
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
 from pagoda.executor.loader.gguf_packed import PackedGGUFLoader
+from pagoda.executor.loader.heap import release_freed_memory
 from pagoda.executor.loader.hf_quantized import (
     CheckpointQuantization,
     PrequantizedLoader,
@@ -130,15 +130,6 @@ def weight_formats(model: nn.Module) -> str | None:
         return method
     packed = sorted({f for m in model.modules() if isinstance(m, PackedLinear) for f in m.formats})
     return "packed " + "/".join(packed) if packed else None
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the system (glibc's malloc_trim): the float weights
-    freed by quantization were small allocations, which free() keeps in the heap."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        pass
 
 
 def quantize_layers_as_loaded(
