@@ -36,7 +36,7 @@ Method
    Attention, norms, the logits head and the sampler are left out.
 
 3. A floor: the round trip of 2,304 bytes (one token's float32 hidden state) each way over
-   TCP loopback between two processes, plain sockets, no gloo.
+   TCP loopback between two processes, plain sockets, no gloo (benchmarks/tcp_round_trip.py).
 
 4. The TP=2 estimate for SmolLM2-135M's 30 layers: 30 x a rank's matmuls + 60 all-reduces
    of (num_tokens, 576) float32 (Pagoda's activations on this CPU), and the all-reduces'
@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from tcp_round_trip import measure_tcp_round_trip, percentile  # (benchmarks/, beside this)
 
 WORLD_SIZE = 2
 HIDDENS = (576, 4096, 8192)
@@ -82,12 +83,6 @@ SMOL_TP1_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "
 # The larger TP=2 rank, as pagoda/executor/parallel/partition.py splits the heads: 3 KV heads
 # over 2 ranks go 2 + 1, each with its 3 query heads, so rank 0 holds 6 query and 2 KV heads.
 SMOL_TP2_SHAPES = {"qkv": (576, 640), "o": (384, 576), "gate_up": (576, 1536), "down": (768, 576)}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def _free_port() -> int:
@@ -146,7 +141,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, result_path: str) ->
                 cases.append({
                     "dtype": dtype_name, "hidden": hidden, "num_tokens": num_tokens,
                     "bytes": num_bytes, "reps": len(slowest),
-                    "median_us": median_us, "p90_us": _percentile(slowest, 90),
+                    "median_us": median_us, "p90_us": percentile(slowest, 90),
                     "mean_us": statistics.fmean(slowest), "min_us": min(slowest),
                     "busbw_GBps": (2 * (WORLD_SIZE - 1) / WORLD_SIZE * num_bytes
                                    / (median_us * 1e-6) / 1e9),
@@ -244,44 +239,6 @@ def tp2_estimate(summary: list[dict], compute: list[dict]) -> list[dict]:
                 "allreduce_fraction_of_tp2_step": allreduces_ms / tp2_ms,
             })
     return rows
-
-
-def _echo_server(listener: socket.socket, num_bytes: int, count: int) -> None:
-    connection, _ = listener.accept()
-    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for _ in range(count):
-        received = 0
-        while received < num_bytes:
-            received += len(connection.recv(num_bytes - received))
-        connection.sendall(b"\0" * num_bytes)
-    connection.close()
-
-
-def measure_tcp_round_trip(num_bytes: int = SMOL_HIDDEN * 4, count: int = 2000) -> dict:
-    """Round trip of num_bytes each way over TCP loopback between two processes: the floor
-    under a 2-rank all-reduce of that size here (one exchange), without gloo's threads."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    server = mp.get_context("fork").Process(target=_echo_server, args=(listener, num_bytes, count))
-    server.start()
-    client = socket.create_connection(listener.getsockname())
-    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    payload = b"\1" * num_bytes
-    times_us = []
-    for _ in range(count):
-        start = time.perf_counter_ns()
-        client.sendall(payload)
-        received = 0
-        while received < num_bytes:
-            received += len(client.recv(num_bytes - received))
-        times_us.append((time.perf_counter_ns() - start) / 1e3)
-    client.close()
-    server.join()
-    listener.close()
-    times_us = times_us[count // 10:]  # the first tenth is warm-up
-    return {"bytes": num_bytes, "count": len(times_us), "median_us": statistics.median(times_us),
-            "p90_us": _percentile(times_us, 90), "mean_us": statistics.fmean(times_us)}
 
 
 def wait_for_idle(max_load: float, max_wait_s: float) -> float:
@@ -392,7 +349,7 @@ def main() -> None:
               f"load average {_loadavg()}", flush=True)
     report["summary"] = summarize(report["runs"])
     report["layer_compute"] = measure_layer_compute(args.compute_reps)
-    report["tcp_round_trip"] = measure_tcp_round_trip()
+    report["tcp_round_trip"] = measure_tcp_round_trip(num_bytes=SMOL_HIDDEN * 4)
     report["tp2_estimate"] = tp2_estimate(report["summary"], report["layer_compute"])
     report["load_average_at_end"] = _loadavg()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
