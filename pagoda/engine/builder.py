@@ -9,7 +9,8 @@ The order matters for the errors a user sees and for memory:
   6. everything built so far moved out of the garbage collector's sight (gc.freeze): the
      model's modules, the tokenizer's tables and the grammar compiler's are never garbage
      while the engine lives, and a full collection scanning them costs a decode step
-     several milliseconds (vLLM freezes its start-up heap too).
+     several milliseconds (vLLM freezes its start-up heap too). Unfrozen and collected
+     first: an engine dropped since the last build (frozen then) is collected now.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
         grammar_compiler=grammar_compiler, kv_cache_windows=built.kv_cache_windows,
     )
+    collect_and_freeze()
+    return engine
+
+
+def collect_and_freeze() -> None:
+    """Collect every unreachable cycle, frozen ones included (engines dropped since the last
+    freeze), then freeze what is left out of the collector's sight (step 6 above)."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
-    return engine

@@ -277,3 +277,25 @@ def test_the_start_up_heap_is_out_of_the_collectors_sight(bundled_llm: LLM) -> N
     tracked = gc.get_objects()
     assert not any(obj is model for obj in tracked)
     assert all(obj is not layer for obj in tracked for layer in model.model.layers[:2])
+
+
+def test_a_frozen_cycle_dropped_since_is_collected_at_the_next_freeze() -> None:
+    """An engine dropped after its build froze it (its cycles in the permanent generation)
+    is collected by the next build or model release (builder.collect_and_freeze)."""
+    import gc
+    import weakref
+
+    from pagoda.engine.builder import collect_and_freeze
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node  # a cycle: only the collector frees it
+    alive = weakref.ref(node)
+    gc.freeze()
+    del node
+    gc.collect()
+    assert alive() is not None  # frozen: out of the collector's sight
+    collect_and_freeze()
+    assert alive() is None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 import weakref
@@ -259,13 +258,12 @@ class ModelRegistry:
 
 def release_memory() -> None:
     """Return freed memory (a stopped model's weights and KV cache) to the system: collect
-    the cycles that still hold tensors (the engines' start-up heaps unfrozen for it, then
-    frozen again: engine/builder.py), then have glibc give back its free pages."""
+    the cycles that still hold tensors (the engines' frozen start-up heaps included), then
+    have glibc give back its free pages."""
+    from pagoda.engine.builder import collect_and_freeze
     from pagoda.executor.loader.heap import release_freed_memory
 
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    collect_and_freeze()
     release_freed_memory()
 
 
