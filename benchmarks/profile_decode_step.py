@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--kv-cache-memory", type=float, default=1.0,
+                        help="GiB of KV cache: a 1B model's batches of 128+ rows need ~4")
     parser.add_argument("--rows", type=int, default=14, help="operators to list")
     parser.add_argument("--no-profiler", action="store_true",
                         help="time the steps only (the profiler slows small ops down)")
@@ -40,7 +42,8 @@ def main() -> None:
 
     model = {"model": args.model} if args.model else {}
     llm = LLM(**model, dtype=args.dtype, quantization=args.quantization,
-              decode_activations=args.decode_activations, kv_cache_memory=1 << 30,
+              decode_activations=args.decode_activations,
+              kv_cache_memory=int(args.kv_cache_memory * (1 << 30)),
               max_model_len=2048, max_num_seqs=256)
     engine = llm.engine
     if args.no_amx_tiles:
