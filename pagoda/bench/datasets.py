@@ -58,6 +58,9 @@ class Conversation:
     """Fixed messages before the first turn (a system prompt, recorded turns)."""
     prompt_lens: list[int | None] | None = None
     """Prompt tokens of the first turn as built, where known (for the config record)."""
+    replies: list[str | None] | None = None
+    """The reply a file recorded after each turn (ShareGPT; None where it has none). The
+    serving benchmark sends the server's own replies instead; trace_import.py uses these."""
 
     def __post_init__(self) -> None:
         assert len(self.turns) == len(self.output_lens) and self.turns
@@ -293,6 +296,7 @@ def _parse_sharegpt(turns, fixed: int | None, max_turns: int, tokenizer) -> Conv
     history: list[dict[str, str]] = []
     user_turns: list[str] = []
     output_lens: list[int] = []
+    replies: list[str | None] = []
     for turn in turns:
         if not isinstance(turn, dict):
             raise BenchError("each of 'conversations' must be an object")
@@ -307,9 +311,13 @@ def _parse_sharegpt(turns, fixed: int | None, max_turns: int, tokenizer) -> Conv
                 break
             user_turns.append(value)
             output_lens.append(fixed or DEFAULT_OUTPUT_LEN)
-        elif role == "assistant" and user_turns and fixed is None and tokenizer is not None:
-            # The recorded reply's length, as vLLM's ShareGPT sampling does.
-            output_lens[-1] = max(1, len(tokenizer.encode(value, add_special_tokens=False)))
+            replies.append(None)
+        elif role == "assistant" and user_turns:
+            replies[-1] = value
+            if fixed is None and tokenizer is not None:
+                # The recorded reply's length, as vLLM's ShareGPT sampling does.
+                output_lens[-1] = max(1, len(tokenizer.encode(value, add_special_tokens=False)))
     if not user_turns:
         return None
-    return Conversation(turns=user_turns, output_lens=output_lens, history=history)
+    return Conversation(turns=user_turns, output_lens=output_lens, history=history,
+                        replies=replies)

@@ -1,9 +1,10 @@
-"""`pagoda bench serve | throughput | latency | compare`: the CLI of pagoda/bench/.
+"""`pagoda bench serve | soak | ab | throughput | latency | compare`: the CLI of pagoda/bench/.
 
-`bench serve` lives in bench_serve.py; the offline benchmarks (throughput, latency) and
-`compare` here. Values a user can get wrong raise ValueError (checks in bench_args.py), which
-`pagoda.cli.main` prints as one line before exiting with 2. Everything slow (tokenizer, model,
-traffic) starts only after all arguments are checked.
+`bench serve` lives in bench_serve.py, `bench soak` in bench_soak.py, `bench ab` in
+bench_ab.py; the offline benchmarks (throughput, latency) and `compare` here. Values a
+user can get wrong raise ValueError (checks in bench_args.py), which `pagoda.cli.main`
+prints as one line before exiting with 2. Everything slow (tokenizer, model, traffic)
+starts only after all arguments are checked.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import os
 import sys
 
-from pagoda.cli import bench_serve, bench_soak
+from pagoda.cli import bench_ab, bench_serve, bench_soak
 from pagoda.cli.bench_args import DefaultsHelpFormatter, check_workload_args
 from pagoda.cli.shared_args import add_engine_args, engine_kwargs
 
@@ -22,6 +23,7 @@ def register(subparsers) -> None:
     sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_serve.register(sub)
     bench_soak.register(sub)
+    bench_ab.register(sub)
 
     throughput = sub.add_parser("throughput", help="offline engine throughput on a fixed workload",
                                 formatter_class=DefaultsHelpFormatter)

@@ -1,9 +1,9 @@
-"""`pagoda generate | chat | serve | bench | env`: the parser and the exit codes.
+"""`pagoda generate | chat | serve | bench | env | ab-proxy`: the parser and the exit codes.
 
-Exit codes: 0 done; 1 the server's engine loop died; 2 a usage error: a bad flag (argparse) or a ValueError/OSError a user can
-cause (a bad path, a bad value; ModelLoadError, InvalidRequestError and BenchError are
-ValueErrors), printed as one line `pagoda: error: ...` on stderr, without a traceback;
-130 interrupted (Ctrl-C).
+Exit codes: 0 done; 1 the server's engine loop died; 2 a usage error: a bad flag (argparse)
+or a ValueError/OSError a user can cause (a bad path, a bad value; ModelLoadError,
+InvalidRequestError and BenchError are ValueErrors), printed as one line `pagoda: error: ...`
+on stderr, without a traceback; 130 interrupted (Ctrl-C).
 
 Each subcommand lives in its own module with a `register(subparsers)` function; add a
 subcommand by adding a module and one line to SUBCOMMANDS.
@@ -15,12 +15,12 @@ import argparse
 import logging
 import sys
 
-from pagoda.cli import bench, chat, env, generate, serve
+from pagoda.cli import ab_proxy, bench, chat, env, generate, serve
 from pagoda.executor.models.supported import describe_supported
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-SUBCOMMANDS = (generate, chat, serve, bench, env)
+SUBCOMMANDS = (generate, chat, serve, bench, env, ab_proxy)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

@@ -67,6 +67,13 @@ def register(subparsers) -> None:
     server.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key")
     server.add_argument("--ssl-certfile", default=None,
                         help="serve HTTPS with this certificate (PEM; with --ssl-keyfile)")
+    server.add_argument("--record-traffic", default=None, metavar="FILE",
+                        help="write one JSON line per completions/chat request to FILE "
+                             "(arrival, body, token counts, server-side latencies), for "
+                             "`pagoda bench ab` to replay; FILE is emptied at start")
+    server.add_argument("--record-redact", action="store_true",
+                        help="with --record-traffic: record placeholder text of the same "
+                             "token counts instead of the prompts and messages")
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
@@ -98,6 +105,21 @@ def check_server_args(args: argparse.Namespace) -> None:
                          f"{len(models)} models given with --model")
     if not args.model_load_timeout > 0:
         raise ValueError(f"--model-load-timeout must be > 0 seconds, got {args.model_load_timeout}")
+    check_record_args(args.record_traffic, args.record_redact)
+
+
+def check_record_args(path: str | None, redact: bool) -> None:
+    if redact and path is None:
+        raise ValueError("--record-redact needs --record-traffic FILE (the record to redact)")
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"--record-traffic {path}: is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--record-traffic {path}: no such folder {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"--record-traffic {path}: cannot write there")
 
 
 def model_configs(args: argparse.Namespace) -> list[EngineConfig]:
@@ -196,6 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server_registry=server_registry, api_key=api_key, chat_template=chat_template,
         tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
         request_timeout=args.request_timeout, allowed_origins=tuple(args.allowed_origins),
+        record_traffic=args.record_traffic, record_redact=args.record_redact,
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if args.ssl_certfile else "http"

@@ -63,6 +63,7 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         num_blocks=built.num_blocks,
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
         grammar_compiler=grammar_compiler, kv_cache_windows=built.kv_cache_windows,
+        run_info=built.run_info,
     )
     collect_and_freeze()
     return engine

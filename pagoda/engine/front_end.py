@@ -57,6 +57,8 @@ class EngineCore(Protocol):
     grammar_compiler: Any
     max_model_len: int
     vocab_size: int
+    run_info: dict
+    """The device, CPU, dtypes and kernels the model runs with (cpu_info.run_info)."""
     metrics: Any
     """The core's metrics (EngineMetrics or DataParallelMetrics), set before `start`."""
     dead_error: BaseException | None
@@ -97,6 +99,7 @@ class EngineFrontEnd:
         self.tokenizer = core.tokenizer
         self.max_model_len: int = core.max_model_len
         self.vocab_size: int = core.vocab_size
+        self.run_info: dict = core.run_info
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size,
                                               self.max_model_len, core.grammar_compiler)
         self._streams: dict[str, RequestStream] = {}

@@ -69,11 +69,13 @@ class LLMEngine:
         hf_config=None,
         grammar_compiler: GrammarCompiler | None = None,
         kv_cache_windows: Sequence[int | None] = (None,),
+        run_info: dict | None = None,
     ) -> None:
         """Built by builder.build_engine. `grammar_compiler` serves structured outputs
         (None: such requests are refused). `num_blocks` and `kv_cache_windows`: the number
         of blocks and the sliding window (None: full attention) of each KV-cache group, in
-        the runner's order; the default is one full-attention group."""
+        the runner's order; the default is one full-attention group. `run_info`: the
+        runner's device, CPU, dtypes and kernels (cpu_info.run_info), for GET /version."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -85,6 +87,7 @@ class LLMEngine:
         self.device = getattr(runner, "device", None)
         self.dtype = getattr(runner, "dtype", None)
         self.grammar_compiler = grammar_compiler
+        self.run_info: dict = dict(run_info or {})
         self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len,
                                               grammar_compiler)
         self._block_manager = KVCacheManager(

@@ -31,6 +31,8 @@ class EngineClient(Protocol):
     """The one validation step of a request, on the event loop."""
     max_model_len: int
     vocab_size: int
+    run_info: dict
+    """The device, CPU, dtypes and kernels the model runs with (cpu_info.run_info)."""
 
     def start(self) -> None:
         """Start the engine loop (replicas), from the event loop's thread."""

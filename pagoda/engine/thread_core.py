@@ -46,6 +46,7 @@ class ThreadCore:
         self.grammar_compiler = getattr(engine, "grammar_compiler", None)  # thread-safe
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
+        self.run_info: dict = getattr(engine, "run_info", {})  # test doubles may have none
         self.max_num_seqs: int = engine.config.scheduler.max_num_seqs
         self.engine_loop = EngineLoop(engine, self, metrics)
         self.snapshot: EngineSnapshot = engine.snapshot()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,7 +18,7 @@ from pagoda.executor.kernels.arithmetic import (
     resolve_prefill_dtype,
     set_amx_rows,
 )
-from pagoda.executor.kernels.cpu_info import describe_run
+from pagoda.executor.kernels.cpu_info import describe_run, run_info
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
 from pagoda.executor.loader.heap import release_freed_memory
@@ -48,6 +48,8 @@ class BuiltRunner:
     num_blocks: list[int]
     """KV blocks of each KV-cache group."""
     kv_cache_windows: list[int | None]
+    run_info: dict = field(default_factory=dict)
+    """cpu_info.run_info: the device, CPU, dtypes and kernels this runner multiplies with."""
 
 
 def build_runner(
@@ -99,6 +101,7 @@ def build_runner(
     if device.type == "cpu":
         logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, arithmetic)
                     + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))
+    info = run_info(dtype, weight_formats(model), runner.backend.name, arithmetic, device.type)
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
     if config.speculative is not None:
@@ -110,7 +113,8 @@ def build_runner(
                     ", ".join(map(str, sizes)), time.perf_counter() - start)
     logger.info("step executors: %s", runner.describe_step_executors())
     torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
-    return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows))
+    return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows),
+                               info)
 
 
 def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,

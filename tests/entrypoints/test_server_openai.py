@@ -54,7 +54,15 @@ def test_models_health_version(server, client):
     assert [m.id for m in models] == [MODEL_NAME]
     assert models[0].max_model_len == 2048
     assert httpx.get(server.url + "/health").status_code == 200
-    assert httpx.get(server.url + "/version").json()["version"] == "0.1.0"
+    version = httpx.get(server.url + "/version").json()
+    assert version["version"] == "0.1.0"
+    # what the model runs on, for `pagoda bench ab`'s hardware column
+    [model] = version["models"]
+    assert model["id"] == MODEL_NAME
+    run = model["run"]
+    assert run["device"] == "cpu" and run["threads"] >= 1
+    assert run["cpu"] and run["kernels"].startswith("Pagoda's CPU kernels")
+    assert run["dtype"] in ("float32", "bfloat16") and run["weights"].startswith("packed ")
 
 
 def test_completion_greedy_equals_offline(client, offline_greedy):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.engine.loop_commands import Abort, Add, Stop
@@ -52,6 +52,8 @@ class ReplicaInfo:
     tokenizer: Any = None
     """The engine's tokenizer, sent by the first start of replica 0 only (the server
     process validates and tokenizes with it)."""
+    run_info: dict = field(default_factory=dict)
+    """The replica's device, CPU, dtypes and kernels (cpu_info.run_info)."""
 
 
 @dataclass(frozen=True)

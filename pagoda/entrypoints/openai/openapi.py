@@ -85,7 +85,8 @@ OPERATIONS = (
     Operation("post", "/detokenize", "Text of token ids (vLLM)", DetokenizeRequest,
               DetokenizeResponse, (400, 404, 413)),
     Operation("get", "/health", "200 while the engine loop runs", None, None, (503,)),
-    Operation("get", "/version", "The Pagoda version", None, VersionResponse),
+    Operation("get", "/version", "The Pagoda version and what each model runs on", None,
+              VersionResponse),
     Operation("get", "/metrics", "Prometheus metrics", None, "text/plain"),
 )
 

@@ -8,7 +8,7 @@ OpenAI's shapes carry explicit nulls (`"logprobs": null`, `"finish_reason": null
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -151,8 +151,20 @@ class DetokenizeResponse(ResponseModel):
     prompt: str
 
 
+class ModelRunInfo(ResponseModel):
+    """What one served model runs on: a benchmark (`pagoda bench ab`) reports it as the
+    endpoint's hardware."""
+
+    id: str
+    run: dict[str, Any]
+    """device, cpu, cpu_features, threads, dtype, weights, attention, kernels, and for
+    packed weights prefill_dtype, decode_activations, amx_tiles_from_rows; replicas with
+    data parallelism."""
+
+
 class VersionResponse(ResponseModel):
     version: str
+    models: list[ModelRunInfo] = []
 
 
 class ErrorInfo(ResponseModel):

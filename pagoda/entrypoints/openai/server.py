@@ -17,7 +17,8 @@ Routes
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
 drains for shutdown. Every error is an OpenAI error body (see errors.py). Guards (guards.py):
 a request body cap (413), a per-request deadline (408), CORS for the origins allowed, and
-HTTPS with a key and certificate.
+HTTPS with a key and certificate. With --record-traffic, a middleware writes one line per
+completions/chat request (traffic_recorder.py).
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ from pagoda.entrypoints.openai.responses import (
     DetokenizeResponse,
     ModelCard,
     ModelList,
+    ModelRunInfo,
     TokenizeResponse,
     VersionResponse,
 )
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
 from pagoda.entrypoints.web.routes import add_web_routes
 
 logger = logging.getLogger(__name__)
@@ -123,6 +126,10 @@ class ServerState:
     """The process's exit code: 1 once the engine loop died (a supervisor restarts it)."""
     request_exit: Callable[[], None] | None = None
     """Asks the HTTP server to shut down (set by uvicorn_server.run_server)."""
+    record_traffic: str | None = None
+    """Write one traffic entry per completions/chat request to this file (--record-traffic)."""
+    record_redact: bool = False
+    """Record placeholders of the same token counts instead of text (--record-redact)."""
 
 
 class GateMiddleware:
@@ -208,6 +215,7 @@ def build_app(state: ServerState) -> FastAPI:
     """The app for `state`: its models' registry, the middleware, then the routes below."""
     state.created = state.created or int(time.time())
     registry = state.registry = build_registry(state)
+    recorder = traffic_recorder(state) if state.record_traffic is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -215,6 +223,8 @@ def build_app(state: ServerState) -> FastAPI:
         yield
         state.draining = True
         await registry.shutdown()
+        if recorder is not None:
+            await asyncio.to_thread(recorder.close)
 
     app = FastAPI(title="Pagoda", version=pagoda.__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
@@ -223,7 +233,10 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.pagoda = state  # what the routes read (server_state, model_registry)
     install_error_handlers(app)
     # Outermost last: CORS (answers preflights, which carry no API key), the API-key gate,
-    # then the body cap (so bodies are read only for callers who passed the gate).
+    # then the body cap (so bodies are read only for callers who passed the gate), then the
+    # traffic recorder (what it records reached the routes).
+    if recorder is not None:
+        app.add_middleware(TrafficRecorderMiddleware, recorder=recorder)
     app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
     app.add_middleware(GateMiddleware, state=state)
     if state.allowed_origins:
@@ -233,6 +246,21 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(path, endpoint, methods=[method])
     add_web_routes(app, lambda: {name: model.engine for name, model in registry.ready.items()})
     return app
+
+
+def traffic_recorder(state: ServerState) -> TrafficRecorder:
+    """--record-traffic's recorder; with --record-redact, counting tokens with the tokenizer
+    of the model each request names (the default model's if it names none or is gone)."""
+    assert state.record_traffic is not None
+
+    def count_tokens_for(name: str | None) -> Callable[[str], int]:
+        model = state.registry.ready.get(name) if state.registry and name else None
+        engine = model.engine if model is not None and model.engine is not None else state.engine
+        tokenizer = engine.tokenizer
+        return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+    return TrafficRecorder(state.record_traffic,
+                           count_tokens_for if state.record_redact else None)
 
 
 # The routes (the ROUTES table at the end lists them). Each reads the server's state from its
@@ -358,8 +386,10 @@ async def health(registry: Registry) -> Response:
     return Response(status_code=200)
 
 
-async def version() -> JSONResponse:
-    return JSONResponse(VersionResponse(version=pagoda.__version__).model_dump())
+async def version(registry: Registry) -> JSONResponse:
+    models = [ModelRunInfo(id=name, run=model.engine.run_info)
+              for name, model in registry.ready.items() if model.engine is not None]
+    return JSONResponse(VersionResponse(version=pagoda.__version__, models=models).model_dump())
 
 
 async def metrics(state: State, registry: Registry) -> Response:

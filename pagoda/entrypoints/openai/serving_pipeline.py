@@ -72,6 +72,11 @@ from pagoda.structured_outputs import StructuredOutputsParams
 MIN_LOGPROB = -9999.0
 """JSON has no -inf: logprobs are clamped here (as vLLM does)."""
 
+USAGE_STATE = "pagoda_usage"
+"""Where a request's UsageInfo is left in its ASGI scope state (`raw_request.state`) once
+counted, streamed or not, asked for or not: for middleware that records traffic
+(traffic_recorder.py). The response does not change."""
+
 
 @dataclass
 class SamplingFields:
@@ -111,6 +116,8 @@ class ServingJob:
     params: SamplingParams
     prompts: list[EngineRequest]
     created: int = field(default_factory=lambda: int(time.time()))
+    request_state: Any = None
+    """The HTTP request's state (raw_request.state), where the usage is left (USAGE_STATE)."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -174,6 +181,7 @@ class ServingPipeline(ABC):
     async def serve(self, request, raw_request: Request) -> Response:
         """The HTTP response to an endpoint's parsed request."""
         job = self.validate(request)
+        job.request_state = raw_request.state
         streams = await self.add_requests(job.prompts, job.params.n)
         if request.stream:
             return EventStreamResponse(
@@ -191,7 +199,9 @@ class ServingPipeline(ABC):
             raise e.error() from None
         finally:
             self.abort(streams)
-        return JSONResponse(self.response(job, outputs).model_dump())
+        response = self.response(job, outputs)
+        leave_usage(job, response.usage)
+        return JSONResponse(response.model_dump())
 
     def validate(self, request) -> ServingJob:
         """Every check a request passes before the engine sees it; raises InvalidRequestError
@@ -360,6 +370,7 @@ class ServingPipeline(ABC):
             yield sse_error(e.error())
         finally:
             self.abort(streams)
+            leave_usage(job, self.usage(job, sum(s.num_tokens for s in states)))
         yield SSE_DONE
 
     def chunk(
@@ -375,6 +386,11 @@ class ServingPipeline(ABC):
         return UsageInfo(prompt_tokens=job.num_prompt_tokens,
                          completion_tokens=num_completion_tokens,
                          total_tokens=job.num_prompt_tokens + num_completion_tokens)
+
+
+def leave_usage(job: ServingJob, usage: UsageInfo) -> None:
+    if job.request_state is not None:
+        setattr(job.request_state, USAGE_STATE, usage)
 
 
 def clamp_logprob(value: float) -> float:

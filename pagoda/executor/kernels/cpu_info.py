@@ -85,6 +85,26 @@ def describe_run(dtype: torch.dtype, quantization: str | None, attention: str,
             f"attention {attention}; {describe_kernels()}")
 
 
+def run_info(dtype: torch.dtype, quantization: str | None, attention: str,
+             arithmetic: tuple[torch.dtype, int, dict[str, int]] | None = None,
+             device: str = "cpu") -> dict:
+    """What runs where, as plain data (JSON-ready): for `GET /version`, where a benchmark
+    (`pagoda bench ab`) reads the hardware each endpoint ran on. The same facts as
+    `describe_run`'s line; `arithmetic` as there."""
+    info: dict = {
+        "device": device, "cpu": cpu_name(), "cpu_features": cpu_features(),
+        "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
+        "weights": quantization or str(dtype).removeprefix("torch."), "attention": attention,
+        "kernels": describe_kernels(),
+    }
+    if arithmetic is not None:
+        large_batch_dtype, parts, amx_rows = arithmetic
+        info.update(prefill_dtype=str(large_batch_dtype).removeprefix("torch."),
+                    decode_activations=("float32", "int8", "int16")[parts],
+                    amx_tiles_from_rows=dict(sorted(amx_rows.items())))
+    return info
+
+
 def environment_report() -> list[str]:
     """Lines for `pagoda env`."""
     from importlib.metadata import PackageNotFoundError, version

@@ -1,0 +1,237 @@
+"""`pagoda bench ab`: the same traffic to two or more OpenAI-compatible endpoints, with
+confidence intervals and a verdict (pagoda/bench/ab.py runs it, ab_stats.py judges it,
+ab_report.py writes it).
+
+    pagoda bench ab --endpoint A=http://127.0.0.1:8000 --endpoint B=http://127.0.0.1:8080 \\
+        --traffic traffic.jsonl --slo ttft=1s,tpot=100ms --cost A=0.50 --cost B=0.80 \\
+        --output ab.json --html ab.html
+    pagoda bench ab --from-record proxy.jsonl --html ab.html     # a live split's record
+
+Every check a user can fail comes before the tokenizer, the trace or the traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+
+from pagoda.cli.bench_args import DefaultsHelpFormatter
+
+TRACE_FORMATS = ("pagoda", "sharegpt", "azure", "mooncake")
+
+
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser(
+        "ab", help="A/B: the same traffic to several endpoints, intervals and a verdict",
+        formatter_class=DefaultsHelpFormatter)
+    e = p.add_argument_group("endpoints")
+    e.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
+                   help="an endpoint to compare (twice or more; the first is the baseline)")
+    e.add_argument("--label", action="append", default=[], metavar="NAME=TEXT",
+                   help="what an endpoint runs on, for the report (besides what it reports)")
+    e.add_argument("--cost", action="append", default=[], metavar="NAME=PRICE",
+                   help="an endpoint's price per hour: the report gives cost per million "
+                        "output tokens")
+    e.add_argument("--model", action="append", default=[], metavar="NAME=MODEL",
+                   help="the model name to send to an endpoint (default: its first)")
+    e.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token for every endpoint (default: $OPENAI_API_KEY)")
+    t = p.add_argument_group("traffic")
+    t.add_argument("--traffic", default=None,
+                   help="the requests to replay: `pagoda serve --record-traffic`'s file, or a "
+                        "public trace (--trace-format)")
+    t.add_argument("--trace-format", choices=TRACE_FORMATS, default="pagoda",
+                   help="pagoda (recorded JSONL), sharegpt (conversations; arrivals from "
+                        "--request-rate or 1/s), azure (Azure LLM inference trace CSV), "
+                        "mooncake (Mooncake JSONL)")
+    t.add_argument("--tokenizer", default=None,
+                   help="builds prompts of the trace's token counts (azure, mooncake, sharegpt); "
+                        "default: the bundled model's")
+    t.add_argument("--max-requests", type=int, default=None, help="replay only the first N")
+    t.add_argument("--time-scale", type=float, default=1.0,
+                   help="recorded gaps between arrivals times this (0.5: twice as fast)")
+    t.add_argument("--request-rate", type=float, default=None,
+                   help="Poisson arrivals at this rate (requests/s; inf: a block at once) "
+                        "instead of the recorded times")
+    t.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    t.add_argument("--block-size", type=int, default=32,
+                   help="requests per block; blocks alternate between endpoints (A B, B A, ...)")
+    t.add_argument("--repeats", type=int, default=1, help="passes over the whole trace")
+    t.add_argument("--num-warmups", type=int, default=2,
+                   help="untimed requests to each endpoint first")
+    t.add_argument("--no-match-output-lengths", dest="match_output_lengths",
+                   action="store_false",
+                   help="send the recorded max_tokens as they are, instead of the recorded "
+                        "output length with ignore_eos/min_tokens (vLLM's extras)")
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--from-record", default=None,
+                   help="report on `pagoda ab-proxy --record`'s file instead of sending traffic")
+    r = p.add_argument_group("report")
+    r.add_argument("--slo", default=None,
+                   help="goodput bounds, e.g. ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2el)")
+    r.add_argument("--confidence", type=float, default=0.95, help="of every interval")
+    r.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    r.add_argument("--output", default=None, help="write the requests, analysis and verdict "
+                                                  "(JSON) here")
+    r.add_argument("--html", default=None, help="write the report (one offline HTML page) here")
+    r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=run_bench_ab)
+
+
+def parse_named(values: list[str], flag: str, names: list[str] | None = None) -> dict[str, str]:
+    """['A=x', 'B=y'] -> {'A': 'x', 'B': 'y'}; names, if given, are the only ones allowed."""
+    named: dict[str, str] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        name = name.strip()
+        if not sep or not name or not text.strip():
+            raise ValueError(f"{flag} {value!r}: write NAME=VALUE, e.g. {flag} A=...")
+        if name in named:
+            raise ValueError(f"{flag}: {name!r} given twice")
+        if names is not None and name not in names:
+            raise ValueError(f"{flag} {value!r}: no --endpoint is named {name!r} "
+                             f"(endpoints: {', '.join(names)})")
+        named[name] = text.strip()
+    return named
+
+
+def parse_costs(values: list[str], names: list[str]) -> dict[str, float]:
+    costs = {}
+    for name, text in parse_named(values, "--cost", names).items():
+        try:
+            cost = float(text)
+        except ValueError:
+            raise ValueError(f"--cost {name}={text}: not a number (a price per hour)") from None
+        if not (cost >= 0 and math.isfinite(cost)):
+            raise ValueError(f"--cost {name}={text}: must be a price >= 0")
+        costs[name] = cost
+    return costs
+
+
+def check_ab_args(args: argparse.Namespace):
+    """Every flag checked; returns (endpoints without probing, ReplayConfig, slo)."""
+    from pagoda.bench.ab import Endpoint, ReplayConfig
+    from pagoda.bench.metrics import parse_slo
+    from pagoda.bench.serve import normalize_base_url
+
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    if not 0.5 <= args.confidence < 1:
+        raise ValueError(f"--confidence must be in [0.5, 1), got {args.confidence}")
+    if args.resamples < 100:
+        raise ValueError(f"--resamples must be >= 100, got {args.resamples}")
+    if args.from_record is not None:
+        if args.endpoint or args.traffic:
+            raise ValueError("--from-record reports on a recorded run: give no --endpoint or "
+                             "--traffic with it")
+        if not os.path.isfile(args.from_record):
+            raise ValueError(f"--from-record {args.from_record}: no such file")
+        return [], None, slo
+    urls = parse_named(args.endpoint, "--endpoint")
+    if len(urls) < 2:
+        raise ValueError("give at least two --endpoint NAME=URL to compare")
+    names = list(urls)
+    labels = parse_named(args.label, "--label", names)
+    models = parse_named(args.model, "--model", names)
+    costs = parse_costs(args.cost, names)
+    if args.traffic is None:
+        raise ValueError("--traffic FILE is needed: the requests to replay (record them with "
+                         "`pagoda serve --record-traffic FILE`, or give a public trace with "
+                         "--trace-format)")
+    if not os.path.isfile(args.traffic):
+        raise ValueError(f"--traffic {args.traffic}: no such file")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
+    config = ReplayConfig(
+        block_size=args.block_size, repeats=args.repeats, time_scale=args.time_scale,
+        request_rate=args.request_rate, max_concurrency=args.max_concurrency,
+        num_warmups=args.num_warmups, match_output_lengths=args.match_output_lengths,
+        timeout=args.timeout, seed=args.seed)
+    endpoints = [Endpoint(name=name, url=normalize_base_url(url), model=models.get(name),
+                          label=labels.get(name), cost_per_hour=costs.get(name))
+                 for name, url in urls.items()]
+    return endpoints, config, slo
+
+
+def load_traffic(args: argparse.Namespace):
+    from pagoda.bench.trace_import import load_trace
+
+    tokenizer = None
+    if args.trace_format != "pagoda":
+        from pagoda.cli.bench_serve import load_bench_tokenizer
+
+        tokenizer = load_bench_tokenizer(args.tokenizer)
+    rate = args.request_rate if args.request_rate and math.isfinite(args.request_rate) else 1.0
+    return load_trace(args.traffic, args.trace_format, tokenizer, rate=rate, seed=args.seed,
+                      max_requests=args.max_requests)
+
+
+def probed(endpoints, api_key: str | None):
+    """Each endpoint with its model name (the server's first, unless given) and what it
+    says it runs on; ValueError naming an endpoint that cannot be reached."""
+    from dataclasses import replace
+
+    from pagoda.bench.ab import probe_hardware
+    from pagoda.bench.serve import probe_server
+
+    result = []
+    for endpoint in endpoints:
+        try:
+            model = endpoint.model or probe_server(endpoint.url, api_key)
+        except ValueError as e:
+            raise ValueError(f"--endpoint {endpoint.name}: {e}") from None
+        result.append(replace(endpoint, model=model,
+                              hardware=probe_hardware(endpoint.url, api_key)))
+    return result
+
+
+def run_bench_ab(args: argparse.Namespace) -> int:
+    from pagoda.bench import report
+    from pagoda.bench.ab_report import format_text, render_html
+    from pagoda.bench.ab_stats import analyze
+
+    endpoints, config, slo = check_ab_args(args)
+    if args.from_record is not None:
+        from pagoda.entrypoints.ab_proxy_record import read_proxy_record
+
+        result = read_proxy_record(args.from_record)
+        result.update(report.envelope("ab", "pagoda-ab-proxy", {"from_record": args.from_record}))
+    else:
+        entries = load_traffic(args)
+        endpoints = probed(endpoints, args.api_key)
+        rows, duration = asyncio.run(_run(args, endpoints, entries, config))
+        result = report.envelope("ab", "pagoda-bench", _config(args, len(entries)))
+        result.update(endpoints=[e.to_json() for e in endpoints], requests=rows,
+                      duration=duration)
+    analysis = analyze(result, slo=slo, confidence=args.confidence, resamples=args.resamples,
+                       seed=args.seed)
+    result["analysis"] = analysis
+    print(format_text(result, analysis))
+    if args.output:
+        report.write_json(args.output, result)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(render_html(result, analysis))
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+async def _run(args, endpoints, entries, config):
+    from tqdm import tqdm
+
+    from pagoda.bench.ab import run_ab
+
+    total = len(entries) * len(endpoints) * config.repeats
+    with tqdm(total=total, desc="A/B requests", unit="req", disable=not args.progress) as bar:
+        return await run_ab(endpoints, entries, config, api_key=args.api_key, progress=bar.update)
+
+
+def _config(args: argparse.Namespace, num_entries: int) -> dict:
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("func", "api_key", "command", "bench_command", "log_level")}
+    config["num_entries"] = num_entries
+    return config
