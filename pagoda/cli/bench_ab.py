@@ -59,13 +59,21 @@ def register(bench_subparsers) -> None:
     t.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     t.add_argument("--block-size", type=int, default=32,
                    help="requests per block; blocks alternate between endpoints (A B, B A, ...)")
-    t.add_argument("--repeats", type=int, default=1, help="passes over the whole trace")
+    t.add_argument("--repeats", type=int, default=1,
+                   help="passes over the whole trace; a pass after the first puts '[pass N] ' "
+                        "before each conversation's first message or prompt, so that no prompt "
+                        "cache serves it from an earlier pass")
+    t.add_argument("--warm-repeats", action="store_true",
+                   help="repeat the very same prompts (prompt caches then serve later passes)")
     t.add_argument("--num-warmups", type=int, default=2,
                    help="untimed requests to each endpoint first")
     t.add_argument("--no-match-output-lengths", dest="match_output_lengths",
                    action="store_false",
                    help="send the recorded max_tokens as they are, instead of the recorded "
                         "output length with ignore_eos/min_tokens (vLLM's extras)")
+    t.add_argument("--recorded-replies", action="store_true",
+                   help="later turns of a chat carry the recorded replies, not the endpoint's "
+                        "own (which a real user would have seen)")
     t.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--from-record", default=None,
@@ -146,10 +154,11 @@ def check_ab_args(args: argparse.Namespace):
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
     config = ReplayConfig(
-        block_size=args.block_size, repeats=args.repeats, time_scale=args.time_scale,
+        block_size=args.block_size, repeats=args.repeats, warm_repeats=args.warm_repeats,
+        time_scale=args.time_scale,
         request_rate=args.request_rate, max_concurrency=args.max_concurrency,
         num_warmups=args.num_warmups, match_output_lengths=args.match_output_lengths,
-        timeout=args.timeout, seed=args.seed)
+        recorded_replies=args.recorded_replies, timeout=args.timeout, seed=args.seed)
     endpoints = [Endpoint(name=name, url=normalize_base_url(url), model=models.get(name),
                           label=labels.get(name), cost_per_hour=costs.get(name))
                  for name, url in urls.items()]

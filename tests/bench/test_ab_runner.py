@@ -18,6 +18,8 @@ from pagoda.bench.ab import (
     block_order,
     block_start_times,
     blocks_of,
+    conversations_of,
+    pause_before,
     replay_body,
     run_ab,
 )
@@ -49,13 +51,41 @@ def test_two_endpoints_alternate_ab_ba_and_more_rotate_evenly() -> None:
 
 def test_blocks_follow_arrival_order_and_keep_recorded_gaps() -> None:
     entries = [entry(0, 0.0), entry(1, 5.0), entry(2, 1.0), entry(3, 2.5), entry(4, 9.0)]
-    assert blocks_of(entries, 2) == [[0, 2], [3, 1], [4]]
+    conversations = conversations_of(entries)
+    assert conversations == [[0], [2], [3], [1], [4]]  # completions: one request each
+    assert blocks_of(conversations, 2) == [[[0], [2]], [[3], [1]], [[4]]]
     rng = np.random.default_rng(0)
-    assert block_start_times(entries, [3, 1], ReplayConfig(time_scale=0.5), rng) == [0.0, 1.25]
-    assert block_start_times(entries, [3, 1], ReplayConfig(request_rate=float("inf")),
+    assert block_start_times(entries, [[3], [1]], ReplayConfig(time_scale=0.5),
+                             rng) == [0.0, 1.25]
+    assert block_start_times(entries, [[3], [1]], ReplayConfig(request_rate=float("inf")),
                              rng) == [0.0, 0.0]
-    poisson = block_start_times(entries, [0, 2, 3, 1], ReplayConfig(request_rate=4.0), rng)
+    poisson = block_start_times(entries, [[0], [2], [3], [1]], ReplayConfig(request_rate=4.0),
+                                rng)
     assert poisson[0] == 0.0 and all(b >= a for a, b in pairwise(poisson))
+
+
+def chat_turn(arrival: float, history: list[dict], user: str, latency: float = 0.5):
+    messages = [*history, {"role": "user", "content": user}]
+    return TrafficEntry(arrival=arrival, endpoint="chat", latency=latency, output_tokens=3,
+                        body={"messages": messages, "max_tokens": 3, "temperature": 0})
+
+
+def test_a_turn_that_continues_a_conversation_is_found_by_its_history() -> None:
+    system = [{"role": "system", "content": "be brief"}]
+    a1 = chat_turn(0.0, system, "hi")
+    b1 = chat_turn(0.2, system, "hi")  # the same first turn, another user
+    a2 = chat_turn(1.0, [*a1.body["messages"], {"role": "assistant", "content": "hello"}], "and?")
+    b2 = chat_turn(1.5, [*b1.body["messages"], {"role": "assistant", "content": "hey"}], "so?")
+    a3 = chat_turn(2.0, [*a2.body["messages"], {"role": "assistant", "content": "x"}], "ok")
+    other = entry(0, 0.1)
+    entries = [a3, b2, other, a2, b1, a1]
+    # in arrival order: a1, other, b1, a2 (after a1's reply), b2 (after b1's), a3 (after a2's)
+    assert conversations_of(entries) == [[5, 3, 0], [2], [4, 1]]
+    # blocks hold whole conversations
+    assert blocks_of(conversations_of(entries), 2) == [[[5, 3, 0]], [[2], [4, 1]]]
+    # the user's pause: a2 came 1.0 s after a1, whose reply took 0.5 s
+    assert pause_before(entries, 5, 3, ReplayConfig()) == pytest.approx(0.5)
+    assert pause_before(entries, 5, 3, ReplayConfig(time_scale=2.0)) == pytest.approx(1.0)
 
 
 def test_replayed_body_streams_with_usage_and_the_recorded_output_length() -> None:
@@ -100,6 +130,10 @@ def test_every_request_runs_on_every_endpoint_block_by_block() -> None:
     assert firsts == ["A", "B"] * 3
     for sent in (sent_a[1:], sent_b[1:]):
         assert all(s["stream"] and s["model"] == MODEL and s["max_tokens"] == 3 for s in sent)
+        # the second pass is tagged, so that no prompt cache serves it from the first
+        texts = [s["prompt"] if "prompt" in s else s["messages"][0]["content"] for s in sent]
+        assert sorted(texts[:6]) == sorted(["prompt 0", "q1", "prompt 2", "q3", "prompt 4", "q5"])
+        assert all(t.startswith("[pass 2] ") for t in texts[6:])
     for r in rows:
         assert r["output_tokens"] == 3 and r["ttft"] is not None
         # greedy requests (temperature 0: the chat ones) keep their text for agreement
@@ -117,3 +151,31 @@ def test_a_trace_that_cannot_be_replayed_is_refused() -> None:
     with pytest.raises(BenchError, match="embeddings"):
         asyncio.run(run_ab([Endpoint("A", "http://x"), Endpoint("B", "http://y")], [odd],
                            ReplayConfig()))
+
+
+def test_each_endpoint_gets_the_next_turn_only_after_its_own_reply() -> None:
+    """A slow server is not sent turn 2 at the time the fast one was: it waits for the reply."""
+    first = chat_turn(0.0, [], "hi", latency=0.05)
+    second = chat_turn(0.06, [*first.body["messages"], {"role": "assistant", "content": "w"}],
+                       "more", latency=0.05)
+    config = ReplayConfig(num_warmups=0)
+    with FakeServer(delay=0.001) as fast, FakeServer(delay=0.15) as slow:
+        endpoints = [Endpoint("fast", fast.url, model=MODEL), Endpoint("slow", slow.url,
+                                                                        model=MODEL)]
+        rows, _ = asyncio.run(run_ab(endpoints, [first, second], config))
+        sent = {"fast": list(fast.requests), "slow": list(slow.requests)}
+        rows_recorded, _ = asyncio.run(run_ab(endpoints, [first, second],
+                                              ReplayConfig(num_warmups=0, recorded_replies=True)))
+        resent = slow.requests[2:]
+    # turn 2 carries the endpoint's own reply to turn 1, not the recorded "w" ...
+    for name in ("fast", "slow"):
+        assert [m["content"] for m in sent[name][1]["messages"]] == ["hi", " w0 w1 w2", "more"]
+    # ... unless the recorded replies are asked for
+    assert [m["content"] for m in resent[1]["messages"]] == ["hi", "w", "more"]
+    assert len(rows_recorded) == 4
+    by = {(r["endpoint"], r["key"]): r for r in rows}
+    for name in ("fast", "slow"):
+        reply_end = by[(name, 0)]["start"] + by[(name, 0)]["latency"]
+        # sent after its own reply ended plus the recorded 10 ms pause
+        assert by[(name, 1)]["start"] >= reply_end + 0.009
+    assert by[("slow", 0)]["latency"] > 0.25  # 3 chunks 150 ms apart
