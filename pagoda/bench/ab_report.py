@@ -120,6 +120,9 @@ def _pairing(analysis: dict) -> list[str]:
     for c in analysis["comparisons"]:
         how = (f"paired by request over {c['num_pairs']} pairs" if c["paired"]
                else f"unpaired ({c['num_pairs']} pairs, too few to pair)")
+        if c.get("resampled") == "blocks":
+            how += (f", drawn in whole blocks ({c['num_blocks']} per endpoint; intervals "
+                    "widened for their number)")
         lines.append(f"{c['candidate']} vs {c['baseline']}: {how}; "
                      f"{analysis['resamples']} bootstrap resamples, seed {analysis['seed']}.")
     return lines
