@@ -187,8 +187,12 @@ def few_clusters_widening(num_clusters: int, confidence: float) -> float:
 
 
 def widened(draws: np.ndarray, point: float, factor: float) -> np.ndarray:
-    """The draws spread `factor` times farther from the point estimate."""
-    return point + (draws - point) * factor
+    """The draws moved to center on the point estimate (their median on it: a weighted
+    draw's nearest-rank percentile sits a little off the interpolated point) and spread
+    `factor` times farther from it."""
+    finite = draws[np.isfinite(draws)]
+    center = float(np.median(finite)) if len(finite) else point
+    return point + (draws - center) * factor
 
 
 def relative_draws(numerator, denominator):

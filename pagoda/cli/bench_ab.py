@@ -240,7 +240,8 @@ async def _run(args, endpoints, entries, config):
 
 
 def _config(args: argparse.Namespace, num_entries: int) -> dict:
-    config = {k: v for k, v in vars(args).items()
+    config = {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+              for k, v in vars(args).items()
               if k not in ("func", "api_key", "command", "bench_command", "log_level")}
-    config["num_entries"] = num_entries
+    config["num_entries"] = num_entries  # JSON has no inf: --request-rate inf is "inf"
     return config

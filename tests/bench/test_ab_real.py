@@ -38,9 +38,11 @@ def servers(tmp_path_factory):
 
 def run_ab(tmp_path, *args: str) -> dict:
     out = tmp_path / "ab.json"
-    # 32 requests in blocks of 8, twice: 8 blocks per endpoint, drawn whole
+    # 32 requests in blocks of 8, each block sent at once, twice: 8 blocks per endpoint,
+    # drawn whole
     rc = main(["bench", "ab", "--no-progress", "--num-warmups", "1", "--block-size", "8",
-               "--repeats", "2", "--resamples", "1000", "--output", str(out), *args])
+               "--request-rate", "inf", "--repeats", "2", "--resamples", "1000",
+               "--output", str(out), *args])
     assert rc == 0
     return json.loads(out.read_text())
 
