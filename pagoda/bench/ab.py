@@ -280,7 +280,7 @@ async def _run_conversation(client, endpoint, entries, conversation, start, bloc
         if n:
             previous = conversation[n - 1]
             wait = pause_before(entries, previous, i, config)
-            record, reply = results[-1]
+            record, reply, _ = results[-1]
             if sent is not None and record.success and not config.recorded_replies:
                 messages = with_live_replies(sent, reply, entries[previous].body["messages"],
                                              entries[i].body["messages"])
@@ -288,15 +288,15 @@ async def _run_conversation(client, endpoint, entries, conversation, start, bloc
             await asyncio.sleep(wait)
         result, sent = await _send(client, endpoint, entries[i], i, config, semaphore,
                                    run_start, messages, repeat)
-        results.append(result)
+        results.append((*result, messages is not None))
         if not result[0].success:
             sent = None
     return results
 
 
 async def _run_block(client, endpoint, entries, block, starts, config, run_start, repeat):
-    """Every conversation of `block` to `endpoint`; returns their requests' (record, text)
-    and the pass's wall time."""
+    """Every conversation of `block` to `endpoint`; returns their requests' (record, text,
+    whether it carried this endpoint's own earlier replies) and the pass's wall time."""
     semaphore = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     block_start = time.perf_counter()
     per_conversation = await asyncio.gather(*(
@@ -313,7 +313,8 @@ async def run_ab(
 ) -> tuple[list[dict], dict[str, float]]:
     """Replay `entries` to every endpoint as the module docstring says. Returns the request
     rows (pagoda/bench/ab_stats.py's input: RequestRecord fields plus endpoint, key,
-    repeat, block, greedy, output_text) and each endpoint's serving time in seconds."""
+    repeat, block, greedy, output_text, live_history: the turn carried this endpoint's own
+    earlier replies) and each endpoint's serving time in seconds."""
     check_trace(entries)
     names = [e.name for e in endpoints]
     by_name = {e.name: e for e in endpoints}
@@ -338,11 +339,12 @@ async def run_ab(
                     results, elapsed = await _run_block(client, by_name[name], entries, block,
                                                         starts, config, run_start, repeat)
                     duration[name] += elapsed
-                    for record, text in results:
+                    for record, text, live_history in results:
                         greedy = is_greedy(entries[record.index].body)
                         rows.append({**record.to_json(), "endpoint": name, "key": record.index,
                                      "repeat": repeat, "block": block_number, "greedy": greedy,
-                                     "output_text": text if greedy else None})
+                                     "output_text": text if greedy else None,
+                                     "live_history": live_history})
                     if progress is not None:
                         progress(len(results))
                 block_number += 1

@@ -30,6 +30,9 @@ percentile bootstrap (`resamples` draws with replacement):
   requests that met the SLO, drawn like the latencies but over every request sent (a
   failure is not good), times the ratio of request rates (requests / duration).
 - *Error rate* is an absolute difference in the share of failed requests, same draws.
+- *Output agreement*: the share of greedy pairs with the same text, over pairs whose
+  histories are the same (a turn that carried each endpoint's own earlier replies,
+  `live_history`, is left out: its history differs wherever an earlier reply did).
 - *Output throughput* (tokens / wall time) and *cost per million output tokens*
   (cost_per_hour * duration / 3600 / output tokens * 1e6) are ratios with no interval:
   each run has one wall time, and a replay at recorded arrival times follows the schedule
@@ -111,6 +114,9 @@ class _Request:
     record: RequestRecord
     block: object = None
     """The replay block it ran in (drawn whole), or None (drawn alone)."""
+    live_history: bool = False
+    """It carried the endpoint's own earlier replies: its output is not comparable with
+    another endpoint's, whose history differs wherever an earlier reply did."""
 
 
 def _record(data: dict) -> RequestRecord:
@@ -164,7 +170,8 @@ def _requests(result: dict, names: list[str]) -> dict[str, list[_Request]]:
         block = data.get("block")
         by_endpoint[data["endpoint"]].append(_Request(
             data.get("key"), pair_id, bool(data.get("greedy")), data.get("output_text"), record,
-            None if block is None else (int(data.get("repeat") or 0), block)))
+            None if block is None else (int(data.get("repeat") or 0), block),
+            bool(data.get("live_history"))))
     return by_endpoint
 
 
@@ -387,6 +394,7 @@ def _compare(base: dict, cand: dict, base_requests: list[_Request],
 
     greedy = [(a.key, a.output_text == b.output_text) for a, b in matched
               if a.record.success and b.record.success and a.greedy and b.greedy
+              and not (a.live_history or b.live_history)
               and isinstance(a.output_text, str) and isinstance(b.output_text, str)]
     equal = sum(1 for _, same in greedy if same)
     differing = list(dict.fromkeys(key for key, same in greedy if not same))[:5]

@@ -174,6 +174,9 @@ def test_each_endpoint_gets_the_next_turn_only_after_its_own_reply() -> None:
     assert [m["content"] for m in resent[1]["messages"]] == ["hi", "w", "more"]
     assert len(rows_recorded) == 4
     by = {(r["endpoint"], r["key"]): r for r in rows}
+    # the report compares outputs only where histories match: turn 2 carried its own reply
+    assert [by[("slow", k)]["live_history"] for k in (0, 1)] == [False, True]
+    assert not any(r["live_history"] for r in rows_recorded)
     for name in ("fast", "slow"):
         reply_end = by[(name, 0)]["start"] + by[(name, 0)]["latency"]
         # sent after its own reply ended plus the recorded 10 ms pause

@@ -251,3 +251,17 @@ def test_too_few_blocks_give_no_interval_and_say_how_to_get_one():
     assert ttft["difference"] is not None and ttft["low"] is None and not ttft["significant"]
     assert comparison["outcome"] == "no_difference"
     assert "only 3 blocks" in analysis["verdict"] and "--repeats" in analysis["verdict"]
+
+
+def test_outputs_are_compared_only_where_the_histories_match():
+    """A later turn that carried each endpoint's own replies may differ without either
+    engine being wrong: it is left out of the agreement."""
+    requests = []
+    for key in range(12):
+        live = key >= 8  # four later turns
+        for name in ("A", "B"):
+            row = request(name, key, 0.2, output_text=f"{name}{key}" if live else "same")
+            row["live_history"] = live
+            requests.append(row)
+    agreement = analyze(result(requests), resamples=200)["comparisons"][0]["output_agreement"]
+    assert agreement["pairs"] == 8 and agreement["share"] == 1.0
