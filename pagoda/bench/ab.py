@@ -83,8 +83,9 @@ class ReplayConfig:
     time_scale: float = 1.0
     """Recorded gaps between arrivals are multiplied by this (0.5: twice as fast)."""
     request_rate: float | None = None
-    """Poisson arrivals at this rate (requests/s) instead of the recorded times; inf: all
-    of a block at once."""
+    """Conversations start at Poisson times at this rate per second (a single request is a
+    conversation) instead of the recorded times; inf: all of a block's at once. Later turns
+    still follow their replies."""
     max_concurrency: int | None = None
     num_warmups: int = 2
     """Untimed requests to each endpoint before the first block."""

@@ -54,8 +54,9 @@ def register(bench_subparsers) -> None:
     t.add_argument("--time-scale", type=float, default=1.0,
                    help="recorded gaps between arrivals times this (0.5: twice as fast)")
     t.add_argument("--request-rate", type=float, default=None,
-                   help="Poisson arrivals at this rate (requests/s; inf: a block at once) "
-                        "instead of the recorded times")
+                   help="conversations start at Poisson times at this rate per second (a "
+                        "single request is a conversation; inf: a block's all at once) instead "
+                        "of the recorded times; later turns still follow their replies")
     t.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     t.add_argument("--block-size", type=int, default=32,
                    help="requests per block; blocks alternate between endpoints (A B, B A, ...)")
