@@ -5,6 +5,12 @@ Plain data, validated on construction for its shape only (exactly one constraint
 types); whether the schema, regex or grammar itself is valid is decided by the grammar
 engine at the edge (pagoda/engine/grammar.py, through the InputProcessor), before the
 request is queued.
+
+A reasoning model thinks before it answers: `after_reasoning` leaves its thinking free and
+applies the constraint to the text after it (the reasoning parsers' span,
+pagoda/entrypoints/reasoning/parsers.py):
+
+    [<think>] free text </think> [whitespace] <what the constraint allows>
 """
 
 from __future__ import annotations
@@ -16,6 +22,24 @@ from pagoda.errors import InvalidRequestError
 
 PARAM = "structured_outputs"
 """The request field errors name (endpoints rename it: response_format, guided_json, ...)."""
+
+
+@dataclass(frozen=True)
+class ReasoningSpan:
+    """Free text at the start of an output, before the part a constraint covers."""
+
+    end: str
+    """The text that closes the span ("</think>"); whitespace after it is allowed."""
+    start: str | None = None
+    """None: the output begins inside the span (DeepSeek-R1: the prompt opened it). Else
+    the span is optional and, when there, opens the output with this text (Qwen3:
+    "<think>"); an output without it is constrained from its first token."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.end, str) or not self.end or not (
+                self.start is None or (isinstance(self.start, str) and self.start)):
+            raise _refuse("has a bad after_reasoning: its end (and start, if given) must be "
+                          "non-empty strings")
 
 
 @dataclass(frozen=True)
@@ -31,6 +55,9 @@ class StructuredOutputsParams:
     `root ::= ...`, as vLLM's guided_grammar takes it)."""
     json_object: bool = False
     """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+    after_reasoning: ReasoningSpan | None = None
+    """Leave a leading reasoning span free: the constraint applies after it (set by the
+    server when it runs a reasoning parser)."""
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar")
@@ -53,6 +80,9 @@ class StructuredOutputsParams:
                 raise _refuse("has a bad choice: it must be a non-empty list of non-empty "
                               "strings")
             object.__setattr__(self, "choice", tuple(self.choice))
+        if self.after_reasoning is not None and not isinstance(self.after_reasoning,
+                                                               ReasoningSpan):
+            raise _refuse("has a bad after_reasoning: it must be a ReasoningSpan")
 
     @property
     def kind(self) -> str:
@@ -62,8 +92,13 @@ class StructuredOutputsParams:
         return next(name for name in ("json", "regex", "choice", "grammar")
                     if getattr(self, name) is not None)
 
-    def key(self) -> tuple[str, str]:
-        """(kind, canonical text): equal constraints share one compiled grammar."""
+    def key(self) -> tuple[str, ...]:
+        """(kind, canonical text[, span start, span end]): equal constraints share one
+        compiled grammar."""
+        span = self.after_reasoning
+        return self._constraint_key() + (() if span is None else (span.start or "", span.end))
+
+    def _constraint_key(self) -> tuple[str, str]:
         kind = self.kind
         if kind == "json_object":
             return kind, ""

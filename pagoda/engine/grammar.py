@@ -10,6 +10,19 @@ measured (benchmarks/grammar_engines.py, results in BENCHMARKS.md).
     grammar text --matcher (per sequence, at add_request)--> GrammarMatcher
     each step: matchers of the sequences that sample --fill--> bitmask rows (int32 words,
                bit t of a row set = token t allowed); each sampled token --accept--> matcher
+
+A constraint with `after_reasoning` (a reasoning model's thinking left free) compiles to one
+llguidance grammar of two: a Lark prefix whose free span is one lazy lexeme (it ends at the
+first `</think>`, so the thinking may hold any text but that), then the constraint's own
+grammar as a nested `@constraint` with its own lexer:
+
+    start: reasoning WS? @constraint            (DeepSeek-R1: the output begins thinking)
+    start: reasoning? WS? @constraint           (Qwen3: an optional block at the start)
+    reasoning[lazy]: ["<think>"] /(.|\n)*/ "</think>"
+    WS: /[ \t\r\n]+/
+
+Inside the span every non-special token is allowed but EOS (the grammar is not complete); a
+model that never ends its thinking runs into max_tokens.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from pagoda.errors import InvalidRequestError
-from pagoda.structured_outputs import PARAM, StructuredOutputsParams
+from pagoda.structured_outputs import PARAM, ReasoningSpan, StructuredOutputsParams
 
 CACHE_SIZE = 256
 """Compiled grammars kept (least recently used dropped first)."""
@@ -42,7 +55,7 @@ class GrammarCompiler:
         self._hf_tokenizer = tokenizer
         self._eos_token_ids = list(eos_token_ids)
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
-        self._cache: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, ...], str] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0
         self.compile_seconds = 0.0
@@ -95,6 +108,13 @@ class GrammarCompiler:
 
 
 def _to_grammar(params: StructuredOutputsParams) -> str:
+    grammar = _constraint_grammar(params)
+    if params.after_reasoning is not None:
+        grammar = _after_reasoning(grammar, params.after_reasoning)
+    return grammar
+
+
+def _constraint_grammar(params: StructuredOutputsParams) -> str:
     kind = params.kind
     try:
         if kind in ("json", "json_object"):
@@ -119,6 +139,28 @@ def _to_grammar(params: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_lark(lark)
     except (ValueError, TypeError) as e:  # (JSONDecodeError is a ValueError)
         raise _invalid(kind, e) from None
+
+
+REASONING_GRAMMAR_NAME = "reasoning_prefix"
+CONSTRAINT_GRAMMAR_NAME = "constraint"
+
+
+def _after_reasoning(grammar: str, span: ReasoningSpan) -> str:
+    """`grammar` (llguidance's JSON of a list of grammars, or Lark text) behind a free
+    reasoning span (the module doc)."""
+    try:
+        grammars = json.loads(grammar)["grammars"]
+    except (ValueError, TypeError, KeyError):  # Lark text (what grammar_from_lark returns)
+        grammars = [{"name": CONSTRAINT_GRAMMAR_NAME, "lark_grammar": grammar}]
+    first = grammars[0] = dict(grammars[0])
+    first["name"] = first.get("name") or CONSTRAINT_GRAMMAR_NAME
+    opening = "" if span.start is None else json.dumps(span.start) + " "
+    optional = "" if span.start is None else "?"
+    prefix = (f"start: reasoning{optional} WS? @{first['name']}\n"
+              f"reasoning[lazy]: {opening}/(.|\\n)*/ {json.dumps(span.end)}\n"
+              "WS: /[ \\t\\r\\n]+/\n")
+    return json.dumps({"grammars": [{"name": REASONING_GRAMMAR_NAME, "lark_grammar": prefix},
+                                    *grammars]})
 
 
 def _invalid(kind: str, error: Exception) -> InvalidRequestError:
