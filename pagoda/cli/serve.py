@@ -20,6 +20,7 @@ from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
 from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
+from pagoda.entrypoints.reasoning.auto import REASONING_PARSER_CHOICES
 from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ def register(subparsers) -> None:
     server.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
                         help="how tool calls are read from the model's text with tool_choice "
                              "'auto' (default: hermes, <tool_call>{json}</tool_call>)")
+    server.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSER_CHOICES,
+                        help="split a reasoning model's <think>...</think> off the answer "
+                             "into reasoning_content: qwen3, deepseek_r1 (the prompt opens "
+                             "the thinking), or auto (picked from the chat template); "
+                             "default: none, the thinking stays in content")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",
@@ -217,6 +223,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_loaded_models=args.max_loaded_models, model_load_timeout=args.model_load_timeout,
         server_registry=server_registry, api_key=api_key, chat_template=chat_template,
         tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,
+        reasoning_parser=args.reasoning_parser,
         request_timeout=args.request_timeout, allowed_origins=tuple(args.allowed_origins),
         record_traffic=args.record_traffic, record_redact=args.record_redact,
     )

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from pagoda.config import EngineConfig
 from pagoda.engine.builder import build_engine
-from pagoda.entrypoints.chat_template import Message, encode_chat_prompt
+from pagoda.entrypoints.chat_template import Message, encode_chat_prompt, template_kwargs_of
 from pagoda.entrypoints.tools.rendering import render_chat
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
@@ -82,18 +82,27 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate.
 
         `tools` (OpenAI's function tools) and messages with `tool_calls` or the `tool` role
         are rendered as the server renders them: through the template if it knows tools,
         else in the Hermes format (pagoda/entrypoints/tools/rendering.py). The output is
-        the model's text; the server's --tool-call-parser turns it into calls."""
+        the model's text; the server's --tool-call-parser turns it into calls.
+        `chat_template_kwargs` are template variables (`{"enable_thinking": False}` for
+        Qwen3); `continue_final_message` continues the last message instead of closing it
+        (with add_generation_prompt False), as the server's fields of those names do."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
+        template_kwargs = template_kwargs_of(chat_template_kwargs,
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message)
         prompts = []
         for conv in conversations:
-            text = render_chat(tokenizer, conv, tools, chat_template, add_generation_prompt)
+            text = render_chat(tokenizer, conv, tools, chat_template, add_generation_prompt,
+                               template_kwargs=template_kwargs)
             prompts.append((text, encode_chat_prompt(tokenizer, text)))
         return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm)
 

@@ -22,6 +22,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pagoda.entrypoints.openai.chat_template_fields import (
+    ChatReasoningFields,
+    ChatTemplateFields,
+)
 from pagoda.entrypoints.openai.json_shapes import (
     CHAT_MESSAGE_RULES,
     MessageContent,
@@ -197,7 +201,7 @@ class ChatMessage(MessageToolFields, StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(ToolFields, SamplingRequestFields):
+class ChatCompletionRequest(ChatReasoningFields, ToolFields, SamplingRequestFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = bounded(None, minimum=1)
     """Deprecated by OpenAI in favour of max_completion_tokens; either works."""
@@ -236,7 +240,7 @@ class ChatCompletionRequest(ToolFields, SamplingRequestFields):
         return self.max_tokens, "max_tokens"
 
 
-class TokenizeRequest(StrictModel):
+class TokenizeRequest(ChatTemplateFields, StrictModel):
     """vLLM's /tokenize: either `prompt` or chat `messages`."""
 
     model: str | None = None

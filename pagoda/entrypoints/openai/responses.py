@@ -72,6 +72,19 @@ class ChatResponseMessage(ResponseToolCalls, ResponseModel):
     role: str = "assistant"
     content: str | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None
+    """vLLM's: the thinking of a reasoning model (--reasoning-parser); left out when None."""
+
+    @model_serializer(mode="wrap")
+    def _optional_fields_last(self, handler):
+        """reasoning_content, then tool_calls: last, and left out when None. (A model has one
+        serializer: this one replaces ResponseToolCalls'.)"""
+        data = handler(self)
+        for name in ("reasoning_content", "tool_calls"):
+            value = data.pop(name, None)
+            if value is not None:
+                data[name] = value
+        return data
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -97,6 +110,8 @@ class DeltaMessage(ResponseModel):
 
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    """vLLM's: a piece of the thinking (--reasoning-parser)."""
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

@@ -113,6 +113,9 @@ class ServerState:
     chat_template: str | None = None
     tool_call_parser: str = "hermes"
     """The parser of "auto" tool calls (--tool-call-parser)."""
+    reasoning_parser: str | None = None
+    """Splits a reasoning model's thinking into reasoning_content (--reasoning-parser:
+    qwen3, deepseek_r1, or auto: per model, from its chat template); None: off."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Larger request bodies get 413 (--max-request-bytes)."""
     request_timeout: float | None = None
@@ -194,7 +197,7 @@ def build_registry(state: ServerState) -> ModelRegistry:
         serving = RouteHandlers(
             OpenAIServingCompletion(model.engine, model.name),
             OpenAIServingChat(model.engine, model.name, state.chat_template,
-                              state.tool_call_parser))
+                              state.tool_call_parser, reasoning_parser=state.reasoning_parser))
         serving.completions.request_timeout = state.request_timeout
         serving.chat.request_timeout = state.request_timeout
         return serving
@@ -351,7 +354,8 @@ async def tokenize(raw_request: Request, registry: Registry) -> JSONResponse:
         raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
     if request.messages is not None:
         text = chat.render_prompt(request.messages, request.chat_template,
-                                  request.add_generation_prompt is not False)
+                                  request.add_generation_prompt is not False,
+                                  template_kwargs=request.template_kwargs())
         # As for chat requests: the template placed the special tokens already.
         add_special_tokens = request.add_special_tokens is True
     else:

@@ -7,7 +7,10 @@ chat answer here equals the offline one; its field names (`max_completion_tokens
 `{"role": "assistant", "content": ""}` first, then content deltas; the last delta of a choice
 carries its finish_reason. Tools (serving_tools.py): the prompt lists them, "required" or a
 named tool_choice constrains the output to calls, and the output's calls become
-`message.tool_calls` (streamed: `delta.tool_calls` fragments, one per chunk).
+`message.tool_calls` (streamed: `delta.tool_calls` fragments, one per chunk). Reasoning
+(serving_reasoning.py, with --reasoning-parser): the thinking is split off first, into
+`message.reasoning_content` (streamed: `delta.reasoning_content` chunks); only the rest is
+content and read for calls, and a constraint applies only after the thinking.
 """
 
 from __future__ import annotations
@@ -34,8 +37,14 @@ from pagoda.entrypoints.openai.serving_pipeline import (
     ServingPipeline,
     clamp_logprob,
 )
+from pagoda.entrypoints.openai.serving_reasoning import (
+    ReasoningChoiceState,
+    chat_reasoning_parser,
+    constrain_after_reasoning,
+    new_reasoning_parser,
+    split_output,
+)
 from pagoda.entrypoints.openai.serving_tools import (
-    ChatChoiceState,
     check_tool_schemas,
     constrain_to_calls,
     conversation_of,
@@ -56,26 +65,33 @@ class OpenAIServingChat(ServingPipeline):
     request_id_prefix = "chatcmpl"
     response_type = ChatCompletionResponse
     chunk_type = ChatCompletionChunk
-    choice_state_type = ChatChoiceState
+    choice_state_type = ReasoningChoiceState
 
     def __init__(self, engine, model_name: str, chat_template: str | None = None,
-                 tool_call_parser: str = "hermes") -> None:
+                 tool_call_parser: str = "hermes", reasoning_parser: str | None = None) -> None:
         super().__init__(engine, model_name)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
         """The parser of "auto" tool calls (tools/parsers.py TOOL_PARSERS)."""
+        self.reasoning_parser = chat_reasoning_parser(
+            reasoning_parser, chat_template or getattr(self.tokenizer, "chat_template", None),
+            model_name)
+        """The reasoning parser (reasoning/parsers.py REASONING_PARSERS; "auto" resolved);
+        None: the output is all content."""
 
     def render_prompt(
         self, messages: list[ChatMessage], chat_template: str | None,
         add_generation_prompt: bool, tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
     ) -> str:
         """The conversation (and the tools offered) as prompt text; InvalidRequestError for
-        what the template cannot render."""
+        what the template cannot render. `template_kwargs`: the request's
+        (ChatTemplateFields.template_kwargs)."""
         conversation = conversation_of(messages)
         try:
             return render_chat(
                 self.tokenizer, conversation, tools, chat_template or self.chat_template,
-                add_generation_prompt,
+                add_generation_prompt, template_kwargs=template_kwargs,
             )
         except (ValueError, jinja2.TemplateError) as e:
             raise InvalidRequestError(f"messages: cannot apply the chat template: {e}",
@@ -99,6 +115,7 @@ class OpenAIServingChat(ServingPipeline):
         plan = plan_of(request)
         check_tool_schemas(plan, getattr(self.engine.input_processor, "grammar_compiler", None))
         constrain_to_calls(plan, fields)
+        constrain_after_reasoning(self.reasoning_parser, fields)
         return fields
 
     def build_prompts(self, request: ChatCompletionRequest) -> list[PromptInput]:
@@ -106,20 +123,24 @@ class OpenAIServingChat(ServingPipeline):
         plan = plan_of(request)
         tools = list(plan.tools) if plan.offers_tools else None
         text = self.render_prompt(request.messages, request.chat_template, add_generation_prompt,
-                                  tools)
+                                  tools, request.template_kwargs())
         return [PromptInput(text, encode_chat_prompt(self.tokenizer, text), "messages")]
 
     def response_choice(
         self, job: ServingJob, prompt_index: int, output: RequestOutput,
         completion: CompletionOutput, index: int,
     ) -> ChatCompletionResponseChoice:
-        message = ChatResponseMessage(content=completion.text)
+        split = split_output(self.reasoning_parser, completion.text)
+        # Content "" (as without a parser) unless the output was reasoning, then null.
+        text = split.content or ("" if split.reasoning is None else None)
+        message = ChatResponseMessage(content=text, reasoning_content=split.reasoning)
         reason = completion.finish_reason
         plan = plan_of(job.request)
         if plan.offers_tools:
-            parsed = parse_output(new_parser(plan, self.tool_call_parser), completion.text)
+            parsed = parse_output(new_parser(plan, self.tool_call_parser), text or "")
             message = ChatResponseMessage(content=parsed.content,
-                                          tool_calls=response_calls(parsed))
+                                          tool_calls=response_calls(parsed),
+                                          reasoning_content=split.reasoning)
             reason = finish_reason(reason, bool(parsed.tool_calls))
         return ChatCompletionResponseChoice(
             index=index,
@@ -136,10 +157,13 @@ class OpenAIServingChat(ServingPipeline):
         ]
 
     def stream_choice(
-        self, job: ServingJob, state: ChatChoiceState, prompt_index: int,
+        self, job: ServingJob, state: ReasoningChoiceState, prompt_index: int,
         output: RequestOutput, completion: CompletionOutput,
-    ) -> ChatCompletionStreamChoice | list[ChatCompletionStreamChoice] | None:
-        text = completion.delta_text
+    ) -> list[ChatCompletionStreamChoice] | None:
+        """A delta through the choice's parsers: reasoning first (a chunk of its own), then
+        the content, read for calls when tools are offered. Text a parser holds back sends
+        nothing (an empty delta still carries logprobs); logprobs go with the first chunk,
+        the finish_reason with the last."""
         logprobs = self.logprobs(
             completion.delta_token_ids, completion.delta_logprobs, job.params.logprobs
         )
@@ -148,36 +172,35 @@ class OpenAIServingChat(ServingPipeline):
             plan = plan_of(job.request)
             if plan.offers_tools:
                 state.parser = new_parser(plan, self.tool_call_parser)
+            state.reasoning = new_reasoning_parser(self.reasoning_parser)
+        text, messages = completion.delta_text, []
+        if state.reasoning is not None:
+            split = state.reasoning.feed(text)
+            if completion.finished:
+                split.extend(state.reasoning.finish())
+            text = split.content
+            if split.reasoning:
+                messages.append(DeltaMessage(reasoning_content=split.reasoning))
         if state.parser is not None:
-            return self.tool_stream_choices(state, completion, logprobs)
-        if not text and not completion.delta_token_ids and not completion.finished:
-            return None
-        return ChatCompletionStreamChoice(
-            index=state.index,
-            delta=DeltaMessage(content=text or None),
-            logprobs=logprobs,
-            finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
-        )
-
-    @staticmethod
-    def tool_stream_choices(
-        state: ChatChoiceState, completion: CompletionOutput,
-        logprobs: ChatChoiceLogProbs | None,
-    ) -> list[ChatCompletionStreamChoice] | None:
-        """A delta read by the choice's tool-call parser: held-back text sends nothing;
-        logprobs go with the first chunk, the finish_reason with the last."""
-        delta = state.parser.feed(completion.delta_text)
-        if completion.finished:
-            delta.extend(state.parser.finish())
-        elif not delta and (logprobs is None or not completion.delta_token_ids):
-            return None
+            delta = state.parser.feed(text)
+            if completion.finished:
+                delta.extend(state.parser.finish())
+            if delta:
+                messages.extend(delta_messages(delta))
+        elif text:
+            messages.append(DeltaMessage(content=text))
+        if not messages:
+            holding = state.parser is not None or state.reasoning is not None
+            if not completion.finished and not (
+                    completion.delta_token_ids and (logprobs is not None or not holding)):
+                return None
+            messages.append(DeltaMessage())
         choices = [ChatCompletionStreamChoice(index=state.index, delta=message)
-                   for message in delta_messages(delta)]
+                   for message in messages]
         choices[0].logprobs = logprobs
         if completion.finished:
-            choices[-1].finish_reason = finish_reason(completion.finish_reason,
-                                                      state.parser.num_calls > 0)
+            made_calls = state.parser is not None and state.parser.num_calls > 0
+            choices[-1].finish_reason = finish_reason(completion.finish_reason, made_calls)
             choices[-1].stop_reason = completion.stop_reason
         return choices
 

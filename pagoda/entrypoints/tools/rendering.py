@@ -62,20 +62,23 @@ TOOLS_FOOTER = (
 def render_chat(
     tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
     chat_template: str | None = None, add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text of a conversation that may carry tools, tool calls and tool results
-    (InvalidRequestError about `messages` for what the template cannot render)."""
+    (InvalidRequestError about `messages` for what the template cannot render);
+    `template_kwargs`: chat_template.template_kwargs_of's, passed on to the template."""
     check_messages(messages)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool"
                                     for m in messages)
     if not uses_tools:
-        return apply_chat_template(tokenizer, messages, chat_template, add_generation_prompt)
+        return apply_chat_template(tokenizer, messages, chat_template, add_generation_prompt,
+                                   template_kwargs=template_kwargs)
     if template_knows_tools(chat_template or tokenizer.chat_template):
         native = [_with_parsed_arguments(m) for m in messages]
         return apply_chat_template(tokenizer, native, chat_template, add_generation_prompt,
-                                   tools=tools or None)
+                                   tools=tools or None, template_kwargs=template_kwargs)
     return apply_chat_template(tokenizer, fallback_messages(messages, tools), chat_template,
-                               add_generation_prompt)
+                               add_generation_prompt, template_kwargs=template_kwargs)
 
 
 def template_knows_tools(template: str | dict | None) -> bool:

@@ -1,0 +1,69 @@
+"""Chat's reasoning, between the protocol and pagoda/entrypoints/reasoning/ (the server runs
+one parser for all requests: --reasoning-parser, "auto" resolved from the chat template
+when the model is served):
+
+    output text ── reasoning parser ──┬─ reasoning ──────────> message.reasoning_content /
+       (whole or streamed deltas)     │                         delta.reasoning_content
+                                      └─ the rest: content ──> tool-call parser when the
+                                                               request offers tools
+                                                               (serving_tools.py), else
+                                                               message.content / delta.content
+
+    request's constraint (response_format, guided_*, tool_choice "required" / named)
+       ── after_reasoning = the parser's span ──> the grammar leaves the thinking free
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from pagoda.entrypoints.openai.serving_pipeline import SamplingFields
+from pagoda.entrypoints.openai.serving_tools import ChatChoiceState
+from pagoda.entrypoints.reasoning.auto import resolve_reasoning_parser
+from pagoda.entrypoints.reasoning.parsers import (
+    REASONING_PARSERS,
+    ReasoningParser,
+    ReasoningSplit,
+    split_reasoning,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReasoningChoiceState(ChatChoiceState):
+    """A streamed chat choice: its tool-call parser (ChatChoiceState) and its reasoning
+    parser, both decided on the choice's first delta (`tools_planned`)."""
+
+    reasoning: ReasoningParser | None = None
+
+
+def chat_reasoning_parser(name: str | None, chat_template: str | dict | None,
+                          model_name: str) -> str | None:
+    """The parser a served model's chat runs ("auto": from its template); logged once."""
+    resolved = resolve_reasoning_parser(name, chat_template)
+    if name is not None:
+        logger.info("model %r: reasoning parser %s%s", model_name, resolved or "none",
+                    " (auto, from the chat template)" if resolved != name else "")
+    return resolved
+
+
+def new_reasoning_parser(name: str | None) -> ReasoningParser | None:
+    return None if name is None else REASONING_PARSERS[name]()
+
+
+def split_output(name: str | None, text: str) -> ReasoningSplit:
+    """A whole output's reasoning and content (no parser: all content, as written)."""
+    if name is None:
+        return ReasoningSplit(None, text)
+    return split_reasoning(REASONING_PARSERS[name](), text)
+
+
+def constrain_after_reasoning(name: str | None, fields: SamplingFields) -> None:
+    """With a reasoning parser, the request's constraint (if any) starts after the thinking."""
+    if name is None or fields.structured_outputs is None:
+        return
+    fields.structured_outputs = dataclasses.replace(
+        fields.structured_outputs, after_reasoning=REASONING_PARSERS[name].span())
