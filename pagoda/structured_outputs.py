@@ -28,18 +28,20 @@ PARAM = "structured_outputs"
 class ReasoningSpan:
     """Free text at the start of an output, before the part a constraint covers."""
 
-    end: str
-    """The text that closes the span ("</think>"); whitespace after it is allowed."""
-    start: str | None = None
-    """None: the output begins inside the span (DeepSeek-R1: the prompt opened it). Else
-    the span is optional and, when there, opens the output with this text (Qwen3:
-    "<think>"); an output without it is constrained from its first token."""
+    start: str = "<think>"
+    """The text that opens the span."""
+    end: str = "</think>"
+    """The text that closes it; whitespace after it is allowed."""
+    begins_inside: bool = False
+    """True: the output begins inside the span (DeepSeek-R1: the prompt opened it; a
+    leading `start` is allowed too). False: the span is optional and, when there, opens
+    the output with `start` (Qwen3); an output without it is constrained from its first
+    token."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.end, str) or not self.end or not (
-                self.start is None or (isinstance(self.start, str) and self.start)):
-            raise _refuse("has a bad after_reasoning: its end (and start, if given) must be "
-                          "non-empty strings")
+        if not all(isinstance(m, str) and m for m in (self.start, self.end)):
+            raise _refuse("has a bad after_reasoning: its start and end must be non-empty "
+                          "strings")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,9 @@ class StructuredOutputsParams:
         """(kind, canonical text[, span start, span end]): equal constraints share one
         compiled grammar."""
         span = self.after_reasoning
-        return self._constraint_key() + (() if span is None else (span.start or "", span.end))
+        if span is None:
+            return self._constraint_key()
+        return (*self._constraint_key(), span.start, span.end, str(span.begins_inside))
 
     def _constraint_key(self) -> tuple[str, str]:
         kind = self.kind

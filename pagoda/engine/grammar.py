@@ -12,17 +12,22 @@ measured (benchmarks/grammar_engines.py, results in BENCHMARKS.md).
                bit t of a row set = token t allowed); each sampled token --accept--> matcher
 
 A constraint with `after_reasoning` (a reasoning model's thinking left free) compiles to one
-llguidance grammar of two: a Lark prefix whose free span is one lazy lexeme (it ends at the
-first `</think>`, so the thinking may hold any text but that), then the constraint's own
-grammar as a nested `@constraint` with its own lexer:
+llguidance grammar of two: a Lark prefix for the thinking, then the constraint's own grammar
+as a nested `@constraint` with its own lexer:
 
-    start: reasoning WS? @constraint            (DeepSeek-R1: the output begins thinking)
-    start: reasoning? WS? @constraint           (Qwen3: an optional block at the start)
-    reasoning[lazy]: ["<think>"] /(.|\n)*/ "</think>"
+    start: reasoning WS? @constraint          (begins inside: DeepSeek-R1's prompt opened it)
+    start: reasoning? WS? @constraint         (else: an optional block at the start, Qwen3)
+    reasoning: OPEN (think_text | THINK_TEXT <[end id]>)     (OPEN: "<think>" | <[start id]>;
+                                                              optional when it begins inside)
+    think_text[lazy]: /(.|\n)*/ "</think>"     the thinking ends at the first "</think>" ...
+    THINK_TEXT: /(.|\n)*/                      ... or at the marker's own token
     WS: /[ \t\r\n]+/
 
-Inside the span every non-special token is allowed but EOS (the grammar is not complete); a
-model that never ends its thinking runs into max_tokens.
+llguidance treats a tokenizer's `<...>` added tokens (Qwen3's and the R1 distills' `<think>`
+and `</think>`) as special tokens, which text never matches: where a marker is one such token,
+the grammar names it by id (`<[id]>`) beside its spelling in text. Inside the thinking every
+non-special token is allowed but EOS (the grammar is not complete); a model that never ends
+its thinking runs into max_tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import llguidance
 import llguidance.hf
@@ -91,7 +97,7 @@ class GrammarCompiler:
                 return self._cache[key]
         ll_tokenizer = self.ll_tokenizer  # (built once; not part of the compile time)
         start = time.perf_counter()
-        grammar = _to_grammar(params)
+        grammar = _to_grammar(params, self._special_token)
         error = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer)
         if error:
             raise InvalidRequestError.about(PARAM, f"is an invalid {params.kind}: {error}")
@@ -103,14 +109,22 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return grammar
 
+    def _special_token(self, text: str) -> str | None:
+        """"<[id]>" when `text` is a single token that llguidance takes for special."""
+        token_ids = self._hf_tokenizer.encode(text, add_special_tokens=False)
+        if len(token_ids) == 1 and self.ll_tokenizer.is_special_token(token_ids[0]):
+            return f"<[{token_ids[0]}]>"
+        return None
+
     def matcher(self, grammar: str) -> GrammarMatcher:
         return GrammarMatcher(llguidance.LLMatcher(self.ll_tokenizer, grammar))
 
 
-def _to_grammar(params: StructuredOutputsParams) -> str:
+def _to_grammar(params: StructuredOutputsParams,
+                marker_token: Callable[[str], str | None]) -> str:
     grammar = _constraint_grammar(params)
     if params.after_reasoning is not None:
-        grammar = _after_reasoning(grammar, params.after_reasoning)
+        grammar = _after_reasoning(grammar, params.after_reasoning, marker_token)
     return grammar
 
 
@@ -145,20 +159,33 @@ REASONING_GRAMMAR_NAME = "reasoning_prefix"
 CONSTRAINT_GRAMMAR_NAME = "constraint"
 
 
-def _after_reasoning(grammar: str, span: ReasoningSpan) -> str:
+def _after_reasoning(grammar: str, span: ReasoningSpan,
+                     marker_token: Callable[[str], str | None]) -> str:
     """`grammar` (llguidance's JSON of a list of grammars, or Lark text) behind a free
-    reasoning span (the module doc)."""
+    reasoning span (the module doc). `marker_token(text)`: "<[id]>" where `text` is one
+    special token, else None."""
     try:
         grammars = json.loads(grammar)["grammars"]
     except (ValueError, TypeError, KeyError):  # Lark text (what grammar_from_lark returns)
         grammars = [{"name": CONSTRAINT_GRAMMAR_NAME, "lark_grammar": grammar}]
     first = grammars[0] = dict(grammars[0])
     first["name"] = first.get("name") or CONSTRAINT_GRAMMAR_NAME
-    opening = "" if span.start is None else json.dumps(span.start) + " "
-    optional = "" if span.start is None else "?"
-    prefix = (f"start: reasoning{optional} WS? @{first['name']}\n"
-              f"reasoning[lazy]: {opening}/(.|\\n)*/ {json.dumps(span.end)}\n"
-              "WS: /[ \\t\\r\\n]+/\n")
+    start_token, end_token = marker_token(span.start), marker_token(span.end)
+    body = "think_text" if end_token is None else f"(think_text | THINK_TEXT {end_token})"
+    if span.begins_inside:  # a leading start marker spelled in text is thinking text
+        opening = "" if start_token is None else f"{start_token}? "
+        start = f"start: reasoning WS? @{first['name']}"
+    else:
+        spelled = json.dumps(span.start)
+        opening = spelled + " " if start_token is None else f"({spelled} | {start_token}) "
+        start = f"start: reasoning? WS? @{first['name']}"
+    prefix = "\n".join([
+        start,
+        f"reasoning: {opening}{body}",
+        f"think_text[lazy]: /(.|\\n)*/ {json.dumps(span.end)}",
+        "THINK_TEXT: /(.|\\n)*/",
+        "WS: /[ \\t\\r\\n]+/",
+    ]) + "\n"
     return json.dumps({"grammars": [{"name": REASONING_GRAMMAR_NAME, "lark_grammar": prefix},
                                     *grammars]})
 

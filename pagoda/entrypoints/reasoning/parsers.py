@@ -94,8 +94,7 @@ class ReasoningParser:
     @classmethod
     def span(cls) -> ReasoningSpan:
         """The part of the output a structured-output constraint must leave free."""
-        return ReasoningSpan(end=THINK_END,
-                             start=None if cls.starts_in_reasoning else THINK_START)
+        return ReasoningSpan(THINK_START, THINK_END, begins_inside=cls.starts_in_reasoning)
 
     @property
     def in_content(self) -> bool:
