@@ -110,8 +110,9 @@ def test_deepseek_r1_reasoning_flows_before_any_marker():
 
 
 def test_the_spans_the_grammar_leaves_free():
-    assert Qwen3ReasoningParser.span() == ReasoningSpan(end="</think>", start="<think>")
-    assert DeepSeekR1ReasoningParser.span() == ReasoningSpan(end="</think>")
+    assert Qwen3ReasoningParser.span() == ReasoningSpan("<think>", "</think>")
+    assert DeepSeekR1ReasoningParser.span() == ReasoningSpan("<think>", "</think>",
+                                                             begins_inside=True)
     assert sorted(REASONING_PARSERS) == ["deepseek_r1", "qwen3"]
 
 
