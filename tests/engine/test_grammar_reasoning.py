@@ -7,6 +7,7 @@ output that begins inside)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import string
 
 import numpy as np
@@ -122,3 +123,45 @@ def test_bad_spans_are_refused():
         ReasoningSpan(end="")
     with pytest.raises(Exception, match="after_reasoning"):
         Constraint(regex="a", after_reasoning="</think>")
+
+
+@pytest.mark.slow
+def test_the_bundled_model_opens_a_think_block_then_writes_the_json(bundled_llm):
+    """On the real engine (its sampler masks with the grammar): biased towards `<` and the
+    pieces of `</think>`, the model opens the block with `<`, closes it, then the schema
+    holds (the biased pieces are refused inside the JSON)."""
+    from pagoda import SamplingParams
+
+    tokenizer = bundled_llm.get_tokenizer()
+    bias = {tokenizer.encode(piece, add_special_tokens=False)[0]: value
+            for piece, value in (("<", 50), ("</", 100), ("think", 100), (">", 100))}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=24, logit_bias=bias,
+                            structured_outputs=Constraint(json=schema, after_reasoning=QWEN3))
+    output = bundled_llm.chat([{"role": "user", "content": "Give me a JSON object."}], params,
+                              use_tqdm=False)[0].outputs[0]
+    assert output.text.startswith("<think>") and output.finish_reason == "stop", output.text
+    answer = output.text.split("</think>", 1)[1]
+    assert isinstance(json.loads(answer)["a"], int)
+
+
+@pytest.mark.slow
+def test_llm_chat_passes_chat_template_kwargs(bundled_llm):
+    from pagoda import SamplingParams
+
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n"
+                "</think>\n\n{% endif %}{% endif %}")
+    conversation = [{"role": "user", "content": "Hi"}]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    thinking, plain = (bundled_llm.chat(conversation, params, chat_template=template,
+                                        chat_template_kwargs=kwargs, use_tqdm=False)[0]
+                       for kwargs in ({}, {"enable_thinking": False}))
+    assert thinking.prompt.endswith("<|im_start|>assistant\n")
+    assert plain.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    partial = bundled_llm.chat([*conversation, {"role": "assistant", "content": "Hel"}],
+                               params, chat_template=template, add_generation_prompt=False,
+                               continue_final_message=True, use_tqdm=False)[0]
+    assert partial.prompt.endswith("<|im_start|>assistant\nHel")
