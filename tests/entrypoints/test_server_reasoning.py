@@ -85,4 +85,4 @@ def test_the_template_gets_the_request_s_kwargs(server, client):
                     extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices[0]
     # The prompt closed the thinking, so the output starts after it: no `</think>` comes,
     # and deepseek_r1 takes all of it for reasoning (as vLLM does).
-    assert choice.message.reasoning_content and choice.finish_reason == "length"
+    assert choice.message.reasoning_content and choice.message.content is None
