@@ -5,13 +5,13 @@ grammar of tools/constraints.py makes exactly
     (\\n<tool_call>... for each further call, where parallel calls are allowed)
 
 Since the layout is known, a call is sent as OpenAI streams one: its id and name as soon as
-the name is complete, then its arguments as they are written (the model's own text, held
+its arguments begin, then the arguments as they are written (the model's own text, held
 back only inside an escape), never the wrapper around them:
 
     state:   HEAD ──name read──> ARGUMENTS ──object closed──> TAIL ──</tool_call>──> HEAD
              (CALL_SEPARATOR + CALL_HEAD after the first call)
 
-An output cut short (max_tokens) gives no content: a call whose name was read keeps the
+An output cut short (max_tokens) gives no content: a call whose arguments began keeps the
 arguments written so far (finish_reason "length" tells the client), a head cut before that is
 dropped. Text that leaves the layout (only without the grammar, e.g. in a test) is content
 from there on, as written; so is a call to a function not allowed.
@@ -78,9 +78,6 @@ class ForcedCallParser(ToolParser):
                 if not self._read_head(delta):
                     break
             elif self._state == ARGUMENTS:
-                if self._num_sent == 0 and not self._buffer.startswith("{"):
-                    self._state = CONTENT  # (the grammar's arguments are always an object)
-                    continue
                 end = self._scanner.end(self._buffer, final)
                 sent_up_to = self._scanner.position if end is None else end
                 delta.tool_calls.extend(self._arguments(self._buffer[self._num_sent:sent_up_to]))
@@ -97,7 +94,7 @@ class ForcedCallParser(ToolParser):
         return delta
 
     def _read_head(self, delta: StreamDelta) -> bool:
-        """In HEAD: announce the call once its name is read (then True), or go to CONTENT
+        """In HEAD: announce the call once its arguments begin (then True), or go to CONTENT
         if the text left the layout (True); False while more text is needed."""
         head = CALL_HEAD if self.num_calls == 0 else CALL_SEPARATOR + CALL_HEAD
         if not self._buffer.startswith(head):
@@ -117,8 +114,9 @@ class ForcedCallParser(ToolParser):
             name = load_json(name_match.group())
         except ValueError:
             name = None
-        if not rest.startswith(ARGUMENTS_KEY) or not self.allows(name):
-            if ARGUMENTS_KEY.startswith(rest) and self.allows(name):
+        opening = ARGUMENTS_KEY + "{"  # (the grammar's arguments are always an object)
+        if not rest.startswith(opening) or not self.allows(name):
+            if opening.startswith(rest) and self.allows(name):
                 return False
             self._state = CONTENT
             return True

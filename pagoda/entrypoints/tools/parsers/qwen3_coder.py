@@ -17,10 +17,10 @@ request's functions, holding only `<parameter=KEY>` elements (a missing `</param
 content, verbatim. A value is the text between the tags less one newline at each end, read by
 the parameter's type in the function's JSON schema:
 
+    a type list with null                null / none (any case) -> null; else by the rest
     string (or a type list with string)  the text, as written
-    integer / number                     int / float (a number that is whole stays an int)
+    integer / number                     int / float (written without a point: an int)
     boolean                              true / false (any case)
-    null                                 null / none
     object / array                       JSON (or a Python literal)
     no type in the schema                JSON if it parses, else the text
     not in the schema                    the text
@@ -78,11 +78,11 @@ def typed_value(text: str, schema: Any, known: bool) -> Any:
     types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
     if not types:
         return _json_or_text(text)
-    if "string" in types:
-        return text
     word = text.strip()
     if "null" in types and word.lower() in ("null", "none"):
         return None
+    if "string" in types:
+        return text
     for kind in types:
         try:
             if kind == "integer" and INTEGER.fullmatch(word):
