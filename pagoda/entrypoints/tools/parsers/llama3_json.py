@@ -1,5 +1,5 @@
 """Llama 3.1 / 3.2 JSON calls: the whole answer is one or more call objects, optionally after
-the `<|python_tag|>` token, separated by ";":
+Llama's python tag token, separated by ";":
 
     <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": ...}
 
