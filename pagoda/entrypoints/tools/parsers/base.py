@@ -14,7 +14,7 @@ the format, again and again, what the buffer's start is (`next_piece`):
     TEXT   content, sent now (its trailing whitespace waits: it is dropped if a call follows)
     GAP    held like that whitespace (e.g. <|python_tag|>): dropped if a call follows, else sent
     CALLS  one or more calls, each sent as it is found
-    DROP   consumed, never sent (a format's end-of-sequence token)
+    DROP   consumed, never sent (a format's closing or end-of-sequence token)
 
 A piece is decided once and never revisited, so no text is sent and then retracted; text
 that might still start a call is simply not a piece yet. Whitespace (and the format's
