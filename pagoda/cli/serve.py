@@ -20,7 +20,7 @@ from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
 from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
-from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
+from pagoda.entrypoints.tools.parsers import TOOL_PARSER_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,10 @@ def register(subparsers) -> None:
                              "Retry-After (default: no limit)")
     server.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (default: the model's own)")
-    server.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+    server.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSER_CHOICES,
                         help="how tool calls are read from the model's text with tool_choice "
-                             "'auto' (default: hermes, <tool_call>{json}</tool_call>)")
+                             "'auto' (default: hermes, <tool_call>{json}</tool_call>; auto: "
+                             "the one the chat template's conventions call for)")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",

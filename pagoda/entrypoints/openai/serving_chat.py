@@ -41,6 +41,7 @@ from pagoda.entrypoints.openai.serving_tools import (
     conversation_of,
     delta_messages,
     finish_reason,
+    keep_special_tokens,
     new_parser,
     plan_of,
     response_calls,
@@ -63,7 +64,8 @@ class OpenAIServingChat(ServingPipeline):
         super().__init__(engine, model_name)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
-        """The parser of "auto" tool calls (tools/parsers.py TOOL_PARSERS)."""
+        """The parser of "auto" tool calls (tools/parsers/ TOOL_PARSERS; already resolved
+        from "auto" by resolve_tool_call_parser)."""
 
     def render_prompt(
         self, messages: list[ChatMessage], chat_template: str | None,
@@ -99,6 +101,7 @@ class OpenAIServingChat(ServingPipeline):
         plan = plan_of(request)
         check_tool_schemas(plan, getattr(self.engine.input_processor, "grammar_compiler", None))
         constrain_to_calls(plan, fields)
+        keep_special_tokens(plan, self.tool_call_parser, request)
         return fields
 
     def build_prompts(self, request: ChatCompletionRequest) -> list[PromptInput]:
