@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # The edit loop's tier: the model-free and tiny-model tests (no test marked slow: end-to-end
 # runs of the bundled model, server processes, kernel builds for other CPUs), in minutes.

@@ -21,7 +21,7 @@ from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
 from pagoda.entrypoints.reasoning.auto import REASONING_PARSER_CHOICES
-from pagoda.entrypoints.tools.parsers import TOOL_PARSERS
+from pagoda.entrypoints.tools.parsers import TOOL_PARSER_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +50,10 @@ def register(subparsers) -> None:
                              "Retry-After (default: no limit)")
     server.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (default: the model's own)")
-    server.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+    server.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSER_CHOICES,
                         help="how tool calls are read from the model's text with tool_choice "
-                             "'auto' (default: hermes, <tool_call>{json}</tool_call>)")
+                             "'auto' (default: hermes, <tool_call>{json}</tool_call>; auto: "
+                             "the one the chat template's conventions call for)")
     server.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSER_CHOICES,
                         help="split a reasoning model's <think>...</think> off the answer "
                              "into reasoning_content: qwen3, deepseek_r1 (the prompt opens "

@@ -188,8 +188,11 @@ class RequestLifecycle:
                 )
                 stop = check_stop(sequence, token_id, self.max_model_len,
                                   len(child.completion.token_ids))
-                if stop is None and child.matcher is not None:
-                    stop = _grammar_stop(child.matcher, token_id)
+                # A token that completes the grammar ends the output as EOS does: even as
+                # the last token max_tokens allows, the output is complete ("stop").
+                at_length = stop is not None and stop[0] is RequestStatus.FINISHED_LENGTH
+                if child.matcher is not None and (stop is None or at_length):
+                    stop = _grammar_stop(child.matcher, token_id) or stop
             except Exception as e:  # noqa: BLE001 -- its own fault: it fails alone
                 self._fail(sequence.request_id, "processing its new token", e)
                 continue

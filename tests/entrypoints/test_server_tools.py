@@ -1,9 +1,13 @@
-"""Tool calling through `pagoda serve` and the official openai client, on the bundled model
-(whose template has no tool section: the Hermes fallback format): a forced call (tool_choice
-"required" or named) is always a valid call of the given schemas; a round trip (call ->
-tool result -> answer) works streamed and not; streamed `delta.tool_calls` fragments
-assemble (by hand and by the client's own stream helper) to exactly the non-streamed calls;
-"auto" output is parsed into calls and content; bad tool inputs are 400s naming the field."""
+"""Tool calling through `pagoda serve --tool-call-parser auto` and the official openai client,
+on the bundled model (whose template has no tool section: the Hermes fallback format, so auto
+picks hermes): a forced call (tool_choice "required" or named) is always a valid call of the
+given schemas; a named function is called exactly once, as OpenAI does, and so is any with
+"required" and parallel_tool_calls false; a forced call ends with finish_reason "tool_calls"
+(also when it fills max_tokens exactly), and one cut by max_tokens leaks none of its wrapper
+into the content; a round trip (call -> tool result -> answer) works streamed and not;
+streamed `delta.tool_calls` fragments assemble (by hand and by the client's own stream
+helper) to exactly the non-streamed calls; "auto" output is parsed into calls and content;
+bad tool inputs are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ GREEDY = {"model": MODEL_NAME, "temperature": 0, "seed": 7, "max_tokens": 60}
 
 @pytest.fixture(scope="module")
 def server():
-    with RemoteServer([]) as server:
+    with RemoteServer(["--tool-call-parser", "auto"]) as server:
         yield server
 
 
@@ -93,6 +97,53 @@ def test_forced_calls_are_valid_and_streams_assemble_to_them(client):
             with client.chat.completions.stream(**request) as stream:
                 final = stream.get_final_completion()
             assert calls_of(final.choices[0].message) == calls_of(choice.message)
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("tool_choice, parallel", [
+    (NAMED, None), (NAMED, False), ("required", False)])
+def test_exactly_one_forced_call_ending_with_tool_calls(client, tool_choice, parallel):
+    request = dict(GREEDY, messages=QUESTION, tools=TOOLS, tool_choice=tool_choice,
+                   max_tokens=100)
+    if parallel is not None:  # (None: the field left out; OpenAI's default is true)
+        request["parallel_tool_calls"] = parallel
+    response = client.chat.completions.create(**request)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    assert_valid_calls(choice.message)
+    if tool_choice == NAMED:
+        assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert response.usage.completion_tokens < 100  # the request ended with the call
+    assert stream_assembled(client, **request) == (None, calls_of(choice.message), "tool_calls")
+
+
+def test_forced_calls_cut_by_max_tokens_leak_no_wrapper(client, server):
+    assert "--tool-call-parser auto: hermes" in server.log_text()
+    request = dict(GREEDY, messages=QUESTION, tools=TOOLS, tool_choice=NAMED, max_tokens=100)
+    full = client.chat.completions.create(**request)
+    [(name, arguments)] = calls_of(full.choices[0].message)
+    # A call that fills max_tokens exactly is complete: "tool_calls", not "length".
+    exact = dict(request, max_tokens=full.usage.completion_tokens)
+    choice = client.chat.completions.create(**exact).choices[0]
+    assert (choice.finish_reason, calls_of(choice.message)) == ("tool_calls", [(name, arguments)])
+    # Cut in the wrapper's head: nothing; cut in the arguments: the call so far. Never the
+    # wrapper as content.
+    for max_tokens in (3, 24):
+        cut = dict(request, max_tokens=max_tokens)
+        choice = client.chat.completions.create(**cut).choices[0]
+        assert choice.finish_reason == "length" and choice.message.content is None, choice
+        calls = calls_of(choice.message)
+        if max_tokens == 3:
+            assert calls == []
+        else:
+            [(cut_name, cut_arguments)] = calls
+            assert cut_name == name and arguments.startswith(cut_arguments)
+            assert "{" in cut_arguments and cut_arguments != arguments
+        assert stream_assembled(client, **cut) == (None, calls, "length")
 
 
 def test_round_trip_call_result_answer(client):

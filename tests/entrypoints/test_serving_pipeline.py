@@ -38,7 +38,8 @@ class FakeTokenizer:
         return [chr(t) for t in token_ids]
 
     def apply_chat_template(self, messages, chat_template=None, tokenize=False,
-                            add_generation_prompt=True) -> str:
+                            add_generation_prompt=True, **template_kwargs) -> str:
+        # (template_kwargs: variables for a template, e.g. reasoning_effort; this one has none)
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 

@@ -17,6 +17,7 @@ from pagoda.entrypoints.tools.parsers import (
     assemble,
     parse_output,
 )
+from tests.entrypoints.tool_parser_checks import check_streaming
 
 NAMES = {"get_weather", "get_time"}
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -162,3 +163,10 @@ def test_text_that_may_start_a_call_is_held_back_until_it_cannot():
 
 def test_parsers_are_registered_by_name():
     assert TOOL_PARSERS["hermes"] is HermesToolParser
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streaming_cut_at_every_position_assembles_to_the_whole_result(text):
+    for max_calls in (None, 1):
+        whole = check_streaming(HermesToolParser, text, tool_names=NAMES, max_calls=max_calls)
+        assert without_ids(whole) == without_ids(parse(text, max_calls=max_calls))

@@ -3,28 +3,39 @@
 Requests are parsed strictly: `model_validate_json` in strict mode, `extra="forbid"`.
 - Strict types: `"5"` is not an int and `true` is not a number; a wrong type is a 400 that
   names the field, never a silent coercion. (JSON ints are accepted for float fields.)
-- Unknown fields are a 400 ("Extra inputs are not permitted", naming the field), so a
-  misspelled or unsupported parameter never silently changes nothing. Official OpenAI
-  clients send only the fields the caller set. OpenAI fields that change nothing here
-  (`user`, `store`, `metadata`, `service_tier`) are accepted and ignored; OpenAI fields
-  Pagoda cannot honour (`suffix`, audio, ...) are
-  accepted by the parser and then refused with a 400 that says so (`unsupported_fields`),
-  which is clearer than "extra inputs". Output constraints (`response_format`, vLLM's
-  `guided_*` and `structured_outputs`) live in structured_fields.py, tool calling
-  (`tools`, `tool_choice`, `parallel_tool_calls`, calls in messages) in tool_fields.py.
+- The field policy (field_policy.py, where the tables are): every field of OpenAI's published
+  request schemas is declared here. Those Pagoda honours do what they say; those without
+  meaning here (`store`, `metadata`, `user`, `service_tier`, `prompt_cache_key`,
+  `verbosity`, ...) are accepted, ignored and named in one warning log line per request;
+  those Pagoda cannot honour (`suffix`, audio, `functions`, `moderation`, ...) are accepted
+  by the parser and then refused with a 400 that says so (`unsupported_fields`), which is
+  clearer than "extra inputs".
+- A field in no schema is a 400 ("unknown field", naming it), so a misspelled parameter
+  never silently changes nothing.
+- vLLM's extras are declared too: its sampling parameters, `echo` on chat (the answer
+  continues the last assistant message), `return_tokens_as_token_ids` (logprob tokens as
+  "token_id:N") and `prompt_logprobs` (the prompt tokens' logprobs in the response).
+Output constraints (`response_format`, vLLM's `guided_*` and `structured_outputs`) live in
+structured_fields.py, tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, calls in
+messages) in tool_fields.py.
 
 The responses are responses.py's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pagoda.entrypoints.openai.chat_template_fields import (
     ChatReasoningFields,
     ChatTemplateFields,
+)
+from pagoda.entrypoints.openai.field_policy import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    FieldPolicy,
 )
 from pagoda.entrypoints.openai.json_shapes import (
     CHAT_MESSAGE_RULES,
@@ -48,6 +59,8 @@ class StrictModel(BaseModel):
 class StreamOptions(StrictModel):
     include_usage: bool | None = False
     """Send a last chunk with `usage` (and `"usage": null` in every other chunk)."""
+    include_obfuscation: bool | None = None
+    """OpenAI's; ignored (field_policy.py): Pagoda's chunks carry no obfuscation padding."""
 
 
 def _check_stop(value: Any) -> Any:
@@ -76,12 +89,9 @@ class SamplingRequestFields(StructuredOutputFields, StrictModel):
     logit_bias: dict[str, float] | None = None
     """Token id (a JSON object key, so a string) -> bias in [-100, 100]."""
     user: str | None = None
+    """Ignored (field_policy.py)."""
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    # Harmless OpenAI fields: accepted, ignored.
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
     # vLLM's extra sampling parameters.
     top_k: int | None = bounded(None, minimum=-1)
     min_p: float | None = bounded(None, minimum=0, maximum=1)
@@ -94,11 +104,29 @@ class SamplingRequestFields(StructuredOutputFields, StrictModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
+    prompt_logprobs: int | None = bounded(None, minimum=0, maximum=MAX_LOGPROBS)
+    """The response carries the prompt tokens' logprobs with this many alternatives, as vLLM
+    does: a list per prompt token, null first, then {token id: {logprob, rank,
+    decoded_token}}. Not with stream (as in vLLM)."""
+    return_tokens_as_token_ids: bool | None = None
+    """Logprob tokens are written "token_id:N" (vLLM's), for tokens that are not whole
+    UTF-8 text."""
+
+    field_policy: ClassVar[FieldPolicy]
+    """What the endpoint does with each OpenAI field (field_policy.py)."""
 
     @field_validator("stop")
     @classmethod
     def validate_stop(cls, value: Any) -> Any:
         return _check_stop(value)
+
+    def unsupported_fields(self) -> list[tuple[str, str]]:
+        """(field, why) for each field set to what Pagoda cannot do; the first is a 400."""
+        problems = []
+        if self.prompt_logprobs is not None and self.stream:
+            problems.append(("prompt_logprobs",
+                             "prompt_logprobs is not available with stream: true (as in vLLM)"))
+        return problems
 
     @property
     def include_usage(self) -> bool:
@@ -129,6 +157,8 @@ def _check_prompt(value: Any) -> Any:
 
 
 class CompletionRequest(SamplingRequestFields):
+    field_policy: ClassVar[FieldPolicy] = COMPLETION_FIELDS
+
     prompt: Prompt
     """A string, a list of strings, a list of token ids, or a list of token-id lists."""
     max_tokens: int | None = bounded(16, minimum=1)
@@ -146,7 +176,7 @@ class CompletionRequest(SamplingRequestFields):
         return _check_prompt(value)
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
-        problems = []
+        problems = super().unsupported_fields()
         if self.suffix:
             problems.append(("suffix", "suffix is not supported: Pagoda does not do insertion"))
         if self.best_of is not None and self.best_of != (self.n or 1):
@@ -202,6 +232,8 @@ class ChatMessage(MessageToolFields, StrictModel):
 
 
 class ChatCompletionRequest(ChatReasoningFields, ToolFields, SamplingRequestFields):
+    field_policy: ClassVar[FieldPolicy] = CHAT_FIELDS
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = bounded(None, minimum=1)
     """Deprecated by OpenAI in favour of max_completion_tokens; either works."""
@@ -209,25 +241,45 @@ class ChatCompletionRequest(ChatReasoningFields, ToolFields, SamplingRequestFiel
     logprobs: bool | None = False
     top_logprobs: int | None = bounded(None, minimum=0, maximum=MAX_LOGPROBS)
     """Alternatives per token in [0, 20]; needs logprobs true."""
-    # Accepted by the parser only to be refused with a clear message.
+    # reasoning_effort, chat_template_kwargs, continue_final_message: chat_template_fields.py
+    echo: bool | None = False
+    """vLLM's: when the last message is the assistant's, the answer's content starts with it
+    (the answer continues it), streamed too."""
+    # OpenAI fields without meaning here: accepted, ignored, named in the request's warning.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    # Accepted by the parser only to be refused with a clear message (when set).
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
     # vLLM's extras for chat.
     chat_template: str | None = None
     add_generation_prompt: bool | None = True
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
-        problems = []
+        problems = super().unsupported_fields()
         if self.functions:
             problems.append(("functions", "functions are not supported (use tools)"))
         if self.function_call not in (None, "none", "auto"):
-            problems.append(("function_call", "function_call is not supported"))
+            problems.append(("function_call", "function_call is not supported (use tool_choice)"))
         if self.modalities and self.modalities != ["text"]:
-            problems.append(("modalities", "only the text modality is supported"))
+            problems.append(("modalities",
+                             'modalities: only ["text"] is supported (no audio output)'))
         if self.audio is not None:
-            problems.append(("audio", "audio output is not supported"))
+            problems.append(("audio", "audio: audio output is not supported"))
+        if self.moderation is not None:
+            problems.append(("moderation",
+                             "moderation is not supported: Pagoda runs no moderation model"))
         if self.top_logprobs is not None and not self.logprobs:
             problems.append(("top_logprobs", "top_logprobs needs logprobs set to true"))
         return problems

@@ -76,6 +76,7 @@ from pagoda.entrypoints.openai.responses import (
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
+from pagoda.entrypoints.tools.parsers import resolve_tool_call_parser
 from pagoda.entrypoints.web.routes import add_web_routes
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class ServerState:
     api_key: str | None = None
     chat_template: str | None = None
     tool_call_parser: str = "hermes"
-    """The parser of "auto" tool calls (--tool-call-parser)."""
+    """The parser of "auto" tool calls (--tool-call-parser; "auto": each model's from its
+    chat template, tools/parsers/auto.py)."""
     reasoning_parser: str | None = None
     """Splits a reasoning model's thinking into reasoning_content (--reasoning-parser:
     qwen3, deepseek_r1, or auto: per model, from its chat template); None: off."""
@@ -194,10 +196,12 @@ def model_card(model: ServedModel, state: str) -> ModelCard:
 
 def build_registry(state: ServerState) -> ModelRegistry:
     def make_serving(model: ServedModel) -> RouteHandlers:
+        template = state.chat_template or getattr(model.engine.tokenizer, "chat_template", None)
+        tool_call_parser = resolve_tool_call_parser(state.tool_call_parser, template)
         serving = RouteHandlers(
             OpenAIServingCompletion(model.engine, model.name),
-            OpenAIServingChat(model.engine, model.name, state.chat_template,
-                              state.tool_call_parser, reasoning_parser=state.reasoning_parser))
+            OpenAIServingChat(model.engine, model.name, state.chat_template, tool_call_parser,
+                              reasoning_parser=state.reasoning_parser))
         serving.completions.request_timeout = state.request_timeout
         serving.chat.request_timeout = state.request_timeout
         return serving

@@ -10,7 +10,9 @@ named tool_choice constrains the output to calls, and the output's calls become
 `message.tool_calls` (streamed: `delta.tool_calls` fragments, one per chunk). Reasoning
 (serving_reasoning.py, with --reasoning-parser): the thinking is split off first, into
 `message.reasoning_content` (streamed: `delta.reasoning_content` chunks); only the rest is
-content and read for calls, and a constraint applies only after the thinking.
+content and read for calls, and a constraint applies only after the thinking. vLLM's
+`echo`, `prompt_logprobs` (on the response) and `return_tokens_as_token_ids` are
+vllm_extras.py's.
 """
 
 from __future__ import annotations
@@ -50,11 +52,17 @@ from pagoda.entrypoints.openai.serving_tools import (
     conversation_of,
     delta_messages,
     finish_reason,
+    keep_special_tokens,
     new_parser,
     plan_of,
     response_calls,
 )
 from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
+from pagoda.entrypoints.openai.vllm_extras import (
+    echo_prefix,
+    prompt_logprobs_json,
+    token_label,
+)
 from pagoda.entrypoints.tools.parsers import parse_output
 from pagoda.entrypoints.tools.rendering import render_chat
 from pagoda.errors import InvalidRequestError
@@ -72,7 +80,8 @@ class OpenAIServingChat(ServingPipeline):
         super().__init__(engine, model_name)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
-        """The parser of "auto" tool calls (tools/parsers.py TOOL_PARSERS)."""
+        """The parser of "auto" tool calls (tools/parsers/ TOOL_PARSERS; already resolved
+        from "auto" by resolve_tool_call_parser)."""
         self.reasoning_parser = chat_reasoning_parser(
             reasoning_parser, chat_template or getattr(self.tokenizer, "chat_template", None),
             model_name)
@@ -108,13 +117,14 @@ class OpenAIServingChat(ServingPipeline):
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         structured_outputs, structured_param = structured_outputs_of(request)
         fields = SamplingFields(
-            max_tokens, logprobs, structured_outputs=structured_outputs,
+            max_tokens, logprobs, request.prompt_logprobs, structured_outputs=structured_outputs,
             field_names={"max_tokens": max_tokens_param, "logprobs": "top_logprobs",
                          "structured_outputs": structured_param},
         )
         plan = plan_of(request)
         check_tool_schemas(plan, getattr(self.engine.input_processor, "grammar_compiler", None))
         constrain_to_calls(plan, fields)
+        keep_special_tokens(plan, self.tool_call_parser, request)
         constrain_after_reasoning(self.reasoning_parser, fields)
         return fields
 
@@ -142,19 +152,36 @@ class OpenAIServingChat(ServingPipeline):
                                           tool_calls=response_calls(parsed),
                                           reasoning_content=split.reasoning)
             reason = finish_reason(reason, bool(parsed.tool_calls))
+        echoed = echo_prefix(job.request)
+        if echoed:
+            message.content = echoed + (message.content or "")
         return ChatCompletionResponseChoice(
             index=index,
             message=message,
-            logprobs=self.logprobs(completion.token_ids, completion.logprobs, job.params.logprobs),
+            logprobs=self.logprobs(completion.token_ids, completion.logprobs, job.params.logprobs,
+                                   job.request.return_tokens_as_token_ids),
             finish_reason=reason,
             stop_reason=completion.stop_reason,
         )
 
+    def response(self, job: ServingJob, outputs: list[RequestOutput]) -> ChatCompletionResponse:
+        response = super().response(job, outputs)
+        if job.request.prompt_logprobs is not None:  # vLLM's extra, on the response
+            response.prompt_logprobs = prompt_logprobs_json(
+                outputs[0], job.num_prompt_tokens, job.request.prompt_logprobs)
+        return response
+
     def opening_choices(self, job: ServingJob) -> list[ChatCompletionStreamChoice]:
-        return [
+        """The role deltas, then (echo) the continued assistant message's text."""
+        choices = [
             ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
             for i in range(job.params.n)
         ]
+        echoed = echo_prefix(job.request)
+        if echoed:
+            choices += [ChatCompletionStreamChoice(index=i, delta=DeltaMessage(content=echoed))
+                        for i in range(job.params.n)]
+        return choices
 
     def stream_choice(
         self, job: ServingJob, state: ReasoningChoiceState, prompt_index: int,
@@ -165,7 +192,8 @@ class OpenAIServingChat(ServingPipeline):
         nothing (an empty delta still carries logprobs); logprobs go with the first chunk,
         the finish_reason with the last."""
         logprobs = self.logprobs(
-            completion.delta_token_ids, completion.delta_logprobs, job.params.logprobs
+            completion.delta_token_ids, completion.delta_logprobs, job.params.logprobs,
+            job.request.return_tokens_as_token_ids,
         )
         if not state.tools_planned:
             state.tools_planned = True
@@ -207,28 +235,32 @@ class OpenAIServingChat(ServingPipeline):
     @staticmethod
     def logprobs(
         token_ids: list[int], logprob_dicts: list[TokenLogprobDict] | None,
-        num_top: int | None,
+        num_top: int | None, as_token_ids: bool | None = False,
     ) -> ChatChoiceLogProbs | None:
         """OpenAI's chat shape: per token its logprob, UTF-8 bytes and exactly `num_top`
         (the request's top_logprobs) alternatives by rank, the sampled token among them only
-        if it ranks that high. None when the request did not ask for logprobs."""
+        if it ranks that high. None when the request did not ask for logprobs. With
+        `as_token_ids` (return_tokens_as_token_ids) tokens read "token_id:N" and the bytes
+        are that text's, as vLLM writes them."""
         if num_top is None:
             return None
         content = []
         for token_id, position in zip(token_ids, logprob_dicts or []):
-            chosen = position.get(token_id) or next(iter(position.values()))
+            chosen_id = token_id if token_id in position else next(iter(position))
             top = sorted(
-                (lp for lp in position.values() if lp.rank is not None and lp.rank <= num_top),
-                key=lambda lp: lp.rank,
+                ((alt_id, lp) for alt_id, lp in position.items()
+                 if lp.rank is not None and lp.rank <= num_top),
+                key=lambda item: item[1].rank,
             )
+            token = token_label(chosen_id, position[chosen_id], bool(as_token_ids))
             content.append(ChatLogProbsContent(
-                token=chosen.decoded_token or "",
-                logprob=clamp_logprob(chosen.logprob),
-                bytes=list((chosen.decoded_token or "").encode()),
+                token=token,
+                logprob=clamp_logprob(position[chosen_id].logprob),
+                bytes=list(token.encode()),
                 top_logprobs=[
-                    ChatLogProb(token=lp.decoded_token or "", logprob=clamp_logprob(lp.logprob),
-                                bytes=list((lp.decoded_token or "").encode()))
-                    for lp in top[:num_top]
+                    ChatLogProb(token=(alt := token_label(alt_id, lp, bool(as_token_ids))),
+                                logprob=clamp_logprob(lp.logprob), bytes=list(alt.encode()))
+                    for alt_id, lp in top[:num_top]
                 ],
             ))
         return ChatChoiceLogProbs(content=content)

@@ -4,7 +4,8 @@ What completions supply to the serving pipeline (serving_pipeline.py): one engin
 prompt (choice `i * n + j` is choice j of prompt i, as OpenAI numbers them), the echoed
 prompt in front of a choice's first text, and OpenAI's legacy logprobs shape. Output
 constraints (response_format, guided_*, structured_outputs) are taken as chat takes them
-(structured_fields.py).
+(structured_fields.py). vLLM's `prompt_logprobs` (on each choice) and
+`return_tokens_as_token_ids` are vllm_extras.py's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pagoda.entrypoints.openai.serving_pipeline import (
     clamp_logprob,
 )
 from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
+from pagoda.entrypoints.openai.vllm_extras import prompt_logprobs_json, token_label
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
 
@@ -47,8 +49,10 @@ class OpenAIServingCompletion(ServingPipeline):
     # ---- what completions supply to the pipeline ---------------------------------------------
 
     def sampling_fields(self, request: CompletionRequest) -> SamplingFields:
-        # Echo with logprobs returns the prompt's logprobs too.
-        prompt_logprobs = request.logprobs if request.echo else None
+        # Echo with logprobs returns the prompt's logprobs too; the engine computes the
+        # most alternatives either asks for, and each shape keeps its own number.
+        asked = [request.prompt_logprobs, request.logprobs if request.echo else None]
+        prompt_logprobs = max((n for n in asked if n is not None), default=None)
         structured_outputs, structured_param = structured_outputs_of(request)
         return SamplingFields(
             request.max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
@@ -79,10 +83,16 @@ class OpenAIServingCompletion(ServingPipeline):
             logprob_dicts = self.prompt_logprobs(output, prompt) + logprob_dicts
         logprobs = None
         if job.params.logprobs is not None:
-            logprobs, _ = self.logprobs(token_ids, logprob_dicts, 0)
+            logprobs, _ = self.logprobs(job, token_ids, logprob_dicts, 0)
+        extras = {}
+        if job.request.prompt_logprobs is not None:
+            extras["prompt_logprobs"] = prompt_logprobs_json(
+                output, len(job.prompts[prompt_index].prompt_token_ids),
+                job.request.prompt_logprobs)
         return CompletionResponseChoice(
             index=index, text=text, logprobs=logprobs,
             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+            **extras,
         )
 
     def stream_choice(
@@ -103,7 +113,8 @@ class OpenAIServingCompletion(ServingPipeline):
             return None
         logprobs = None
         if job.params.logprobs is not None:
-            logprobs, state.text_offset = self.logprobs(token_ids, logprob_dicts, state.text_offset)
+            logprobs, state.text_offset = self.logprobs(job, token_ids, logprob_dicts,
+                                                        state.text_offset)
         return CompletionResponseChoice(
             index=state.index, text=text, logprobs=logprobs,
             finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
@@ -126,26 +137,35 @@ class OpenAIServingCompletion(ServingPipeline):
         return logprobs + [None] * (len(prompt.prompt_token_ids) - len(logprobs))
 
     def logprobs(
-        self, token_ids: list[int], logprob_dicts: list[TokenLogprobDict | None], text_offset: int
+        self, job: ServingJob, token_ids: list[int],
+        logprob_dicts: list[TokenLogprobDict | None], text_offset: int,
     ) -> tuple[CompletionLogProbs, int]:
         """OpenAI's legacy shape; returns it and the text offset after its last token.
 
         `top_logprobs` holds the sampled token and the requested alternatives (so up to
-        logprobs + 1 entries, as OpenAI documents); a prompt's first token has no logprob."""
+        logprobs + 1 entries, as OpenAI documents); a prompt's first token has no logprob.
+        With return_tokens_as_token_ids the tokens read "token_id:N"; the offsets still
+        count the text's characters."""
+        num_top = job.request.logprobs or 0
+        as_ids = bool(job.request.return_tokens_as_token_ids)
+        decode = self.tokenizer.decode
         result = CompletionLogProbs()
         for token_id, position in zip(token_ids, logprob_dicts):
             if position is None:
-                token = self.tokenizer.decode([token_id])
+                text = decode([token_id])
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
             else:
-                chosen = position.get(token_id) or next(iter(position.values()))
-                token = chosen.decoded_token or ""
+                chosen_id = token_id if token_id in position else next(iter(position))
+                chosen = position[chosen_id]
+                text = token_label(chosen_id, chosen, False, decode)
                 result.token_logprobs.append(clamp_logprob(chosen.logprob))
-                result.top_logprobs.append(
-                    {lp.decoded_token or "": clamp_logprob(lp.logprob) for lp in position.values()}
-                )
-            result.tokens.append(token)
+                result.top_logprobs.append({
+                    token_label(alt_id, lp, as_ids, decode): clamp_logprob(lp.logprob)
+                    for alt_id, lp in position.items()
+                    if alt_id == chosen_id or (lp.rank is not None and lp.rank <= num_top)
+                })
+            result.tokens.append(token_label(token_id, None, True) if as_ids else text)
             result.text_offset.append(text_offset)
-            text_offset += len(token)
+            text_offset += len(text)
         return result, text_offset

@@ -1,6 +1,6 @@
 """The one path of /v1/completions and /v1/chat/completions; each endpoint supplies what differs.
 
-    request ─ check model, unsupported fields ─ SamplingParams ─ prompts (endpoint) ─┐
+    request ─ check model, field policy ─ SamplingParams ─ prompts (endpoint) ───────┐
     ┌─ InputProcessor (the one validation step) per prompt: EngineRequests ──────────┘
     └─ queue check ─ add to the engine ─┬─ stream: opening chunks, one chunk per delta
                                         │   (endpoint's shape), usage chunk, [DONE]
@@ -8,6 +8,8 @@
                                             (endpoint's choices) with usage
     whatever happens, unfinished engine requests are aborted.
 
+The field policy (field_policy.py): fields without meaning here get one warning line, fields
+Pagoda cannot honour a 400 (the request's `unsupported_fields`).
 A refused request raises InvalidRequestError (the server's handler makes it a 400 from its
 `param` and `code`) or OpenAIError. Engine failures after acceptance become a 5xx, or an SSE
 error event once streaming began.
@@ -207,6 +209,7 @@ class ServingPipeline(ABC):
         """Every check a request passes before the engine sees it; raises InvalidRequestError
         (or OpenAIError) for the first that fails."""
         self.check_model(request.model)
+        request.field_policy.warn_ignored(request)  # one line naming them, if any
         for param, message in request.unsupported_fields():
             raise InvalidRequestError(message, param, "unsupported_parameter")
         fields = self.sampling_fields(request)

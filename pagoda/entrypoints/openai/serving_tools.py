@@ -5,7 +5,7 @@
        │   each function's parameters compiled once by the  ├─ "required" / named: the
        │   grammar engine (a bad schema is a 400 naming it)  │   call grammar as the
        │                                                     │   output constraint
-    output text ── the plan's parser (tools/parsers.py) ──────┴─ message.tool_calls /
+    output text ── the plan's parser (tools/parsers/) ────────┴─ message.tool_calls /
                                                                  delta.tool_calls,
                                                                  finish_reason "tool_calls"
 """
@@ -27,7 +27,7 @@ from pagoda.entrypoints.openai.tool_fields import (
 from pagoda.entrypoints.tools.constraints import parameters_schema
 from pagoda.entrypoints.tools.parsers import (
     TOOL_PARSERS,
-    HermesToolParser,
+    ForcedCallParser,
     ParsedOutput,
     StreamDelta,
     ToolParser,
@@ -122,11 +122,21 @@ def constrain_to_calls(plan: ToolPlan, fields: SamplingFields) -> None:
     fields.field_names["structured_outputs"] = "tool_choice"
 
 
+def keep_special_tokens(plan: ToolPlan, parser_name: str, request) -> None:
+    """A format whose markers are special tokens (mistral's [TOOL_CALLS]) is decoded with
+    them, unless the request says otherwise (skip_special_tokens, as vLLM does)."""
+    if (plan.offers_tools and not plan.constrained
+            and TOOL_PARSERS[parser_name].keeps_special_tokens
+            and "skip_special_tokens" not in request.model_fields_set):
+        request.skip_special_tokens = False
+
+
 def new_parser(plan: ToolPlan, parser_name: str) -> ToolParser:
-    """Forced calls are Hermes blocks (tools/constraints.py); "auto" output is read by the
-    server's --tool-call-parser."""
-    parser_type = HermesToolParser if plan.constrained else TOOL_PARSERS[parser_name]
-    return parser_type(plan.call_names, plan.max_calls)
+    """Forced calls follow the layout of tools/constraints.py's grammar (parsers/forced.py);
+    "auto" output is read by the server's --tool-call-parser."""
+    parser_type = ForcedCallParser if plan.constrained else TOOL_PARSERS[parser_name]
+    schemas = {f["name"]: f.get("parameters") for f in plan.functions(plan.call_names)}
+    return parser_type(plan.call_names, plan.max_calls, schemas)
 
 
 def response_calls(parsed: ParsedOutput) -> list[ToolCall] | None:

@@ -8,13 +8,16 @@ its own `parameters` schema, in the layout the fallback prompt shows (rendering.
 
 A Lark grammar for llguidance (`StructuredOutputsParams(grammar=...)`):
 
-    start: call ("\\n" call)*          (parallel_tool_calls; else start: call)
+    start: call ("\\n" call)*          ("required" with parallel_tool_calls; else start: call)
     call: call_0 | call_1 | ...        (the allowed functions: all for "required", one if named)
     call_0: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": " %json {...} "}\\n</tool_call>"
 
 The name and the JSON around the arguments are literal text, so each `parameters` schema is
 the root of its own `%json` (its "$ref"s resolve as written); JSON whitespace is fixed to
-`json.dumps`' separators. The Hermes parser reads the result (parsers.py).
+`json.dumps`' separators. A named function is called exactly once (as OpenAI does), and a
+grammar that allows no more calls is complete after the last `</tool_call>`, which ends the
+request at once (engine/lifecycle.py). parsers/forced.py reads the result, streaming each
+call's arguments as they are written and never sending the wrapper as content.
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 """llguidance's JSON options: the layout json.dumps writes (and the prompt shows)."""
 
 
+CALL_HEAD = '<tool_call>\n{"name": '
+"""A call's text: CALL_HEAD, the name as a JSON string, ARGUMENTS_KEY, the arguments
+object, CALL_TAIL; calls are joined by CALL_SEPARATOR (what parsers/forced.py reads)."""
+ARGUMENTS_KEY = ', "arguments": '
+CALL_TAIL = "}\n</tool_call>"
+CALL_SEPARATOR = "\n"
+
+
 def parameters_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """The schema a function's arguments follow."""
     return EMPTY_PARAMETERS if parameters is None else parameters
@@ -40,11 +51,11 @@ def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
     protocol)."""
     assert functions, "a constrained call needs at least one function"
     rules = []
-    tail = json.dumps("}\n</tool_call>")
+    tail = json.dumps(CALL_TAIL)
     for i, function in enumerate(functions):
         schema = {**parameters_schema(function.get("parameters")), "x-guidance": JSON_LAYOUT}
-        head = '<tool_call>\n{"name": ' + json.dumps(function["name"]) + ', "arguments": '
+        head = CALL_HEAD + json.dumps(function["name"]) + ARGUMENTS_KEY
         rules.append(f"call_{i}: {json.dumps(head)} %json {json.dumps(schema)} {tail}")
-    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    start = f"start: call ({json.dumps(CALL_SEPARATOR)} call)*" if parallel else "start: call"
     alternatives = " | ".join(f"call_{i}" for i in range(len(functions)))
     return "\n".join([start, f"call: {alternatives}", *rules]) + "\n"

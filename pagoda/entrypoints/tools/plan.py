@@ -4,11 +4,12 @@ its output, decided once and checked at the edge (each refusal a 400 naming its 
     tool_choice          prompt lists tools   output                     read by
     "none"               no                   free text                  (nothing)
     "auto" (default)     yes                  free text                  --tool-call-parser
-    "required"           yes                  >= 1 call, any function    Hermes parser
-    {"function": {name}} yes                  >= 1 call to that one      Hermes parser
+    "required"           yes                  >= 1 call, any function    forced-call parser
+    {"function": {name}} yes                  1 call to that one         forced-call parser
 
-With `parallel_tool_calls: false` at most one call is made ("required" and named: exactly
-one, by the grammar; "auto": calls after the first are dropped).
+A named function is called exactly once, as OpenAI does. With `parallel_tool_calls: false`
+at most one call is made ("required": exactly one, by the grammar; "auto": calls after the
+first are dropped).
 """
 
 from __future__ import annotations
@@ -86,5 +87,6 @@ class ToolPlan:
         """The constraint that makes the output calls, when the plan asks for calls."""
         if not self.constrained:
             return None
-        grammar = tool_call_grammar(self.functions(self.call_names), self.parallel)
+        parallel = self.parallel and self.mode == "required"
+        grammar = tool_call_grammar(self.functions(self.call_names), parallel)
         return StructuredOutputsParams(grammar=grammar)

@@ -7,7 +7,12 @@ and, on "tool" messages, "tool_call_id". `tools` are OpenAI's [{"type": "functio
 
 A template that knows tools (it reads a `tools` variable) gets them as they are, as vLLM
 passes them: `apply_chat_template(messages, tools=tools)`, with each call's arguments parsed
-to an object (what Hugging Face templates expect). For any other template (the bundled
+to an object (what Hugging Face templates expect: Llama 3.1's `| tojson`, Qwen3-Coder's
+`arguments|items`, Llama 4's pythonic `%r` of each value), and "tool" messages as they are
+(Llama 3.1 templates render them as the ipython role themselves). Mistral templates (they
+write `[TOOL_CALLS]`) accept only 9-character alphanumeric call ids: each OpenAI id
+(`call_...`) is mapped to one, the same every time (`short_call_id`), so that a call and its
+result still match. For any other template (the bundled
 SmolLM2's among them) the tools are written into the conversation in the Hermes format that
 Qwen2.5 and Hermes 2 Pro are trained on, using only the roles every template accepts:
 
@@ -39,8 +44,10 @@ A conversation without tools or tool messages renders exactly as before.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
+import string
 from typing import Any
 
 import jinja2
@@ -73,8 +80,11 @@ def render_chat(
     if not uses_tools:
         return apply_chat_template(tokenizer, messages, chat_template, add_generation_prompt,
                                    template_kwargs=template_kwargs)
-    if template_knows_tools(chat_template or tokenizer.chat_template):
+    template = _template_text(chat_template or tokenizer.chat_template)
+    if template_knows_tools(template):
         native = [_with_parsed_arguments(m) for m in messages]
+        if MISTRAL_MARKER in template:
+            native = [_with_short_call_ids(m) for m in native]
         return apply_chat_template(tokenizer, native, chat_template, add_generation_prompt,
                                    tools=tools or None, template_kwargs=template_kwargs)
     return apply_chat_template(tokenizer, fallback_messages(messages, tools), chat_template,
@@ -83,9 +93,15 @@ def render_chat(
 
 def template_knows_tools(template: str | dict | None) -> bool:
     """Whether a chat template reads the `tools` variable (then it renders tools itself)."""
-    if isinstance(template, dict):  # named templates: Hugging Face picks "tool_use" for tools
+    template = _template_text(template)
+    return template is not None and _reads_tools(template)
+
+
+def _template_text(template: str | dict | None) -> str | None:
+    """The template used with tools (of named templates, Hugging Face picks "tool_use")."""
+    if isinstance(template, dict):
         template = template.get("tool_use") or template.get("default")
-    return isinstance(template, str) and _reads_tools(template)
+    return template if isinstance(template, str) else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -152,3 +168,31 @@ def _with_parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
                                    "arguments": _arguments(call["function"]["arguments"])}}
              for call in message["tool_calls"]]
     return {**message, "tool_calls": calls}
+
+
+MISTRAL_MARKER = "[TOOL_CALLS]"
+MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def short_call_id(call_id: str) -> str:
+    """A 9-character alphanumeric id standing for `call_id` (itself if it is one already),
+    the same for the same id (62**9 ids: a clash between two calls of one conversation is
+    about as likely as a sha256 collision of its first 54 bits)."""
+    if MISTRAL_ID.fullmatch(call_id):
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        number, digit = divmod(number, len(ALPHANUMERIC))
+        chars.append(ALPHANUMERIC[digit])
+    return "".join(chars)
+
+
+def _with_short_call_ids(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("tool_call_id") is not None:
+        return {**message, "tool_call_id": short_call_id(message["tool_call_id"])}
+    if not message.get("tool_calls"):
+        return message
+    return {**message, "tool_calls": [{**call, "id": short_call_id(call["id"])}
+                                      for call in message["tool_calls"]]}
