@@ -285,3 +285,25 @@ def test_the_routes_need_the_api_key(engine):
                              ("get", "/v1/responses/resp_1/input_items")]:
             response = http.request(method, path, content=json.dumps({"input": "x"}))
             assert response.status_code == 401, (method, path)
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--responses-store-size", "-1"], "--responses-store-size must be >= 0"),
+    (["--responses-store-ttl", "0"], "--responses-store-ttl must be > 0"),
+    (["--responses-store-ttl", "nan"], "--responses-store-ttl must be > 0"),
+])
+def test_bad_store_flags_are_one_line_errors_before_anything_loads(capsys, flags, fragment):
+    from pagoda.cli.main import EXIT_USAGE, main
+
+    assert main(["serve", *flags]) == EXIT_USAGE
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"pagoda: error: {fragment}"), line
+
+
+def test_a_store_of_size_zero_keeps_nothing(engine):
+    state = ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+                        responses_store=ResponseStore(0))
+    with TestClient(build_app(state)) as http:
+        response = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 1})
+        assert response.status_code == 200 and response.json()["store"] is True
+        error_of(http.get(f"/v1/responses/{response.json()['id']}"), 404)
