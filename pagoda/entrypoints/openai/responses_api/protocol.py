@@ -7,7 +7,8 @@ Every field of OpenAI's published request schema is accepted. What each one does
                     parallel_tool_calls, text.format, max_output_tokens, temperature, top_p,
                     top_logprobs, include ("message.output_text.logprobs"), stream, store,
                     previous_response_id, truncation, metadata (echoed)
-    echoed only     reasoning, user, service_tier, text.verbosity, max_tool_calls,
+    echoed only     reasoning (its effort goes to chat's `reasoning_effort` where chat takes
+                    it: to_chat.py), user, service_tier, text.verbosity, max_tool_calls,
                     prompt_cache_key, safety_identifier (no meaning here; see IGNORED_FIELDS)
     refused (400)   background: true, conversation, prompt, moderation; tools and items of
                     other types than function / message / function_call /
@@ -19,14 +20,14 @@ Unions that depend on a `type` (input items, content parts, tools, tool_choice,
 text.format) are tagged unions whose tags are written `kind[name]`: the server's error
 handler drops bracketed parts of an error's location, so a bad field is named as the client
 wrote it (`input[2].call_id`), and a type Pagoda does not serve lands on an `Unsupported*`
-member whose only job is to refuse it with a message that names the type.
+member (`Unsupported`) whose only job is to refuse it with a message that names the type.
 """
 
 from __future__ import annotations
 
 import operator
 from functools import reduce
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -82,24 +83,22 @@ def type_of(value: Any, default: str | None = None) -> str | None:
     return getattr(value, "type", default)
 
 
-def refusing(what: str, served: str):
-    """An `Unsupported*` member: never valid (its schema is `not {}`), it refuses whatever
-    lands on it, naming the type it has."""
+class Unsupported(BaseModel):
+    """A union's catch-all member: never valid (its schema is `not {}`), it refuses whatever
+    lands on it, naming the type it has. Subclasses say what they refuse."""
 
-    class Unsupported(BaseModel):
-        model_config = ConfigDict(extra="allow", json_schema_extra={"not": {}})
+    model_config = ConfigDict(extra="allow", json_schema_extra={"not": {}})
+    what: ClassVar[str]
+    served: ClassVar[str]
 
-        @model_validator(mode="before")
-        @classmethod
-        def refuse(cls, value: Any) -> Any:
-            kind = value.get("type") if isinstance(value, dict) else None
-            if kind is not None:
-                raise ValueError(f"{what} of type {kind!r} are not supported ({served})")
-            wrong = "needs a `type`" if isinstance(value, dict) else "must be an object"
-            raise ValueError(f"{wrong} ({served})")
-
-    Unsupported.__name__ = Unsupported.__qualname__ = f"Unsupported{what.title().replace(' ', '')}"
-    return Unsupported
+    @model_validator(mode="before")
+    @classmethod
+    def refuse(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind is not None:
+            raise ValueError(f"{cls.what} of type {kind!r} are not supported ({cls.served})")
+        wrong = "needs a `type`" if isinstance(value, dict) else "must be an object"
+        raise ValueError(f"{wrong} ({cls.served})")
 
 
 # ---- content parts ----------------------------------------------------------------------------
@@ -127,9 +126,15 @@ class Refusal(StrictModel):
 
 
 TEXT_PARTS = "text parts: input_text, output_text or refusal"
+
+
+class UnsupportedContentPart(Unsupported):
+    what, served = "content parts", f"Pagoda takes {TEXT_PARTS}"
+
+
 ContentPart = tagged("part", {
     "input_text": InputText, "output_text": OutputText, "refusal": Refusal,
-    "unsupported": refusing("content parts", f"Pagoda takes {TEXT_PARTS}"),
+    "unsupported": UnsupportedContentPart,
 }, type_of)
 Content = Annotated[
     Annotated[str, Tag("content[text]")] | Annotated[list[ContentPart], Tag("content[parts]")],
@@ -168,7 +173,7 @@ class InputMessage(StrictModel):
         raise ValueError(f"must be a string or a list of {TEXT_PARTS}")
 
 
-class FunctionCall(StrictModel):
+class InputFunctionCall(StrictModel):
     """A call the model made (a response's function_call item, sent back)."""
 
     type: Literal["function_call"]
@@ -188,7 +193,7 @@ OutputContent = Annotated[
 ]
 
 
-class FunctionCallOutput(StrictModel):
+class InputFunctionCallOutput(StrictModel):
     """The result of a call, for the model to read."""
 
     type: Literal["function_call_output"]
@@ -202,7 +207,7 @@ class FunctionCallOutput(StrictModel):
     caller: dict[str, Any] | None = None
 
 
-class ReasoningItem(StrictModel):
+class InputReasoning(StrictModel):
     """A reasoning item sent back: accepted and left out of the prompt (as OpenAI leaves
     earlier turns' reasoning out)."""
 
@@ -214,11 +219,15 @@ class ReasoningItem(StrictModel):
     status: ITEM_STATUS | None = None
 
 
+class UnsupportedInputItem(Unsupported):
+    what = "input items"
+    served = "Pagoda takes message, function_call, function_call_output and reasoning items"
+
+
 InputItem = tagged("item", {
-    "message": InputMessage, "function_call": FunctionCall,
-    "function_call_output": FunctionCallOutput, "reasoning": ReasoningItem,
-    "unsupported": refusing("input items", "Pagoda takes message, function_call, "
-                                           "function_call_output and reasoning items"),
+    "message": InputMessage, "function_call": InputFunctionCall,
+    "function_call_output": InputFunctionCallOutput, "reasoning": InputReasoning,
+    "unsupported": UnsupportedInputItem,
 }, lambda value: type_of(value, "message"))
 InputItems = Annotated[
     Annotated[str, Tag("input[text]")] | Annotated[list[InputItem], Tag("input[items]")],
@@ -247,11 +256,12 @@ class FunctionTool(StrictModel):
         return FunctionDefinition.validate_parameters(value)
 
 
-Tool = tagged("tool", {
-    "function": FunctionTool,
-    "unsupported": refusing("tools", "Pagoda serves function tools: "
-                                     '{"type": "function", "name": ..., "parameters": ...}'),
-}, type_of)
+class UnsupportedTool(Unsupported):
+    what = "tools"
+    served = 'Pagoda serves function tools: {"type": "function", "name": ..., "parameters": ...}'
+
+
+Tool = tagged("tool", {"function": FunctionTool, "unsupported": UnsupportedTool}, type_of)
 
 
 class FunctionChoice(StrictModel):
@@ -259,26 +269,29 @@ class FunctionChoice(StrictModel):
     name: str
 
 
+class UnsupportedToolChoice(Unsupported):
+    what = "tool choices"
+    served = 'give "none", "auto", "required" or {"type": "function", "name": ...}'
+
+
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag("choice[mode]")]
     | Annotated[FunctionChoice, Tag("choice[function]")]
-    | Annotated[refusing("tool choices", 'give "none", "auto", "required" or '
-                                         '{"type": "function", "name": ...}'),
-                Tag("choice[unsupported]")],
+    | Annotated[UnsupportedToolChoice, Tag("choice[unsupported]")],
     Discriminator(lambda v: "choice[mode]" if isinstance(v, str) else
                   "choice[function]" if type_of(v) == "function" else "choice[unsupported]"),
 ]
 
 
-class TextFormat(StrictModel):
+class PlainTextFormat(StrictModel):
     type: Literal["text"]
 
 
-class JsonObjectFormat(StrictModel):
+class JsonObjectTextFormat(StrictModel):
     type: Literal["json_object"]
 
 
-class JsonSchemaFormat(StrictModel):
+class JsonSchemaTextFormat(StrictModel):
     type: Literal["json_schema"]
     name: str
     schema_: dict[str, Any] = Field(alias="schema")
@@ -287,9 +300,13 @@ class JsonSchemaFormat(StrictModel):
     """Accepted: the output always follows the schema (constrained decoding)."""
 
 
+class UnsupportedTextFormat(Unsupported):
+    what, served = "formats", "give text, json_object or json_schema"
+
+
 OutputFormat = tagged("format", {
-    "text": TextFormat, "json_object": JsonObjectFormat, "json_schema": JsonSchemaFormat,
-    "unsupported": refusing("formats", "give text, json_object or json_schema"),
+    "text": PlainTextFormat, "json_object": JsonObjectTextFormat,
+    "json_schema": JsonSchemaTextFormat, "unsupported": UnsupportedTextFormat,
 }, type_of)
 
 

@@ -41,15 +41,16 @@ from pagoda.entrypoints.openai.responses_api.output import (
 )
 from pagoda.entrypoints.openai.responses_api.protocol import (
     IGNORED_FIELDS,
-    FunctionCall,
-    FunctionCallOutput,
     FunctionChoice,
+    InputFunctionCall,
+    InputFunctionCallOutput,
     InputMessage,
+    InputReasoning,
     ResponsesRequest,
 )
-from pagoda.entrypoints.openai.responses_api.protocol import ReasoningItem as InputReasoning
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore, StoredResponse
 from pagoda.entrypoints.openai.responses_api.to_chat import (
+    CHAT_TAKES_REASONING_EFFORT,
     PREVIOUS_PARAM,
     chat_conversion,
     own_items,
@@ -75,7 +76,8 @@ class OpenAIServingResponses:
     async def create(self, request: ResponsesRequest, raw_request: Request) -> Response:
         for param, message in request.unsupported_fields():
             raise InvalidRequestError(message, param, "unsupported_parameter")
-        ignored = [name for name in IGNORED_FIELDS if getattr(request, name) is not None]
+        ignored = [name for name in IGNORED_FIELDS if getattr(request, name) is not None
+                   and not (name == "reasoning" and CHAT_TAKES_REASONING_EFFORT)]
         if ignored:
             logger.warning("responses: ignored fields (no meaning here): %s", ", ".join(ignored))
         previous = self.previous(request.previous_response_id)
@@ -221,9 +223,9 @@ def kept_indices(conversation: list, num_dropped: int) -> list[int]:
     """The items left after dropping the first `num_dropped`, less the
     function_call_output items that answer a dropped call."""
     dropped_calls = {item.call_id for item in conversation[:num_dropped]
-                     if isinstance(item, FunctionCall)}
+                     if isinstance(item, InputFunctionCall)}
     return [i for i in range(num_dropped, len(conversation))
-            if not (isinstance(conversation[i], FunctionCallOutput)
+            if not (isinstance(conversation[i], InputFunctionCallOutput)
                     and conversation[i].call_id in dropped_calls)]
 
 
@@ -235,7 +237,7 @@ def continued_items(output: list) -> list:
             items.append(InputMessage(role="assistant", id=item.id, status=item.status,
                                       content="".join(part.text for part in item.content)))
         elif isinstance(item, FunctionCallItem):
-            items.append(FunctionCall(type="function_call", id=item.id, status=item.status,
+            items.append(InputFunctionCall(type="function_call", id=item.id, status=item.status,
                                       call_id=item.call_id, name=item.name,
                                       arguments=item.arguments))
         elif isinstance(item, ReasoningItem):

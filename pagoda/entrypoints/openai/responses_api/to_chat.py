@@ -27,13 +27,13 @@ from pydantic import ValidationError
 from pagoda.entrypoints.openai.errors import from_validation_error
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
 from pagoda.entrypoints.openai.responses_api.protocol import (
-    FunctionCall,
-    FunctionCallOutput,
     FunctionChoice,
+    InputFunctionCall,
+    InputFunctionCallOutput,
     InputMessage,
-    JsonObjectFormat,
-    JsonSchemaFormat,
-    ReasoningItem,
+    InputReasoning,
+    JsonObjectTextFormat,
+    JsonSchemaTextFormat,
     ResponsesRequest,
     content_text,
 )
@@ -42,7 +42,12 @@ from pagoda.errors import InvalidRequestError
 PREVIOUS_PARAM = "previous_response_id"
 """What errors about items of the stored conversation name."""
 
+CHAT_TAKES_REASONING_EFFORT = "reasoning_effort" in ChatCompletionRequest.model_fields
+"""Whether chat passes `reasoning_effort` to the template (the reasoning parsers' issue):
+then `reasoning.effort` goes there."""
+
 RENAMED_FIELDS = {"max_completion_tokens": "max_output_tokens",
+                  "reasoning_effort": "reasoning.effort",
                   "max_tokens": "max_output_tokens", "logprobs": "top_logprobs",
                   "structured_outputs": "text.format", "response_format": "text.format",
                   "messages": "input"}
@@ -79,7 +84,7 @@ def chat_conversion(request: ResponsesRequest, items: list, item_params: list[st
         if isinstance(item, InputMessage):
             messages.append({"role": item.role, "content": content_text(item.content)})
             conversion.message_params.append(param)
-        elif isinstance(item, FunctionCall):
+        elif isinstance(item, InputFunctionCall):
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": None})
                 conversion.message_params.append(param)
@@ -88,7 +93,7 @@ def chat_conversion(request: ResponsesRequest, items: list, item_params: list[st
             calls.append({"id": item.call_id, "type": "function",
                           "function": {"name": item.name, "arguments": item.arguments}})
             called_ids.add(item.call_id)
-        elif isinstance(item, FunctionCallOutput):
+        elif isinstance(item, InputFunctionCallOutput):
             if item.call_id not in called_ids:
                 raise InvalidRequestError.about(
                     f"{param}.call_id", f"{item.call_id!r} answers no function_call item "
@@ -97,7 +102,7 @@ def chat_conversion(request: ResponsesRequest, items: list, item_params: list[st
                              "content": content_text(item.output)})
             conversion.message_params.append(param)
         else:
-            assert isinstance(item, ReasoningItem)  # left out of the prompt
+            assert isinstance(item, InputReasoning)  # left out of the prompt
     if not messages:
         raise InvalidRequestError.about("input", "has no message: give at least one")
     body = {"model": request.model, "messages": messages, **sampling_fields(request),
@@ -123,14 +128,16 @@ def sampling_fields(request: ResponsesRequest) -> dict:
         fields["stream_options"] = {"include_usage": True}  # the final usage
     if request.wants_logprobs:
         fields.update(logprobs=True, top_logprobs=request.top_logprobs or 0)
+    if CHAT_TAKES_REASONING_EFFORT and request.reasoning is not None:
+        fields["reasoning_effort"] = request.reasoning.effort
     return fields
 
 
 def response_format(request: ResponsesRequest) -> dict | None:
     text_format = request.text.format if request.text is not None else None
-    if isinstance(text_format, JsonObjectFormat):
+    if isinstance(text_format, JsonObjectTextFormat):
         return {"type": "json_object"}
-    if isinstance(text_format, JsonSchemaFormat):
+    if isinstance(text_format, JsonSchemaTextFormat):
         json_schema = {"name": text_format.name, "schema": text_format.schema_,
                        "description": text_format.description, "strict": text_format.strict}
         return {"type": "json_schema",
