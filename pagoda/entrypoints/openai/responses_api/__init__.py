@@ -2,6 +2,7 @@
 /v1/responses/{id}/input_items), served on the chat pipeline:
 
     protocol.py   the request, parsed strictly (every field of OpenAI's schema accepted)
+    input_items.py  its `input`: messages, function calls and outputs, reasoning items
     to_chat.py    request + stored conversation -> the chat request; chat's errors renamed
     serving.py    create (whole or streamed), the stored responses' routes
     output.py     a whole chat answer -> output items (reasoning, message, function_call)

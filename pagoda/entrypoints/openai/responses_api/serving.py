@@ -24,6 +24,12 @@ from fastapi.responses import JSONResponse, Response
 
 from pagoda.entrypoints.openai.errors import OpenAIError, bad_request
 from pagoda.entrypoints.openai.responses_api.events import ResponseEvents
+from pagoda.entrypoints.openai.responses_api.input_items import (
+    InputFunctionCall,
+    InputFunctionCallOutput,
+    InputMessage,
+    InputReasoning,
+)
 from pagoda.entrypoints.openai.responses_api.objects import (
     DeletedResponse,
     FunctionCallItem,
@@ -42,10 +48,6 @@ from pagoda.entrypoints.openai.responses_api.output import (
 from pagoda.entrypoints.openai.responses_api.protocol import (
     IGNORED_FIELDS,
     FunctionChoice,
-    InputFunctionCall,
-    InputFunctionCallOutput,
-    InputMessage,
-    InputReasoning,
     ResponsesRequest,
 )
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore, StoredResponse

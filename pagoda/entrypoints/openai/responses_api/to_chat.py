@@ -26,16 +26,18 @@ from pydantic import ValidationError
 
 from pagoda.entrypoints.openai.errors import from_validation_error
 from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
-from pagoda.entrypoints.openai.responses_api.protocol import (
-    FunctionChoice,
+from pagoda.entrypoints.openai.responses_api.input_items import (
     InputFunctionCall,
     InputFunctionCallOutput,
     InputMessage,
     InputReasoning,
+    content_text,
+)
+from pagoda.entrypoints.openai.responses_api.protocol import (
+    FunctionChoice,
     JsonObjectTextFormat,
     JsonSchemaTextFormat,
     ResponsesRequest,
-    content_text,
 )
 from pagoda.errors import InvalidRequestError
 
