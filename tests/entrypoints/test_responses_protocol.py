@@ -92,3 +92,30 @@ def test_chats_field_names_map_back_to_the_responses_ones():
         "context_length_exceeded"), conversion)
     assert (long.param, long.code) == ("input", "context_length_exceeded")
     assert long.message == "input is 99 tokens, but ... Please reduce the length of the input."
+
+
+def test_the_openapi_document_describes_the_responses_routes():
+    from pagoda.entrypoints.openai.openapi import openapi_document
+
+    document = openapi_document("Pagoda", "0", True)
+    paths = document["paths"]
+    create = paths["/v1/responses"]["post"]
+    assert set(create["responses"]) == {"200", "400", "401", "404", "408", "413", "500", "503"}
+    assert set(create["responses"]["200"]["content"]) == {"application/json",
+                                                          "text/event-stream"}
+    assert create["security"] == [{"apiKey": []}]
+    for method in ("get", "delete"):
+        operation = paths["/v1/responses/{response_id}"][method]
+        assert operation["parameters"] == [{"name": "response_id", "in": "path",
+                                            "required": True, "schema": {"type": "string"}}]
+        assert set(operation["responses"]) == {"200", "401", "404", "503"}
+    listing = paths["/v1/responses/{response_id}/input_items"]["get"]
+    assert [p["name"] for p in listing["parameters"]] == ["response_id", "limit", "order",
+                                                          "after"]
+    schemas = document["components"]["schemas"]
+    request = schemas["ResponsesRequest"]
+    assert request["additionalProperties"] is False and request["required"] == ["input"]
+    assert request["properties"]["top_logprobs"]["maximum"] == 20
+    assert schemas["UnsupportedTool"]["not"] == {}  # never valid: refused with its type named
+    assert {"Response", "ResponseUsage", "MessageItem", "FunctionCallItem",
+            "ReasoningItem"} <= set(schemas)
