@@ -244,6 +244,12 @@ def test_an_engine_failure_is_a_500_or_a_failed_event(http, client, engine):
     ({"input": "x", "background": True}, "background", "unsupported_parameter"),
     ({"input": "x", "conversation": "conv_1"}, "conversation", "unsupported_parameter"),
     ({"input": "x", "include": ["everything"]}, "include[0]", "invalid_type"),
+    ({"input": [{"type": []}]}, "input[0]", "invalid_value"),  # types of any JSON type
+    ({"input": [{"role": "user", "content": [{"type": {"a": 1}}]}]}, "input[0].content[0]",
+     "invalid_value"),
+    ({"input": "x", "tools": [{"type": ["function"]}]}, "tools[0]", "invalid_value"),
+    ({"input": "x", "text": {"format": {"type": 1}}}, "text.format", "invalid_value"),
+    ({"input": "x", "tool_choice": {"type": []}}, "tool_choice", "invalid_value"),
 ])
 def test_bad_requests_are_400s_naming_the_responses_field(http, engine, body, param, code):
     error = error_of(http.post("/v1/responses", json=body))

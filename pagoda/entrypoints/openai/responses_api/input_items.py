@@ -27,8 +27,8 @@ def tagged(kind: str, members: dict[str, type], tag_of) -> Any:
     """A union of `members` (name -> model) picked by `tag_of(value)` (a member name, or
     None for the Unsupported member under "unsupported"); tags read `kind[name]`."""
     def discriminate(value: Any) -> str:
-        name = tag_of(value)
-        return f"{kind}[{name if name in members else 'unsupported'}]"
+        name = tag_of(value)  # any JSON value: the type may be a list
+        return f"{kind}[{name if isinstance(name, str) and name in members else 'unsupported'}]"
 
     return Annotated[
         reduce(operator.or_, (Annotated[model, Tag(f"{kind}[{name}]")]
@@ -56,7 +56,8 @@ class Unsupported(BaseModel):
     def refuse(cls, value: Any) -> Any:
         kind = value.get("type") if isinstance(value, dict) else None
         if kind is not None:
-            raise ValueError(f"{cls.what} of type {kind!r} are not supported ({cls.served})")
+            raise ValueError(f"{cls.what} of type {repr(kind)[:40]} are not supported "
+                             f"({cls.served})")
         wrong = "needs a `type`" if isinstance(value, dict) else "must be an object"
         raise ValueError(f"{wrong} ({cls.served})")
 
