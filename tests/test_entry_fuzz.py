@@ -95,3 +95,56 @@ def test_cli_flags_run_or_fail_in_one_line(no_engine, capsys, flags) -> None:
     assert code == EXIT_USAGE
     errors = [line for line in captured.err.splitlines() if line.startswith("pagoda: error:")]
     assert len(errors) == 1, captured.err
+
+
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "role", "content", "text", "call_id", "name", "arguments",
+                         "output", "schema", "format", "id", "parameters"]), inner, max_size=4),
+    max_leaves=12)
+RESPONSE_ITEMS = st.lists(st.one_of(
+    JSON_VALUE,
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
+                           "content": JSON_VALUE}),
+    st.fixed_dictionaries({"type": st.sampled_from(["function_call", "function_call_output",
+                                                    "reasoning", "message", "image"]),
+                           "call_id": st.sampled_from(["c", 1]), "name": JSON_VALUE,
+                           "arguments": st.sampled_from(["{}", "[1]", "x"]),
+                           "output": JSON_VALUE}),
+), max_size=4)
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=8), RESPONSE_ITEMS),
+       st.dictionaries(st.sampled_from(["instructions", "tools", "tool_choice", "text",
+                                        "max_output_tokens", "temperature", "include",
+                                        "truncation", "store", "reasoning", "top_logprobs",
+                                        "parallel_tool_calls", "metadata", "bogus"]),
+                       JSON_VALUE, max_size=3))
+def test_responses_requests_convert_or_name_the_bad_field(input_, fields) -> None:
+    """POST /v1/responses' parsing and its conversion to chat (responses_api/): a request
+    becomes a chat request, or its error names a field the request has."""
+    import json
+
+    from pydantic import ValidationError
+
+    from pagoda.entrypoints.openai.errors import from_validation_error
+    from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
+    from pagoda.entrypoints.openai.responses_api.to_chat import chat_conversion, own_items
+    from pagoda.errors import InvalidRequestError
+
+    body = {"input": input_, **fields}
+    try:
+        request = ResponsesRequest.model_validate_json(json.dumps(body))
+        for param, message in request.unsupported_fields():
+            raise InvalidRequestError(message, param)
+        items = own_items(request)
+        chat_conversion(request, items, [f"input[{i}]" for i in range(len(items))])
+        return
+    except ValidationError as e:
+        param = from_validation_error(e).param
+    except InvalidRequestError as e:
+        param = e.param
+    assert param is not None and param.split(".")[0].split("[")[0] in body, (body, param)

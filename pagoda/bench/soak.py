@@ -1,6 +1,7 @@
 """`pagoda bench soak`: a long mixed load that checks the server loses nothing and leaks nothing.
 
-The workload (seeded, `soak_workload`) mixes both endpoints, streaming and not, n > 1, stop
+The workload (seeded, `soak_workload`) mixes completions, chat and responses (the Responses
+API: a share of the chat requests without stop strings), streaming and not, n > 1, stop
 strings, logprobs, greedy and seeded sampling, short and long prompts, and two client fates
 besides waiting for the answer: `disconnect` (a stream closed after its first chunks) and
 `cancel` (a request given up before its answer). Greedy requests draw from a few templates
@@ -22,7 +23,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
 import numpy as np
@@ -34,6 +35,10 @@ WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "
 SHORT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time",
                  "List three colors:", "The opposite of hot is", "Write a haiku about rain.")
 STOPS = (["\n"], [".", "!"], ["the"], None)
+PATHS = {**ENDPOINT_PATHS, "responses": "/v1/responses"}
+RESPONSES_SHARE = 0.4
+"""Of the chat requests without stop strings, this share goes to /v1/responses (n 1, no
+logprobs); a greedy one is checked against its chat template's reference."""
 METRICS = ("num_requests_running", "num_requests_waiting", "num_requests_tracked",
            "num_kv_blocks_held", "num_preemptions_total")
 
@@ -42,7 +47,7 @@ METRICS = ("num_requests_running", "num_requests_waiting", "num_requests_tracked
 class SoakRequest:
     index: int
     endpoint: str
-    """"completions" or "chat"."""
+    """"completions", "chat" or "responses"."""
     prompt: str
     """The prompt (completions) or the user message (chat)."""
     max_tokens: int
@@ -61,6 +66,9 @@ class SoakRequest:
     """The greedy template this request repeats (None: not greedy)."""
 
     def payload(self) -> dict:
+        if self.endpoint == "responses":
+            return {"input": self.prompt, "max_output_tokens": self.max_tokens,
+                    "temperature": self.temperature, "stream": self.stream}
         body: dict = {"max_tokens": self.max_tokens, "temperature": self.temperature,
                       "n": self.n, "stream": self.stream}
         if self.endpoint == "chat":
@@ -128,7 +136,10 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest]) ->
                 max_tokens=int(rng.integers(4, 96)), temperature=0.8,
                 seed=int(rng.integers(1 << 30)), stop=STOPS[int(rng.integers(len(STOPS)))],
                 **common))
-    return requests
+    share = np.random.default_rng(seed + 2)  # its own draws: the rest stays as it was
+    return [replace(r, endpoint="responses", n=1, logprobs=False)
+            if r.endpoint == "chat" and r.stop is None and share.random() < RESPONSES_SHARE
+            else r for r in requests]
 
 
 @dataclass
@@ -166,7 +177,7 @@ async def run_request(client: httpx.AsyncClient, base_url: str, request: SoakReq
     payload = request.payload()
     if model is not None:
         payload["model"] = model
-    url = base_url + ENDPOINT_PATHS[request.endpoint]
+    url = base_url + PATHS[request.endpoint]
     call = _stream(client, url, payload, request) if request.stream else \
         _whole(client, url, payload, request)
     cancel = request.fate == "cancel"
@@ -186,8 +197,12 @@ async def _whole(client, url, payload, request: SoakRequest) -> Outcome:
     if response.status_code != 200:
         status, detail = _error_detail(response.status_code, response.text)
         return Outcome(request.index, status, detail=detail)
-    texts = {c["index"]: _choice_text(c, request.endpoint, False)
-             for c in response.json()["choices"]}
+    body = response.json()
+    if request.endpoint == "responses":
+        return Outcome(request.index, "done", {0: "".join(
+            part["text"] for item in body["output"] if item["type"] == "message"
+            for part in item["content"] if part["type"] == "output_text")})
+    texts = {c["index"]: _choice_text(c, request.endpoint, False) for c in body["choices"]}
     return Outcome(request.index, "done", texts)
 
 
@@ -204,14 +219,33 @@ async def _stream(client, url, payload, request: SoakRequest) -> Outcome:
             if data == "[DONE]":
                 return Outcome(request.index, "done", texts)
             chunk = json.loads(data)
-            if "error" in chunk:
+            if request.endpoint == "responses":
+                ended = _responses_event(chunk, texts)
+                if ended is not None:
+                    return Outcome(request.index, ended[0], texts, detail=ended[1])
+            elif "error" in chunk:
                 return Outcome(request.index, "error", detail=chunk["error"]["message"])
-            for choice in chunk["choices"]:
-                index = choice["index"]
-                texts[index] = texts.get(index, "") + _choice_text(choice, request.endpoint, True)
+            else:
+                for choice in chunk["choices"]:
+                    index = choice["index"]
+                    texts[index] = texts.get(index, "") + _choice_text(choice, request.endpoint,
+                                                                       True)
             if request.fate == "disconnect":
                 return Outcome(request.index, "aborted")  # closes the connection mid-stream
-    return Outcome(request.index, "broken", detail="the stream ended without data: [DONE]")
+    return Outcome(request.index, "broken", detail="the stream ended without its last event")
+
+
+def _responses_event(event: dict, texts: dict[int, str]) -> tuple[str, str] | None:
+    """A Responses stream event: its text into texts[0]; (status, detail) when it is the
+    last one (response.completed / .incomplete: done; response.failed, error: an error)."""
+    kind = event["type"]
+    if kind == "response.output_text.delta":
+        texts[0] = texts.get(0, "") + event["delta"]
+    elif kind in ("response.completed", "response.incomplete"):
+        return "done", ""
+    elif kind in ("response.failed", "error"):
+        return "error", (event.get("response", {}).get("error") or event)["message"]
+    return None
 
 
 async def read_metrics(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:

@@ -20,6 +20,7 @@ from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
 from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
+from pagoda.entrypoints.openai.responses_api.store import DEFAULT_STORE_SIZE, DEFAULT_STORE_TTL_S
 from pagoda.entrypoints.reasoning.auto import REASONING_PARSER_CHOICES
 from pagoda.entrypoints.tools.parsers import TOOL_PARSER_CHOICES
 
@@ -81,6 +82,12 @@ def register(subparsers) -> None:
     server.add_argument("--record-redact", action="store_true",
                         help="with --record-traffic: record placeholder text of the same "
                              "token counts instead of the prompts and messages")
+    server.add_argument("--responses-store-size", type=int, default=DEFAULT_STORE_SIZE,
+                        help="most responses kept for GET /v1/responses/{id} and "
+                             "previous_response_id (the oldest go first; 0: keep none; "
+                             "default: %(default)s)")
+    server.add_argument("--responses-store-ttl", type=float, default=DEFAULT_STORE_TTL_S,
+                        help="seconds a stored response is kept (default: %(default)s)")
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
@@ -113,6 +120,11 @@ def check_server_args(args: argparse.Namespace) -> None:
     if not args.model_load_timeout > 0:
         raise ValueError(f"--model-load-timeout must be > 0 seconds, got {args.model_load_timeout}")
     check_record_args(args.record_traffic, args.record_redact)
+    if args.responses_store_size < 0:
+        raise ValueError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
+    if not args.responses_store_ttl > 0:
+        raise ValueError(f"--responses-store-ttl must be > 0 seconds, got "
+                         f"{args.responses_store_ttl}")
 
 
 def check_record_args(path: str | None, redact: bool) -> None:
@@ -170,6 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import pagoda
     from pagoda.entrypoints.openai.model_registry import ServedModel
+    from pagoda.entrypoints.openai.responses_api.store import ResponseStore
     from pagoda.entrypoints.openai.server import ServerState, build_app
     from pagoda.entrypoints.openai.uvicorn_server import run_server
 
@@ -227,6 +240,7 @@ def run_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         request_timeout=args.request_timeout, allowed_origins=tuple(args.allowed_origins),
         record_traffic=args.record_traffic, record_redact=args.record_redact,
+        responses_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if args.ssl_certfile else "http"

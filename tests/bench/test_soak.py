@@ -51,7 +51,11 @@ def test_the_workload_mixes_what_it_promises() -> None:
     templates = greedy_templates(seed=3)
     workload = soak_workload(400, 3, templates)
     assert workload == soak_workload(400, 3, templates)  # seeded
-    assert {r.endpoint for r in workload} == {"completions", "chat"}
+    assert {r.endpoint for r in workload} == {"completions", "chat", "responses"}
+    responses = [r for r in workload if r.endpoint == "responses"]
+    assert all(r.n == 1 and r.stop is None and not r.logprobs for r in responses)
+    assert {True, False} <= {r.stream for r in responses}
+    assert any(r.template is not None for r in responses)  # checked against chat's reference
     assert {r.fate for r in workload} == {"complete", "disconnect", "cancel"}
     assert all(r.stream for r in workload if r.fate == "disconnect")
     assert {True, False} <= {r.stream for r in workload}
@@ -106,3 +110,34 @@ def test_a_malformed_answer_counts_as_broken_not_a_crash() -> None:
     outcomes = asyncio.run(main())
     assert [o.status for o in outcomes] == ["broken", "broken"]
     assert "KeyError" in outcomes[0].detail and "JSONDecodeError" in outcomes[1].detail
+
+
+def test_responses_requests_are_read_whole_and_streamed() -> None:
+    """The soak's reading of /v1/responses answers, against the server in-process (the fake
+    engine of test_serving_pipeline.py answers `a` per token): the text, whole and streamed,
+    a disconnect, and a failure as a clean error."""
+    import asyncio
+
+    import httpx
+
+    from pagoda.bench.soak import SoakRequest, run_request
+    from pagoda.entrypoints.openai.server import ServerState, build_app
+    from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine
+
+    engine = FakeAsyncEngine()
+    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m"))
+
+    async def main(**fields) -> list:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app)) as client:
+            return [await run_request(client, "http://test", SoakRequest(
+                index=i, endpoint="responses", prompt="Hi", max_tokens=3, stream=stream,
+                **fields), None, 10.0) for i, stream in enumerate((False, True))]
+
+    outcomes = asyncio.run(main())
+    assert [(o.status, o.texts) for o in outcomes] == [("done", {0: "aaa"})] * 2
+    outcome = asyncio.run(main(fate="disconnect"))[1]
+    assert outcome.status == "aborted"
+    engine.fail_at_step = 2
+    outcomes = asyncio.run(main())
+    assert [o.status for o in outcomes] == ["error", "error"]
+    assert all("engine failed" in o.detail for o in outcomes)

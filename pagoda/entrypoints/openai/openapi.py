@@ -11,6 +11,7 @@ live server against the document with schemathesis.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -35,6 +36,13 @@ from pagoda.entrypoints.openai.responses import (
     TokenizeResponse,
     VersionResponse,
 )
+from pagoda.entrypoints.openai.responses_api.objects import (
+    DeletedResponse,
+    InputItemList,
+    Response,
+    ResponseStreamEvent,
+)
+from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -42,7 +50,8 @@ ERROR_MEANINGS = {
     400: "Invalid request: bad JSON, a wrong type, an unknown field or a value out of range.",
     401: "Missing or wrong API key (when the server has one).",
     403: "Loading and unloading models is off: the server has no --api-key.",
-    404: "The request names a model this server does not serve.",
+    404: "The request names a model this server does not serve (or a stored response it "
+         "does not hold).",
     408: "The request ran past the server's --request-timeout.",
     409: "The model is already being loaded, or is the only one loaded (unload).",
     413: "The request body is larger than the server's --max-request-bytes.",
@@ -65,6 +74,9 @@ class Operation:
     chunk: type[BaseModel] | None = None
     """With `"stream": true` the success is a text/event-stream of these chunks (None: the
     operation does not stream)."""
+    query: tuple[dict, ...] = ()
+    """Query parameters (OpenAPI parameter objects); path parameters (`{name}` in `path`)
+    are added by themselves, as strings."""
 
 
 GENERATION_ERRORS = (400, 401, 404, 408, 413, 500, 503)
@@ -74,6 +86,22 @@ OPERATIONS = (
     Operation("post", "/v1/chat/completions", "Create a chat completion (OpenAI)",
               ChatCompletionRequest, ChatCompletionResponse, GENERATION_ERRORS,
               chunk=ChatCompletionChunk),
+    Operation("post", "/v1/responses", "Create a response (OpenAI Responses API)",
+              ResponsesRequest, Response, GENERATION_ERRORS, chunk=ResponseStreamEvent),
+    Operation("get", "/v1/responses/{response_id}", "A stored response (OpenAI)", None,
+              Response, (401, 404, 503)),
+    Operation("delete", "/v1/responses/{response_id}", "Delete a stored response (OpenAI)",
+              None, DeletedResponse, (401, 404, 503)),
+    Operation("get", "/v1/responses/{response_id}/input_items",
+              "The input items of a stored response (OpenAI)", None, InputItemList,
+              (400, 401, 404, 503), query=(
+                  {"name": "limit", "in": "query", "required": False,
+                   "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                  {"name": "order", "in": "query", "required": False,
+                   "schema": {"enum": ["asc", "desc"]}},
+                  {"name": "after", "in": "query", "required": False,
+                   "schema": {"type": "string"}},
+              )),
     Operation("get", "/v1/models", "List the served models (OpenAI)", None, ModelList,
               (401, 503)),
     Operation("post", "/v1/models/load", "Load (or reload) a model while serving (Pagoda)",
@@ -110,6 +138,11 @@ def openapi_document(title: str, version: str, api_key_required: bool) -> dict:
                 "description": ERROR_MEANINGS[status],
                 "content": {"application/json": {"schema": error_schema}},
             }
+        parameters = [{"name": name, "in": "path", "required": True,
+                       "schema": {"type": "string"}}
+                      for name in re.findall(r"{(\w+)}", op.path)] + list(op.query)
+        if parameters:
+            operation["parameters"] = parameters
         if op.request is not None:
             operation["requestBody"] = {"required": True, "content": {
                 "application/json": {"schema": refs[(op.request, "validation")]}}}

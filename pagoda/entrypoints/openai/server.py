@@ -6,6 +6,9 @@ Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
     GET  /v1/models                                   (OpenAI; plus each model's `state`)
     POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
+    POST /v1/responses, GET and DELETE /v1/responses/{id}, GET .../{id}/input_items
+                                                      (OpenAI's Responses API, on chat:
+                                                      responses_api/)
     POST /tokenize, POST /detokenize                  (vLLM's shapes)
     GET  /health   200 while the engine loop runs, 503 once it died (the process then
                    exits with code 1 two seconds later); with --data-parallel-size N, 200
@@ -73,6 +76,9 @@ from pagoda.entrypoints.openai.responses import (
     TokenizeResponse,
     VersionResponse,
 )
+from pagoda.entrypoints.openai.responses_api import serving as responses_api
+from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
+from pagoda.entrypoints.openai.responses_api.store import ResponseStore
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
@@ -135,6 +141,8 @@ class ServerState:
     """Write one traffic entry per completions/chat request to this file (--record-traffic)."""
     record_redact: bool = False
     """Record placeholders of the same token counts instead of text (--record-redact)."""
+    responses_store: ResponseStore = field(default_factory=ResponseStore)
+    """Responses made with `store: true`, for all models (--responses-store-size, -ttl)."""
 
 
 class GateMiddleware:
@@ -318,6 +326,27 @@ async def create_chat_completion(raw_request: Request, registry: Registry) -> Re
         registry, request.model, lambda serving: serving.chat.serve(request, raw_request))
 
 
+async def create_response(raw_request: Request, state: State, registry: Registry) -> Response:
+    request = await parse_body(raw_request, ResponsesRequest)
+    return await serve_with_model(
+        registry, request.model, lambda serving: responses_api.OpenAIServingResponses(
+            serving.chat, state.responses_store).create(request, raw_request))
+
+
+async def retrieve_response(response_id: str, state: State) -> JSONResponse:
+    return responses_api.retrieve(state.responses_store, response_id)
+
+
+async def delete_response(response_id: str, state: State) -> JSONResponse:
+    return responses_api.delete(state.responses_store, response_id)
+
+
+async def list_response_input_items(response_id: str, raw_request: Request,
+                                    state: State) -> JSONResponse:
+    return responses_api.list_input_items(state.responses_store, response_id,
+                                          raw_request.query_params)
+
+
 async def list_models(registry: Registry) -> JSONResponse:
     cards = [model_card(model, "ready") for model in registry.ready.values()]
     cards += [ModelCard(id=name, state="loading") for name in registry.loading
@@ -414,6 +443,10 @@ async def metrics(state: State, registry: Registry) -> Response:
 ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/completions", create_completion),
     ("POST", "/v1/chat/completions", create_chat_completion),
+    ("POST", "/v1/responses", create_response),
+    ("GET", "/v1/responses/{response_id}", retrieve_response),
+    ("DELETE", "/v1/responses/{response_id}", delete_response),
+    ("GET", "/v1/responses/{response_id}/input_items", list_response_input_items),
     ("GET", "/v1/models", list_models),
     ("POST", "/v1/models/load", load_model),
     ("POST", "/v1/models/unload", unload_model),

@@ -22,6 +22,11 @@ An endpoint subclasses `ServingPipeline` and supplies:
                                  send nothing yet
     opening_choices(job)         chunks sent before any output (chat's role deltas)
 plus its response and chunk models. Prompt i's completion j is choice i * n + j.
+
+An endpoint built on another one's output (the Responses API on chat) calls its
+`validate`, `add_requests`, then `wait_for_response` (the response object) or
+`stream_chunks` (chunk objects, an OpenAIError last on failure): the same path without the
+HTTP bodies.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -190,10 +196,19 @@ class ServingPipeline(ABC):
                 self.stream_events(job, streams), on_close=lambda: self.abort(streams)
             )
         try:
-            outputs = await run_until_disconnect(
-                raw_request, with_deadline(final_outputs(streams), self.request_timeout))
+            response = await self.wait_for_response(job, streams, raw_request)
         except ClientDisconnected:
             return Response(status_code=499)
+        return JSONResponse(response.model_dump())
+
+    async def wait_for_response(self, job: ServingJob, streams: list[RequestStream],
+                                raw_request: Request) -> BaseModel:
+        """The whole response (the endpoint's response model) once every stream finished;
+        ClientDisconnected if the client left first, OpenAIError for an engine failure or
+        a timeout. The streams are aborted however it ends."""
+        try:
+            outputs = await run_until_disconnect(
+                raw_request, with_deadline(final_outputs(streams), self.request_timeout))
         except (EngineDeadError, EngineStepError) as e:
             raise engine_error(e) from None
         except RequestTimeout as e:
@@ -203,7 +218,7 @@ class ServingPipeline(ABC):
             self.abort(streams)
         response = self.response(job, outputs)
         leave_usage(job, response.usage)
-        return JSONResponse(response.model_dump())
+        return response
 
     def validate(self, request) -> ServingJob:
         """Every check a request passes before the engine sees it; raises InvalidRequestError
@@ -345,12 +360,27 @@ class ServingPipeline(ABC):
         self, job: ServingJob, streams: list[RequestStream]
     ) -> AsyncIterator[str]:
         """The SSE body: a chunk per choice delta, the usage chunk if asked, then [DONE]."""
+        exclude = None if job.request.include_usage else {"usage"}
+        async with aclosing(self.stream_chunks(job, streams)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, OpenAIError):
+                    yield sse_error(chunk)
+                else:
+                    yield sse(chunk.model_dump_json(exclude=exclude))
+        yield SSE_DONE
+
+    async def stream_chunks(
+        self, job: ServingJob, streams: list[RequestStream]
+    ) -> AsyncIterator[BaseModel | OpenAIError]:
+        """The stream as objects: a chunk (the endpoint's chunk model) per choice delta, the
+        usage chunk if the request asks for it, and last, if the engine fails or the request
+        times out, the error. The streams are aborted however it ends (close it with
+        `contextlib.aclosing`)."""
         n = job.params.n
         states = [self.choice_state_type(index) for index in range(len(streams) * n)]
-        exclude = None if job.request.include_usage else {"usage"}
         try:
             for choice in self.opening_choices(job):
-                yield self.chunk(job, [choice], exclude)
+                yield self.chunk(job, [choice])
             async for i, output in until_deadline(merge_streams(streams), self.request_timeout):
                 for completion in output.outputs:
                     state = states[i * n + completion.index]
@@ -362,27 +392,23 @@ class ServingPipeline(ABC):
                         continue
                     state.finished = completion.finished
                     for choice in choices if isinstance(choices, list) else [choices]:
-                        yield self.chunk(job, [choice], exclude)
+                        yield self.chunk(job, [choice])
             if job.request.include_usage:
                 usage = self.usage(job, sum(s.num_tokens for s in states))
                 yield self.chunk(job, [], usage=usage)
         except (EngineDeadError, EngineStepError) as e:
-            yield sse_error(engine_error(e))
+            yield engine_error(e)
         except RequestTimeout as e:
             await self.abort_and_wait(streams)
-            yield sse_error(e.error())
+            yield e.error()
         finally:
             self.abort(streams)
             leave_usage(job, self.usage(job, sum(s.num_tokens for s in states)))
-        yield SSE_DONE
 
-    def chunk(
-        self, job: ServingJob, choices: list[BaseModel], exclude: set[str] | None = None,
-        usage: UsageInfo | None = None,
-    ) -> str:
-        payload = self.chunk_type(id=job.request_id, created=job.created, model=self.model_name,
-                                  choices=choices, usage=usage)
-        return sse(payload.model_dump_json(exclude=exclude))
+    def chunk(self, job: ServingJob, choices: list[BaseModel],
+              usage: UsageInfo | None = None) -> BaseModel:
+        return self.chunk_type(id=job.request_id, created=job.created, model=self.model_name,
+                               choices=choices, usage=usage)
 
     @staticmethod
     def usage(job: ServingJob, num_completion_tokens: int) -> UsageInfo:
