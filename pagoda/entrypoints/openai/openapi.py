@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -74,6 +75,8 @@ OPERATIONS = (
     Operation("post", "/v1/chat/completions", "Create a chat completion (OpenAI)",
               ChatCompletionRequest, ChatCompletionResponse, GENERATION_ERRORS,
               chunk=ChatCompletionChunk),
+    Operation("post", "/v1/embeddings", "Create embeddings (OpenAI)", EmbeddingRequest,
+              EmbeddingResponse, GENERATION_ERRORS),
     Operation("get", "/v1/models", "List the served models (OpenAI)", None, ModelList,
               (401, 503)),
     Operation("post", "/v1/models/load", "Load (or reload) a model while serving (Pagoda)",
