@@ -219,3 +219,20 @@ def test_llm_pooling_keyword_sets_the_default(tmp_path):
                                atol=ATOL * 10, rtol=1e-5)
     with pytest.raises(ValueError, match="dimensions"):
         llm.embed([PROMPTS[0]], PoolingParams(dimensions=8), use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_gives_the_same_vectors(tiny):
+    """TP=2 (two worker processes): rank 0's pooled vectors equal TP=1's within float32
+    rounding of the split sums."""
+    _, llm = tiny
+    folder = llm.engine.model_files.path
+    tp2 = LLM(folder, tensor_parallel_size=2, **ENGINE)
+    try:
+        for pooling in POOLINGS:
+            for ours, theirs in zip(embed(tp2, PROMPTS, pooling=pooling),
+                                    embed(llm, PROMPTS, pooling=pooling)):
+                torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+        assert_all_blocks_free(tp2)
+    finally:
+        tp2.engine.shutdown()
