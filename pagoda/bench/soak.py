@@ -118,16 +118,17 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
     in sixteen cancels; with `embeddings`, one in eight is an embedding of one of
     embedding_inputs (one in eight of those cancelled)."""
     rng = np.random.default_rng(seed + 1)
+    embedding_rng = np.random.default_rng(seed + 3)  # (the other draws stay as they were)
     inputs = embedding_inputs(seed)
     requests = []
     for index in range(num_requests):
-        if embeddings and rng.random() < EMBEDDING_SHARE:
-            cancel = bool(rng.random() < 0.125)
+        if embeddings and embedding_rng.random() < EMBEDDING_SHARE:
+            cancel = bool(embedding_rng.random() < 0.125)
             requests.append(SoakRequest(
-                index=index, endpoint="embeddings", prompt=inputs[int(rng.integers(len(inputs)))],
-                max_tokens=0, stream=False, fate="cancel" if cancel else "complete",
-                cancel_after=float(rng.uniform(0.01, 0.2))))
-            continue
+                index=index, endpoint="embeddings",
+                prompt=inputs[int(embedding_rng.integers(len(inputs)))], max_tokens=0,
+                stream=False, fate="cancel" if cancel else "complete",
+                cancel_after=float(embedding_rng.uniform(0.01, 0.2))))
         stream = bool(rng.random() < 0.5)
         fate = "complete"
         draw = rng.random()
@@ -153,6 +154,8 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
                 max_tokens=int(rng.integers(4, 96)), temperature=0.8,
                 seed=int(rng.integers(1 << 30)), stop=STOPS[int(rng.integers(len(STOPS)))],
                 **common))
+        if len(requests) > 1 and requests[-2].index == index:
+            requests.pop()  # an embedding took this index (its request was drawn all the same)
     return requests
 
 
