@@ -236,3 +236,30 @@ def test_tensor_parallel_gives_the_same_vectors(tiny):
         assert_all_blocks_free(tp2)
     finally:
         tp2.engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_a_bare_decoder_stack_loads_and_embeds(arch, tmp_path):
+    """An embedding model saved as `Qwen3Model` / `LlamaModel` (names without `model.`, no
+    lm_head, as e5-mistral and Qwen3-Embedding are published) loads, and embeds as
+    transformers' stack computes."""
+    from transformers import AutoModel
+
+    from tests.executor.tiny_checkpoints import bundled_tokenizer
+
+    with_head = tmp_path / "with-head"
+    build_checkpoint_with_bundled_tokenizer(str(with_head), arch)
+    stack = AutoModel.from_pretrained(with_head, dtype=torch.float32).eval()  # the bare stack
+    bare = tmp_path / "bare"
+    stack.save_pretrained(bare, safe_serialization=True)
+    bundled_tokenizer().save_pretrained(bare)
+    config = json.loads((bare / "config.json").read_text())
+    assert config["architectures"][0].endswith("Model")
+    llm = LLM(str(bare), **ENGINE)
+    for pooling in POOLINGS:
+        [ours] = embed(llm, [PROMPTS[0]], pooling=pooling)
+        with torch.no_grad():
+            hidden = stack(torch.tensor([PROMPTS[0]])).last_hidden_state[0]
+        vector = {"last": hidden[-1], "mean": hidden.mean(dim=0), "cls": hidden[0]}[pooling]
+        torch.testing.assert_close(ours, torch.nn.functional.normalize(vector, dim=-1),
+                                   atol=ATOL, rtol=0)
