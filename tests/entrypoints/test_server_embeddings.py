@@ -116,6 +116,16 @@ def test_token_ids_and_dimensions(client, offline):
                                    atol=ATOL)
 
 
+def test_the_most_inputs_come_back_in_order(client, offline):
+    inputs = [[i % 500 + 1] for i in range(2048)]  # OpenAI's bound: 2048 inputs
+    response = client.embeddings.create(model=NAME, input=inputs, encoding_format="float")
+    assert [d.index for d in response.data] == list(range(2048))
+    expected = offline_vectors(offline, inputs[:3])
+    for data, vector in zip(response.data[500:503], expected):  # ids 1, 2, 3 again
+        np.testing.assert_allclose(data.embedding, vector, atol=ATOL)
+    assert response.usage.prompt_tokens == 2048
+
+
 BAD_REQUESTS = [
     ({"input": []}, "input"),
     ({"input": ""}, "input"),
