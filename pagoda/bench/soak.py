@@ -107,7 +107,7 @@ def greedy_templates(seed: int, count: int = 12) -> list[SoakRequest]:
 
 def embedding_inputs(seed: int) -> list[str]:
     """The inputs embedding requests draw from: the short prompts and two long ones."""
-    rng = np.random.default_rng(seed + 2)
+    rng = np.random.default_rng(seed + 4)
     return list(SHORT_PROMPTS) + [_long_prompt(rng, 200), _long_prompt(rng, 350)]
 
 
@@ -118,17 +118,8 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
     in sixteen cancels; with `embeddings`, one in eight is an embedding of one of
     embedding_inputs (one in eight of those cancelled)."""
     rng = np.random.default_rng(seed + 1)
-    embedding_rng = np.random.default_rng(seed + 3)  # (the other draws stay as they were)
-    inputs = embedding_inputs(seed)
     requests = []
     for index in range(num_requests):
-        if embeddings and embedding_rng.random() < EMBEDDING_SHARE:
-            cancel = bool(embedding_rng.random() < 0.125)
-            requests.append(SoakRequest(
-                index=index, endpoint="embeddings",
-                prompt=inputs[int(embedding_rng.integers(len(inputs)))], max_tokens=0,
-                stream=False, fate="cancel" if cancel else "complete",
-                cancel_after=float(embedding_rng.uniform(0.01, 0.2))))
         stream = bool(rng.random() < 0.5)
         fate = "complete"
         draw = rng.random()
@@ -154,9 +145,25 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
                 max_tokens=int(rng.integers(4, 96)), temperature=0.8,
                 seed=int(rng.integers(1 << 30)), stop=STOPS[int(rng.integers(len(STOPS)))],
                 **common))
-        if len(requests) > 1 and requests[-2].index == index:
-            requests.pop()  # an embedding took this index (its request was drawn all the same)
-    return requests
+    return with_embeddings(requests, seed) if embeddings else requests
+
+
+def with_embeddings(requests: list[SoakRequest], seed: int) -> list[SoakRequest]:
+    """One request in eight replaced by an embedding of one of embedding_inputs (one in
+    eight of those cancelled), by draws of its own: the other requests stay as they were."""
+    rng = np.random.default_rng(seed + 3)
+    inputs = embedding_inputs(seed)
+    mixed = []
+    for request in requests:
+        if rng.random() < EMBEDDING_SHARE:
+            cancel = bool(rng.random() < 0.125)
+            request = SoakRequest(
+                index=request.index, endpoint="embeddings",
+                prompt=inputs[int(rng.integers(len(inputs)))], max_tokens=0, stream=False,
+                fate="cancel" if cancel else "complete",
+                cancel_after=float(rng.uniform(0.01, 0.2)))
+        mixed.append(request)
+    return mixed
 
 
 @dataclass
