@@ -34,6 +34,8 @@ DISTRIBUTED_BACKENDS = ("mp", "ray")
 """`distributed_executor_backend` values: local processes (mp) or actors on a Ray cluster."""
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`ray_placement_strategy` values, Ray's placement group strategies."""
+POOLING_CHOICES = ("last", "mean", "cls")
+"""`pooling` values (pagoda/pooling_params.py)."""
 
 
 
@@ -303,11 +305,35 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class EmbeddingConfig:
+    """How embedding requests (POST /v1/embeddings, LLM.embed) pool the model's final hidden
+    states (pagoda/pooling_params.py); each None takes the model's own files."""
+
+    pooling: str | None = field(default=None, metadata={"choices": POOLING_CHOICES})
+    """Embedding pooling: last (the last token's hidden state), mean (over the prompt) or
+    cls (the first token's). None: the model's sentence-transformers files (modules.json,
+    1_Pooling/config.json) or GGUF pooling_type, else last (decoder embedding models)."""
+    normalize_embeddings: bool | None = None
+    """L2-normalise embeddings. None: as the model's sentence-transformers files say (a
+    Normalize module), else yes (vLLM's default)."""
+    matryoshka: bool = False
+    """Allow `dimensions` on embedding requests (Matryoshka truncation, then renormalising)
+    for any size up to the hidden size, though the model's config.json does not declare
+    is_matryoshka or matryoshka_dimensions."""
+
+    def __post_init__(self) -> None:
+        if self.pooling is not None and self.pooling not in POOLING_CHOICES:
+            raise ValueError(f"pooling must be None or one of {', '.join(POOLING_CHOICES)}, "
+                             f"got {self.pooling!r}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     speculative_config: str | None = None

@@ -1,7 +1,8 @@
 """What the engine returns per request: RequestOutput holding one CompletionOutput per choice.
 
 Text and token ids are cumulative; the `delta_*` fields hold what is new since the previous
-output of the same request, for streaming.
+output of the same request, for streaming. A pooling (embedding) request has one output,
+finished with reason "stop" and no tokens, and its vector in `RequestOutput.embedding`.
 """
 
 from __future__ import annotations
@@ -83,3 +84,32 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobDict | None] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    embedding: list[float] | None = None
+    """A pooling request's vector (set on its finished output; None for generation)."""
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+    """The pooled vector (cut to its dimensions, normalised as asked)."""
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt (vLLM's shape: `output.outputs.embedding`)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    prompt: str | None = None
+
+    @classmethod
+    def from_request_output(cls, output: RequestOutput) -> EmbeddingRequestOutput:
+        assert output.embedding is not None, "a finished pooling request has its vector"
+        return cls(output.request_id, output.prompt_token_ids,
+                   EmbeddingOutput(output.embedding), output.finished, output.prompt)

@@ -18,6 +18,11 @@ pagoda/executor/input_batch.py):
     never
         the sampled tokens: the runner sampled them, it appends them itself.
 
+Pooling (embedding) requests carry their PoolingParams in NewRequestData; they sample
+nothing (sampled_token_ids None), and the step that computes a prompt's last chunk returns
+the pooled vector in ModelRunnerOutput.pooled (the runner keeps the running sum or first
+hidden state across chunks itself).
+
 Speculative decoding (pagoda/executor/spec_decode/): the runner's output carries new
 proposals per request; the scheduler schedules them after the request's last token (within
 the budget) and hands them back in spec_token_ids; the runner verifies them in the step's
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagoda.outputs import TokenLogprobs
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 
@@ -53,6 +59,9 @@ class NewRequestData:
     all of the same length."""
     num_computed_tokens: int
     """Tokens whose KV is already in the cache (prefix-cache hits) before this step."""
+    pooling_params: PoolingParams | None = None
+    """Set (resolved) for a pooling request: the runner pools its prompt's final hidden
+    states instead of sampling, and returns the vector in ModelRunnerOutput.pooled."""
 
 
 @dataclass
@@ -109,6 +118,9 @@ class ModelRunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
     """Request id -> why it cannot go on (its logits were not finite): nothing was sampled
     for it; the engine fails that request alone."""
+    pooled: dict[str, list[float]] = field(default_factory=dict)
+    """Per pooling request whose prompt was completed this step: its embedding (pooled,
+    cut to its dimensions, normalised as its PoolingParams say)."""
     step_executor: str | None = None
     """Which executor ran the step's forward (executor/model_runner.py): "whole-stack",
     "compiled" or "eager"; None for a step with no request."""

@@ -6,7 +6,11 @@ strings, logprobs, greedy and seeded sampling, short and long prompts, and two c
 besides waiting for the answer: `disconnect` (a stream closed after its first chunks) and
 `cancel` (a request given up before its answer). Greedy requests draw from a few templates
 whose answers are first taken alone, one at a time (`references`); under load every greedy
-choice must equal its template's reference.
+choice must equal its template's reference. One request in eight is an embedding
+(POST /v1/embeddings, one of EMBEDDING_INPUTS): its vector, taken alone first too, must
+come back under load in the same direction (cosine >= EMBEDDING_MIN_COSINE: batching may
+change float rounding, nothing more); `--no-embeddings` leaves them out (a server without
+/v1/embeddings).
 
     references (alone) -> warm-up requests -> the rest -> drain -> final /metrics
                  RSS sampled from /metrics all along (process_resident_memory_bytes)
@@ -35,10 +39,12 @@ WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "
 SHORT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time",
                  "List three colors:", "The opposite of hot is", "Write a haiku about rain.")
 STOPS = (["\n"], [".", "!"], ["the"], None)
-PATHS = {**ENDPOINT_PATHS, "responses": "/v1/responses"}
+PATHS = {**ENDPOINT_PATHS, "responses": "/v1/responses", "embeddings": "/v1/embeddings"}
 RESPONSES_SHARE = 0.4
 """Of the chat requests without stop strings, this share goes to /v1/responses (n 1, no
 logprobs); a greedy one is checked against its chat template's reference."""
+EMBEDDING_SHARE = 0.125
+EMBEDDING_MIN_COSINE = 0.999
 METRICS = ("num_requests_running", "num_requests_waiting", "num_requests_tracked",
            "num_kv_blocks_held", "num_preemptions_total")
 
@@ -47,9 +53,9 @@ METRICS = ("num_requests_running", "num_requests_waiting", "num_requests_tracked
 class SoakRequest:
     index: int
     endpoint: str
-    """"completions", "chat" or "responses"."""
+    """"completions", "chat", "responses" or "embeddings"."""
     prompt: str
-    """The prompt (completions) or the user message (chat)."""
+    """The prompt (completions), the user message (chat) or the input (embeddings)."""
     max_tokens: int
     stream: bool
     n: int = 1
@@ -69,6 +75,8 @@ class SoakRequest:
         if self.endpoint == "responses":
             return {"input": self.prompt, "max_output_tokens": self.max_tokens,
                     "temperature": self.temperature, "stream": self.stream}
+        if self.endpoint == "embeddings":
+            return {"input": self.prompt}
         body: dict = {"max_tokens": self.max_tokens, "temperature": self.temperature,
                       "n": self.n, "stream": self.stream}
         if self.endpoint == "chat":
@@ -104,10 +112,18 @@ def greedy_templates(seed: int, count: int = 12) -> list[SoakRequest]:
     return templates
 
 
-def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest]) -> list[SoakRequest]:
+def embedding_inputs(seed: int) -> list[str]:
+    """The inputs embedding requests draw from: the short prompts and two long ones."""
+    rng = np.random.default_rng(seed + 4)
+    return list(SHORT_PROMPTS) + [_long_prompt(rng, 200), _long_prompt(rng, 350)]
+
+
+def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
+                  embeddings: bool = True) -> list[SoakRequest]:
     """`num_requests` requests: about half greedy repeats of `templates` (n up to 3, any
     delivery, some with logprobs), the rest seeded sampling; one in eight disconnects, one
-    in sixteen cancels."""
+    in sixteen cancels; with `embeddings`, one in eight is an embedding of one of
+    embedding_inputs (one in eight of those cancelled)."""
     rng = np.random.default_rng(seed + 1)
     requests = []
     for index in range(num_requests):
@@ -137,9 +153,28 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest]) ->
                 seed=int(rng.integers(1 << 30)), stop=STOPS[int(rng.integers(len(STOPS)))],
                 **common))
     share = np.random.default_rng(seed + 2)  # its own draws: the rest stays as it was
-    return [replace(r, endpoint="responses", n=1, logprobs=False)
-            if r.endpoint == "chat" and r.stop is None and share.random() < RESPONSES_SHARE
-            else r for r in requests]
+    requests = [replace(r, endpoint="responses", n=1, logprobs=False)
+                if r.endpoint == "chat" and r.stop is None and share.random() < RESPONSES_SHARE
+                else r for r in requests]
+    return with_embeddings(requests, seed) if embeddings else requests
+
+
+def with_embeddings(requests: list[SoakRequest], seed: int) -> list[SoakRequest]:
+    """One request in eight replaced by an embedding of one of embedding_inputs (one in
+    eight of those cancelled), by draws of its own: the other requests stay as they were."""
+    rng = np.random.default_rng(seed + 3)
+    inputs = embedding_inputs(seed)
+    mixed = []
+    for request in requests:
+        if rng.random() < EMBEDDING_SHARE:
+            cancel = bool(rng.random() < 0.125)
+            request = SoakRequest(
+                index=request.index, endpoint="embeddings",
+                prompt=inputs[int(rng.integers(len(inputs)))], max_tokens=0, stream=False,
+                fate="cancel" if cancel else "complete",
+                cancel_after=float(rng.uniform(0.01, 0.2)))
+        mixed.append(request)
+    return mixed
 
 
 @dataclass
@@ -152,6 +187,8 @@ class Outcome:
     status: str
     texts: dict[int, str] = field(default_factory=dict)
     """Choice index -> its whole text (done requests)."""
+    vector: list[float] | None = None
+    """An embedding request's vector (done)."""
     detail: str = ""
     """What went wrong (error, broken, hung)."""
 
@@ -198,6 +235,9 @@ async def _whole(client, url, payload, request: SoakRequest) -> Outcome:
         status, detail = _error_detail(response.status_code, response.text)
         return Outcome(request.index, status, detail=detail)
     body = response.json()
+    if request.endpoint == "embeddings":
+        [data] = body["data"]
+        return Outcome(request.index, "done", vector=[float(x) for x in data["embedding"]])
     if request.endpoint == "responses":
         return Outcome(request.index, "done", {0: "".join(
             part["text"] for item in body["output"] if item["type"] == "message"
@@ -268,6 +308,9 @@ class SoakReport:
     """Details of "error", "broken" and "hung" outcomes, counted."""
     num_greedy_checked: int = 0
     greedy_mismatches: list[dict] = field(default_factory=list)
+    num_embeddings_checked: int = 0
+    embedding_mismatches: list[dict] = field(default_factory=list)
+    """Embeddings whose cosine with their reference fell below EMBEDDING_MIN_COSINE."""
     num_preemptions: float = 0.0
     after_drain: dict[str, float] = field(default_factory=dict)
     rss_samples: list[tuple[float, int, float]] = field(default_factory=list)
@@ -288,6 +331,9 @@ class SoakReport:
         if self.greedy_mismatches:
             found.append(f"{len(self.greedy_mismatches)} greedy choice(s) differ from their "
                          "reference")
+        if self.embedding_mismatches:
+            found.append(f"{len(self.embedding_mismatches)} embedding(s) differ from their "
+                         "reference")
         for name in ("num_requests_running", "num_requests_waiting", "num_requests_tracked",
                      "num_kv_blocks_held"):
             if self.after_drain.get(name, 0) != 0:
@@ -305,8 +351,9 @@ async def run_soak(base_url: str, num_requests: int, concurrency: int = 16, seed
                    model: str | None = None, api_key: str | None = None,
                    timeout: float = 300.0, warmup_fraction: float = 0.2,
                    sample_every: float = 2.0, max_rss_growth: float = 0.05,
-                   progress=None) -> SoakReport:
-    """Run the soak against `base_url`; `progress(done, total)` is called as requests end."""
+                   progress=None, embeddings: bool = True) -> SoakReport:
+    """Run the soak against `base_url`; `progress(done, total)` is called as requests end.
+    `embeddings`: mix in embedding requests (the server serves /v1/embeddings)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 4)
     report = SoakReport(num_requests, max_rss_growth=max_rss_growth)
@@ -319,7 +366,17 @@ async def run_soak(base_url: str, num_requests: int, concurrency: int = 16, seed
                 raise BenchError(f"the reference request of template {template.template} "
                                    f"failed: {outcome.status} {outcome.detail}")
             references[template.template] = outcome.texts[0]
-        workload = soak_workload(num_requests, seed, templates)
+        vectors = {}
+        for text in embedding_inputs(seed) if embeddings else []:  # alone, one at a time
+            reference = SoakRequest(index=-1, endpoint="embeddings", prompt=text, max_tokens=0,
+                                    stream=False)
+            outcome = await run_request(client, base_url, reference, model, timeout)
+            if outcome.status != "done":
+                raise BenchError(f"the reference embedding of {text[:40]!r} failed: "
+                                 f"{outcome.status} {outcome.detail} (--no-embeddings leaves "
+                                 "embeddings out)")
+            vectors[text] = outcome.vector
+        workload = soak_workload(num_requests, seed, templates, embeddings)
         start_metrics = await read_metrics(client, base_url)
         start = time.perf_counter()
         finished: list[Outcome] = []
@@ -353,6 +410,7 @@ async def run_soak(base_url: str, num_requests: int, concurrency: int = 16, seed
     report.num_preemptions = (report.after_drain.get("num_preemptions_total", 0.0)
                               - start_metrics.get("num_preemptions_total", 0.0))
     _tally(report, finished, workload, references)
+    _check_embeddings(report, finished, workload, vectors)
     return report
 
 
@@ -385,6 +443,20 @@ def _tally(report: SoakReport, finished: list[Outcome], workload: list[SoakReque
                 report.greedy_mismatches.append({
                     "request": outcome.index, "choice": choice, "template": request.template,
                     "stream": request.stream, "got": text[:200], "reference": reference[:200]})
+
+
+def _check_embeddings(report: SoakReport, finished: list[Outcome], workload: list[SoakRequest],
+                      vectors: dict[str, list[float]]) -> None:
+    for outcome in finished:
+        request = workload[outcome.index]
+        if outcome.status != "done" or request.endpoint != "embeddings":
+            continue
+        report.num_embeddings_checked += 1
+        got, reference = np.asarray(outcome.vector), np.asarray(vectors[request.prompt])
+        cosine = float(got @ reference / (np.linalg.norm(got) * np.linalg.norm(reference)))
+        if got.shape != reference.shape or not cosine >= EMBEDDING_MIN_COSINE:
+            report.embedding_mismatches.append({
+                "request": outcome.index, "input": request.prompt[:80], "cosine": cosine})
 
 
 def plot_rss(report: SoakReport, path: str) -> None:

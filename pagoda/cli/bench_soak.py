@@ -37,6 +37,8 @@ def register(bench_subparsers) -> None:
     soak.add_argument("--plot", default=None, help="write the RSS curve (PNG) here")
     soak.add_argument("--no-progress", dest="progress", action="store_false",
                       help="no progress bar")
+    soak.add_argument("--no-embeddings", dest="embeddings", action="store_false",
+                      help="leave embedding requests out (a server without /v1/embeddings)")
     soak.set_defaults(func=run_bench_soak)
 
 
@@ -63,7 +65,8 @@ def run_bench_soak(args: argparse.Namespace) -> int:
         report = asyncio.run(run_soak(
             base_url, args.num_requests, args.max_concurrency, args.seed, args.model,
             args.api_key, args.timeout, args.warmup_fraction, args.sample_every,
-            args.max_rss_growth, progress=lambda done, total: bar.update(done - bar.n)))
+            args.max_rss_growth, progress=lambda done, total: bar.update(done - bar.n),
+            embeddings=args.embeddings))
     result = report.to_json()
     if args.output:
         with open(args.output, "w") as f:
@@ -71,7 +74,8 @@ def run_bench_soak(args: argparse.Namespace) -> int:
     if args.plot:
         plot_rss(report, args.plot)
     print(f"{report.num_requests} requests in {report.duration_s:.0f} s: {report.outcomes}; "
-          f"{report.num_greedy_checked} greedy choices checked; {report.num_preemptions:g} "
+          f"{report.num_greedy_checked} greedy choices and {report.num_embeddings_checked} "
+          f"embeddings checked; {report.num_preemptions:g} "
           f"preemptions; RSS {report.rss_after_warmup / 2**20:.0f} -> "
           f"{report.rss_after_drain / 2**20:.0f} MiB ({report.rss_growth:+.1%})")
     for error, count in sorted(report.errors.items(), key=lambda item: -item[1]):

@@ -23,6 +23,7 @@ from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.llm_engine import LLMEngine
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import open_checkpoint
+from pagoda.executor.loader.pooling_files import model_pooling
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
 from pagoda.executor.models.registry import resolve_model_class
 from pagoda.executor.runner_builder import build_runner
@@ -42,6 +43,9 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     checkpoint = open_checkpoint(files)  # before the tokenizer: clearer errors on bad files
     hf_config = checkpoint.hf_config
     resolve_model_class(hf_config)  # an unsupported architecture fails here
+    pooling = model_pooling(config.embedding, files, hf_config,
+                            (checkpoint.architecture, checkpoint.pooling_type)
+                            if files.format == "gguf" else None)
     tokenizer = load_tokenizer(resolve_model_files(config.model.tokenizer)
                                if config.model.tokenizer else files)
     eos_ids = eos_token_ids(files, tokenizer, hf_config)
@@ -63,8 +67,10 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         num_blocks=built.num_blocks,
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
         grammar_compiler=grammar_compiler, kv_cache_windows=built.kv_cache_windows,
-        run_info=built.run_info,
+        run_info=built.run_info, model_pooling=pooling,
     )
+    logger.info("embeddings: %s pooling (from %s), %s", pooling.pooling, pooling.source,
+                "normalised" if pooling.normalize else "not normalised")
     collect_and_freeze()
     return engine
 

@@ -59,6 +59,8 @@ class EngineCore(Protocol):
     vocab_size: int
     run_info: dict
     """The device, CPU, dtypes and kernels the model runs with (cpu_info.run_info)."""
+    model_pooling: Any
+    """How the model pools embeddings (pooling_params.ModelPooling; None: no embeddings)."""
     metrics: Any
     """The core's metrics (EngineMetrics or DataParallelMetrics), set before `start`."""
     dead_error: BaseException | None
@@ -101,7 +103,8 @@ class EngineFrontEnd:
         self.vocab_size: int = core.vocab_size
         self.run_info: dict = core.run_info
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size,
-                                              self.max_model_len, core.grammar_compiler)
+                                              self.max_model_len, core.grammar_compiler,
+                                              getattr(core, "model_pooling", None))
         self._streams: dict[str, RequestStream] = {}
         self.num_unfinished_seqs = 0
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from pagoda.errors import InvalidRequestError
+from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 
@@ -33,18 +34,25 @@ class EngineRequest:
     priority: int = 0
     grammar: str | None = None
     """The compiled (validated) grammar of params.structured_outputs, if any."""
+    pooling: PoolingParams | None = None
+    """Set for a pooling (embedding) request, resolved against the model: prefill only, it
+    ends with its vector (RequestOutput.embedding) and samples nothing (`params` are then
+    neutral and unused, max_tokens 0)."""
 
 
 class InputProcessor:
     def __init__(
-        self, tokenizer, vocab_size: int, max_model_len: int, grammar_compiler=None
+        self, tokenizer, vocab_size: int, max_model_len: int, grammar_compiler=None,
+        model_pooling: ModelPooling | None = None,
     ) -> None:
         """`grammar_compiler`: a pagoda.engine.grammar.GrammarCompiler, or None when the
-        engine takes no structured-output requests."""
+        engine takes no structured-output requests. `model_pooling`: how the model pools
+        embeddings (None: the engine takes no pooling requests)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.grammar_compiler = grammar_compiler
+        self.model_pooling = model_pooling
 
     def process(
         self,
@@ -103,6 +111,54 @@ class InputProcessor:
             max_tokens=max_tokens,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
+        )
+
+    def process_pooling(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: PoolingParams,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        prompt_param: str = "input",
+    ) -> EngineRequest:
+        """A pooling (embedding) request: tokenize (unless `prompt_token_ids` is given),
+        check, and resolve `params` against the model (`dimensions` checked there). The
+        whole context is the prompt's: no room for output is needed."""
+        if not isinstance(params, PoolingParams):
+            raise InvalidRequestError(f"expected PoolingParams, got {type(params).__name__}")
+        if self.model_pooling is None:
+            raise InvalidRequestError("embeddings are not available on this engine",
+                                      prompt_param, "unsupported_parameter")
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                prompt_token_ids = self.tokenizer.encode(prompt)
+            elif isinstance(prompt, (list, tuple)):
+                prompt_token_ids = prompt
+            else:
+                raise InvalidRequestError(
+                    f"{prompt_param} must be a string or a list of token ids, got "
+                    f"{type(prompt).__name__}", prompt_param,
+                )
+        prompt_token_ids = list(prompt_token_ids)
+        self._check_token_ids(prompt_token_ids, prompt_param)
+        if len(prompt_token_ids) > self.max_model_len:
+            raise InvalidRequestError(
+                f"{prompt_param} is {len(prompt_token_ids)} tokens, but this model's maximum "
+                f"context length is {self.max_model_len} tokens. Please reduce the length of "
+                f"the {prompt_param}.", prompt_param, "context_length_exceeded",
+            )
+        return EngineRequest(
+            request_id=request_id,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=prompt_token_ids,
+            params=SamplingParams(max_tokens=None),
+            max_tokens=0,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            priority=priority,
+            pooling=params.resolved(self.model_pooling),
         )
 
     def _check_token_ids(self, token_ids: list[int], param: str) -> None:

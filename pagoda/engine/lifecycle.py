@@ -5,7 +5,8 @@
                   share their prompt blocks through the prefix cache
     process_step  each new token: logprobs recorded, every stop rule applied in one place
                   (EOS, stop ids, max_tokens, context length: stop_rules.py; stop strings:
-                  the detokenizer) -> the sequences that finished, with their status
+                  the detokenizer) -> the sequences that finished, with their status; a
+                  pooling request ends ("stop") in the step its vector comes back
     take_failed   the sequences whose own grammar or detokenization raised (each fails
                   alone: the engine aborts its request and reports it as an error)
     abort         -> the sequences to finish
@@ -53,6 +54,8 @@ class ParentState:
     metrics: RequestMetrics
     children: list[ChildState] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobDict | None] | None = None
+    embedding: list[float] | None = None
+    """A pooling request's vector, once its prompt is computed."""
 
     @property
     def finished(self) -> bool:
@@ -97,6 +100,7 @@ class RequestLifecycle:
         """Register a request; returns its sequences, for the scheduler to queue."""
         assert request.request_id not in self.parents, request.request_id
         params = request.params
+        assert request.pooling is None or params.n == 1, "a pooling request has one sequence"
         parent = ParentState(
             request.request_id, request.prompt, request.prompt_token_ids, params,
             RequestMetrics(request.arrival_time),
@@ -116,7 +120,7 @@ class RequestLifecycle:
             sequence = Request(
                 child_id, request.prompt_token_ids, child_params, self.eos_token_ids,
                 arrival_time=request.arrival_time, priority=request.priority,
-                max_tokens=request.max_tokens,
+                max_tokens=request.max_tokens, pooling_params=request.pooling,
             )
             sequences.append(sequence)
             completion = CompletionOutput(
@@ -172,7 +176,9 @@ class RequestLifecycle:
         sequences that finished (id, status) for the scheduler to free."""
         for sequence_id, logprobs in runner_output.prompt_logprobs.items():
             self._add_prompt_logprobs(sequence_id, logprobs)
-        finished = []
+        finished = [(sequence_id, RequestStatus.FINISHED_STOPPED)
+                    for sequence_id, vector in runner_output.pooled.items()
+                    if self._add_embedding(sequence_id, vector, now)]
         stopped: set[str] = set()
         num_seen: dict[str, int] = {}  # tokens of each sequence met so far this step
         for sequence, token_id in new_tokens:
@@ -259,6 +265,21 @@ class RequestLifecycle:
             result.append(position)
         return result
 
+    def _add_embedding(self, sequence_id: str, vector: list[float], now: float) -> bool:
+        """Record a pooling request's vector and end it; False for one gone meanwhile
+        (aborted) or failing."""
+        child = self.children.get(sequence_id)
+        if child is None or sequence_id in self.failed:
+            return False
+        metrics = child.parent.metrics
+        metrics.first_scheduled_time = child.request.first_scheduled_time
+        metrics.num_cached_tokens = max(child.request.num_cached_tokens, 0)
+        metrics.last_token_time = now
+        child.parent.embedding = vector
+        child.completion.finish_reason = RequestStatus.FINISHED_STOPPED.finish_reason
+        self._mark_updated(child)
+        return True
+
     def _add_prompt_logprobs(self, sequence_id: str, logprobs: TokenLogprobs) -> None:
         child = self.children.get(sequence_id)
         if child is None or child.completion.index != 0:
@@ -322,6 +343,7 @@ class RequestLifecycle:
                     prompt_logprobs=parent.prompt_logprobs,
                     metrics=parent.metrics,
                     num_cached_tokens=parent.metrics.num_cached_tokens,
+                    embedding=parent.embedding,
                 )
             )
         return outputs

@@ -33,6 +33,7 @@ from pagoda.engine.scheduler import Scheduler
 from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
+from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
@@ -70,6 +71,7 @@ class LLMEngine:
         grammar_compiler: GrammarCompiler | None = None,
         kv_cache_windows: Sequence[int | None] = (None,),
         run_info: dict | None = None,
+        model_pooling: ModelPooling | None = None,
     ) -> None:
         """Built by builder.build_engine. `grammar_compiler` serves structured outputs
         (None: such requests are refused). `num_blocks` and `kv_cache_windows`: the number
@@ -88,8 +90,9 @@ class LLMEngine:
         self.dtype = getattr(runner, "dtype", None)
         self.grammar_compiler = grammar_compiler
         self.run_info: dict = dict(run_info or {})
+        self.model_pooling = model_pooling
         self.input_processor = InputProcessor(tokenizer, vocab_size, max_model_len,
-                                              grammar_compiler)
+                                              grammar_compiler, model_pooling)
         self._block_manager = KVCacheManager(
             list(num_blocks), config.cache.block_size, list(kv_cache_windows),
             config.cache.enable_prefix_caching,
@@ -122,18 +125,25 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         prompt_token_ids: list[int] | None = None,
     ) -> None:
         """Validate (InputProcessor) and queue a request. `prompt` is text (tokenized here
-        unless `prompt_token_ids` is given) or token ids. Raises InvalidRequestError (a
-        ValueError) for a bad request or a request id already in use."""
-        self.add_engine_request(self.input_processor.process(
-            request_id, prompt, params or SamplingParams(), prompt_token_ids=prompt_token_ids,
-            arrival_time=arrival_time, priority=priority,
-        ))
+        unless `prompt_token_ids` is given) or token ids; PoolingParams make it a pooling
+        (embedding) request. Raises InvalidRequestError (a ValueError) for a bad request or
+        a request id already in use."""
+        if isinstance(params, PoolingParams):
+            request = self.input_processor.process_pooling(
+                request_id, prompt, params, prompt_token_ids=prompt_token_ids,
+                arrival_time=arrival_time, priority=priority, prompt_param="prompt")
+        else:
+            request = self.input_processor.process(
+                request_id, prompt, params or SamplingParams(), prompt_token_ids=prompt_token_ids,
+                arrival_time=arrival_time, priority=priority,
+            )
+        self.add_engine_request(request)
 
     def add_engine_request(self, request: EngineRequest) -> None:
         """Queue a request validated by `input_processor` (the async engine validates on its

@@ -3,6 +3,10 @@
 Invariant: 0 <= num_computed_tokens <= num_tokens = len(prompt_token_ids) + len(output_token_ids).
 The scheduler only ever moves num_computed_tokens towards num_tokens (or back to 0 when the
 request is preempted); the engine appends sampled tokens to output_token_ids.
+
+A pooling (embedding) request (`pooling_params` set) is the same rule with nothing to
+sample: once num_computed_tokens reaches its prompt length the runner returns its vector
+and the lifecycle finishes it in that step (its blocks are freed at once).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import enum
 import time
 
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 
@@ -45,6 +50,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         max_tokens: int | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -66,6 +72,17 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.spec_token_ids: list[int] = []
         """Proposed next tokens (speculative decoding), verified when next scheduled."""
+        self.pooling_params = pooling_params
+        """Set for a pooling (embedding) request: prefill only, nothing sampled."""
+
+    @property
+    def can_use_prefix_cache(self) -> bool:
+        """Whether cached blocks may stand in for computing the start of the prompt: not
+        when every prompt position's output is needed (prompt logprobs; mean and CLS
+        pooling read the hidden states of every position, or of the first)."""
+        if self.sampling_params.prompt_logprobs is not None:
+            return False
+        return self.pooling_params is None or not self.pooling_params.needs_every_position
 
     @property
     def num_tokens(self) -> int:

@@ -14,6 +14,10 @@ its blocks are freed and it returns to the front of the waiting queue, to be rec
 layers, and answers `allocate_slots` for all groups at once: kv_cache_groups.py. Block ids
 are a tuple with one list per group.)
 
+A pooling (embedding) request follows the same rule: it is scheduled until its prompt is
+computed, samples nothing, and the lifecycle finishes it in the step its vector comes back
+(mean and CLS pooling take no prefix-cache hits: Request.can_use_prefix_cache).
+
 The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
 stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
 tells the scheduler which ids to finish (`finish_requests`); the scheduler frees them.
@@ -163,8 +167,7 @@ class Scheduler:
         ):
             request = self._next_waiting()
             computed_blocks, num_computed = (), 0
-            if request.num_computed_tokens == 0 and request.sampling_params.prompt_logprobs is None:
-                # (prompt logprobs need every prompt position computed, so no cache hits)
+            if request.num_computed_tokens == 0 and request.can_use_prefix_cache:
                 computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -188,6 +191,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
                 num_computed_tokens=request.num_computed_tokens,
+                pooling_params=request.pooling_params,
             ))
             output.request_ids.append(request.request_id)
             output.num_scheduled_tokens.append(num_new)

@@ -47,6 +47,7 @@ class ThreadCore:
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
         self.run_info: dict = getattr(engine, "run_info", {})  # test doubles may have none
+        self.model_pooling = getattr(engine, "model_pooling", None)
         self.max_num_seqs: int = engine.config.scheduler.max_num_seqs
         self.engine_loop = EngineLoop(engine, self, metrics)
         self.snapshot: EngineSnapshot = engine.snapshot()

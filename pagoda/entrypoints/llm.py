@@ -1,4 +1,5 @@
-"""The offline Python API: `LLM(model=...).generate(prompts)` and `.chat(conversations)`."""
+"""The offline Python API: `LLM(model=...).generate(prompts)`, `.chat(conversations)` and
+`.embed(prompts)`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pagoda.config import EngineConfig
 from pagoda.engine.builder import build_engine
 from pagoda.entrypoints.chat_template import Message, encode_chat_prompt, template_kwargs_of
 from pagoda.entrypoints.tools.rendering import render_chat
-from pagoda.outputs import RequestOutput
+from pagoda.outputs import EmbeddingRequestOutput, RequestOutput
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 
@@ -57,8 +59,32 @@ class LLM:
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         return self._generate([(p, None) for p in prompts], params, use_tqdm, priority)
 
+    def embed(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (text or token ids), in order: the model's final hidden
+        states pooled as it pools (last token, mean or CLS: LLM(pooling=...) or its files),
+        normalised unless told otherwise. `pooling_params`: one for all or one each
+        (`dimensions` where the model allows Matryoshka truncation)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params = [pooling_params or PoolingParams()] * len(prompts)
+        else:
+            params = list(pooling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} PoolingParams for {len(prompts)} prompts")
+        outputs = self._generate([(p, None) for p in prompts], params, use_tqdm)
+        return [EmbeddingRequestOutput.from_request_output(output) for output in outputs]
+
     def _generate(self, prompts, params, use_tqdm, priority=None) -> list[RequestOutput]:
-        """prompts: (text or token ids, token ids or None) pairs; ids win when given."""
+        """prompts: (text or token ids, token ids or None) pairs; ids win when given.
+        params: SamplingParams, or PoolingParams for pooling requests."""
         request_ids = []
         try:
             for i, ((prompt, prompt_token_ids), p) in enumerate(zip(prompts, params)):

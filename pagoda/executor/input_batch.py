@@ -17,9 +17,11 @@ them; a row is reused once its request leaves:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import NewRequestData
 
@@ -31,6 +33,11 @@ class CachedRequestState:
     sampling_params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
+    pooling_params: PoolingParams | None = None
+    """Set for a pooling request: it samples nothing (executor/pooling.py)."""
+    pooled: Any = None
+    """A pooling request's state between prefill chunks (a tensor: mean's running sum of
+    hidden states, CLS's first one); dropped with the request (preemption restarts it)."""
 
 
 class InputBatch:
@@ -70,6 +77,7 @@ class InputBatch:
             new.request_id, row, new.sampling_params,
             prompt_token_ids=list(new.token_ids[: new.num_prompt_tokens]),
             output_token_ids=list(new.token_ids[new.num_prompt_tokens:]),
+            pooling_params=new.pooling_params,
         )
         self.requests[new.request_id] = state
         return state

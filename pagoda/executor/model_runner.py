@@ -9,6 +9,8 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
     sampled:  the last token of each request whose step reaches its end (computed + n ==
               num_tokens); a request stopping inside its prompt (a partial prefill chunk)
               samples nothing.
+    pooled:   a pooling (embedding) request samples nothing: its rows go to pooling.py,
+              which returns its vector in the step that computes its prompt's end.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pagoda.executor.kv_cache_layout import (
 )
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.models.llama import head_dim_of
+from pagoda.executor.pooling import pool_chunks
 from pagoda.executor.sampler import (
     Sampler,
 )
@@ -353,6 +356,9 @@ class ModelRunner:
         max_blocks = int(batch.num_blocks[rows].max())
         block_tables = [table[rows, :max_blocks] for table in batch.block_tables]
         reaches_end = (num_computed + num_scheduled) == batch.num_tokens[rows] + num_spec
+        pooling = [state.pooling_params is not None for state in states]
+        if any(pooling):
+            reaches_end &= ~np.asarray(pooling)  # (pooling requests sample nothing)
         batch.num_computed[rows] = num_computed + num_scheduled
 
         decode_shaped = num_scheduled == 1 + num_spec  # a decode or a verification
@@ -365,6 +371,8 @@ class ModelRunner:
         output.step_executor = self.last_step_executor
 
         query_end = query_start + num_scheduled
+        if any(pooling):
+            pool_chunks(states, num_computed, num_scheduled, query_start, hidden, output)
         prompt_logprobs(self.model, self.device, states, num_computed, num_scheduled, query_end,
                         hidden, output)
         sample_rows = np.nonzero(reaches_end)[0]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pagoda.bench.soak import SoakReport, greedy_templates, soak_workload
+from pagoda.bench.soak import SoakReport, embedding_inputs, greedy_templates, soak_workload
 from tests.entrypoints.server_helpers import RemoteServer
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 
@@ -40,6 +40,7 @@ def test_a_short_soak_loses_nothing_and_leaks_nothing(tmp_path) -> None:
     assert report["outcomes"]["aborted"] > 0  # disconnects and cancels happened
     assert report["num_preemptions"] > 0  # the cache was too small, as meant
     assert report["num_greedy_checked"] >= 30 and report["greedy_mismatches"] == []
+    assert report["num_embeddings_checked"] >= 3 and report["embedding_mismatches"] == []
     assert report["after_drain"]["num_kv_blocks_held"] == 0
     # Growth is the leak; RSS may shrink after the warm-up (the allocator returns memory).
     assert len(report["rss_samples"]) >= 5 and report["rss_after_warmup"] > 0
@@ -51,17 +52,24 @@ def test_the_workload_mixes_what_it_promises() -> None:
     templates = greedy_templates(seed=3)
     workload = soak_workload(400, 3, templates)
     assert workload == soak_workload(400, 3, templates)  # seeded
-    assert {r.endpoint for r in workload} == {"completions", "chat", "responses"}
+    assert {r.endpoint for r in workload} == {"completions", "chat", "responses", "embeddings"}
     responses = [r for r in workload if r.endpoint == "responses"]
     assert all(r.n == 1 and r.stop is None and not r.logprobs for r in responses)
     assert {True, False} <= {r.stream for r in responses}
     assert any(r.template is not None for r in responses)  # checked against chat's reference
+    embeddings = [r for r in workload if r.endpoint == "embeddings"]
+    assert 0.05 < len(embeddings) / len(workload) < 0.2
+    assert {r.fate for r in embeddings} == {"complete", "cancel"}
+    assert {r.prompt for r in embeddings} == set(embedding_inputs(3))
+    assert all(r.payload() == {"input": r.prompt} for r in embeddings)
+    assert "embeddings" not in {r.endpoint for r in soak_workload(400, 3, templates, False)}
     assert {r.fate for r in workload} == {"complete", "disconnect", "cancel"}
     assert all(r.stream for r in workload if r.fate == "disconnect")
     assert {True, False} <= {r.stream for r in workload}
     assert max(r.n for r in workload) > 1 and any(r.logprobs for r in workload)
     assert any(r.stop for r in workload) and any(len(r.prompt) > 1000 for r in workload)
     greedy = [r for r in workload if r.template is not None]
+    workload = [r for r in workload if r.endpoint != "embeddings"]
     assert 0.3 < len(greedy) / len(workload) < 0.7
     assert all(r.temperature == 0 for r in greedy)
     assert all(r.seed is not None and r.temperature > 0 for r in workload if r.template is None)
@@ -79,6 +87,8 @@ def test_each_check_can_fail() -> None:
     assert grown.problems() == ["RSS grew 6.0% after the warm-up (limit 5%)"]
     differs = SoakReport(10, greedy_mismatches=[{"request": 1}])
     assert differs.problems() == ["1 greedy choice(s) differ from their reference"]
+    moved = SoakReport(10, embedding_mismatches=[{"request": 2, "cosine": 0.5}])
+    assert moved.problems() == ["1 embedding(s) differ from their reference"]
 
 
 def test_bad_soak_flags_are_one_line_errors() -> None:

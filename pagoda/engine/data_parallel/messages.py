@@ -54,6 +54,8 @@ class ReplicaInfo:
     process validates and tokenizes with it)."""
     run_info: dict = field(default_factory=dict)
     """The replica's device, CPU, dtypes and kernels (cpu_info.run_info)."""
+    model_pooling: Any = None
+    """How the model pools embeddings (pooling_params.ModelPooling)."""
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
         max_num_seqs=engine.config.scheduler.max_num_seqs,
         num_kv_blocks=snapshot.num_kv_blocks, block_size=engine.config.cache.block_size,
         kv_capacity_tokens=engine.kv_capacity_tokens, model_files=engine.model_files,
-        num_threads=num_threads, run_info=engine.run_info,
+        num_threads=num_threads, run_info=engine.run_info, model_pooling=engine.model_pooling,
         tokenizer=engine.tokenizer if spec.send_tokenizer else None,
     )))
     events = PipeEvents(conn)

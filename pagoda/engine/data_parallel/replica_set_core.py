@@ -82,6 +82,7 @@ class ReplicaSetCore:
         self.max_model_len: int = min(s.info.max_model_len for s in self.slots)
         self.vocab_size: int = info.vocab_size
         self.run_info: dict = dict(info.run_info, replicas=self.num_replicas)
+        self.model_pooling = info.model_pooling
         self.max_num_seqs: int = info.max_num_seqs
         self.model_files = info.model_files
         self.kv_capacity_tokens: int = info.kv_capacity_tokens

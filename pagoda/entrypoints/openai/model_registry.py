@@ -52,7 +52,8 @@ class ServedModel:
     metrics: Any = None
     """Its EngineMetrics (its own Prometheus registry), or None."""
     serving: Any = None
-    """What the routes call (RouteHandlers: completions, chat), made by the registry."""
+    """What the routes call (RouteHandlers: completions, chat, embeddings), made by the
+    registry."""
     created: int = field(default_factory=lambda: int(time.time()))
     state: str = "ready"
     """ready or draining."""

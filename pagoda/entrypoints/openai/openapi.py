@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -102,6 +103,8 @@ OPERATIONS = (
                   {"name": "after", "in": "query", "required": False,
                    "schema": {"type": "string"}},
               )),
+    Operation("post", "/v1/embeddings", "Create embeddings (OpenAI)", EmbeddingRequest,
+              EmbeddingResponse, GENERATION_ERRORS),
     Operation("get", "/v1/models", "List the served models (OpenAI)", None, ModelList,
               (401, 503)),
     Operation("post", "/v1/models/load", "Load (or reload) a model while serving (Pagoda)",

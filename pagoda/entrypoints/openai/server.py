@@ -4,6 +4,7 @@ model).
 
 Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
+    POST /v1/embeddings                               (OpenAI; serving_embedding.py)
     GET  /v1/models                                   (OpenAI; plus each model's `state`)
     POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
     POST /v1/responses, GET and DELETE /v1/responses/{id}, GET .../{id}/input_items
@@ -44,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import pagoda
 from pagoda.engine.metrics import EngineMetrics
 from pagoda.engine.protocol import EngineClient
+from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest
 from pagoda.entrypoints.openai.errors import (
     OpenAIError,
     bad_request,
@@ -81,6 +83,7 @@ from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore
 from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagoda.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
 from pagoda.entrypoints.tools.parsers import resolve_tool_call_parser
 from pagoda.entrypoints.web.routes import add_web_routes
@@ -97,6 +100,7 @@ class RouteHandlers:
 
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
+    embeddings: OpenAIServingEmbedding
 
 
 @dataclass
@@ -209,9 +213,11 @@ def build_registry(state: ServerState) -> ModelRegistry:
         serving = RouteHandlers(
             OpenAIServingCompletion(model.engine, model.name),
             OpenAIServingChat(model.engine, model.name, state.chat_template, tool_call_parser,
-                              reasoning_parser=state.reasoning_parser))
+                              reasoning_parser=state.reasoning_parser),
+            OpenAIServingEmbedding(model.engine, model.name))
         serving.completions.request_timeout = state.request_timeout
         serving.chat.request_timeout = state.request_timeout
+        serving.embeddings.request_timeout = state.request_timeout
         return serving
 
     def on_start(model: ServedModel) -> None:
@@ -347,6 +353,12 @@ async def list_response_input_items(response_id: str, raw_request: Request,
                                           raw_request.query_params)
 
 
+async def create_embedding(raw_request: Request, registry: Registry) -> Response:
+    request = await parse_body(raw_request, EmbeddingRequest)
+    return await serve_with_model(
+        registry, request.model, lambda serving: serving.embeddings.serve(request, raw_request))
+
+
 async def list_models(registry: Registry) -> JSONResponse:
     cards = [model_card(model, "ready") for model in registry.ready.values()]
     cards += [ModelCard(id=name, state="loading") for name in registry.loading
@@ -447,6 +459,7 @@ ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/v1/responses/{response_id}", retrieve_response),
     ("DELETE", "/v1/responses/{response_id}", delete_response),
     ("GET", "/v1/responses/{response_id}/input_items", list_response_input_items),
+    ("POST", "/v1/embeddings", create_embedding),
     ("GET", "/v1/models", list_models),
     ("POST", "/v1/models/load", load_model),
     ("POST", "/v1/models/unload", unload_model),

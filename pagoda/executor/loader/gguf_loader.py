@@ -73,6 +73,8 @@ class GGUFCheckpoint:
             )
         self.num_experts = int(self._field(f"{self.architecture}.expert_count", 0) or 0)
         self.family = family_of(self.architecture, self.num_experts)
+        self.pooling_type = self._field(f"{self.architecture}.pooling_type")
+        """llama.cpp's embedding pooling (0 none, 1 mean, 2 cls, 3 last), or None."""
         self.hf_config = self._build_hf_config()
 
     def _field(self, key: str, default=None, required: bool = False):

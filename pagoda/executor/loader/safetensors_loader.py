@@ -1,8 +1,15 @@
-"""Read a Hugging Face model folder: config.json and single or sharded *.safetensors."""
+"""Read a Hugging Face model folder: config.json and single or sharded *.safetensors.
+
+A bare decoder stack (a `Qwen3Model` / `MistralModel` saved on its own, as embedding models
+such as e5-mistral and Qwen3-Embedding are) stores its tensors without the `model.` prefix
+and has no lm_head: its names are read with the prefix added, and without an lm_head the
+embedding matrix stands in as the head (embeddings need no head; generated text from such
+a checkpoint is meaningless, and the start-up log says so)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -13,7 +20,10 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagoda.executor.loader.model_files import ModelLoadError
 
+logger = logging.getLogger(__name__)
+
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+STACK_PREFIX = "model."
 
 
 class SafetensorsCheckpoint:
@@ -26,6 +36,15 @@ class SafetensorsCheckpoint:
         except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
             raise ModelLoadError(f"{folder}/config.json: cannot read ({e})") from None
         self.files = self._weight_files()
+        raw_names = self._stored_names()
+        self.name_prefix = STACK_PREFIX if is_bare_stack(raw_names) else ""
+        """Added to every stored name: `model.` for a bare decoder stack."""
+        if (self.name_prefix and "lm_head.weight" not in raw_names
+                and not getattr(self.hf_config, "tie_word_embeddings", False)):
+            logger.warning("%s: a bare decoder stack without an lm_head (an embedding model): "
+                           "the embedding matrix stands in as the head, so generated text is "
+                           "meaningless; embeddings are what it serves", folder)
+            self.hf_config.tie_word_embeddings = True
 
     def _weight_files(self) -> list[str]:
         index_path = os.path.join(self.path, SAFETENSORS_INDEX)
@@ -50,6 +69,13 @@ class SafetensorsCheckpoint:
 
     def tensor_names(self) -> list[str]:
         """The names iter_weights yields, in its order (read from the files' headers)."""
+        return [self._model_name(name) for name in self._stored_names()]
+
+    def _model_name(self, stored: str) -> str:
+        """A stored tensor's name as the model's parameters spell it."""
+        return stored if stored.startswith("lm_head.") else self.name_prefix + stored
+
+    def _stored_names(self) -> list[str]:
         names = []
         for file in self.files:
             try:
@@ -71,4 +97,11 @@ class SafetensorsCheckpoint:
                 desc = f"Loading {os.path.basename(file)}"
                 for name in tqdm(keys, desc=desc, unit="tensor", disable=None):
                     tensor = handle.get_tensor(name)
-                    yield name, tensor if dtype is None else tensor.to(dtype)
+                    yield self._model_name(name), tensor if dtype is None else tensor.to(dtype)
+
+
+def is_bare_stack(names: list[str]) -> bool:
+    """Tensors of a decoder stack saved without its causal-LM wrapper: `layers.0...` and
+    `embed_tokens.weight` where a ...ForCausalLM checkpoint has `model.layers.0...`."""
+    return (any(n.startswith(("layers.", "embed_tokens.")) for n in names)
+            and not any(n.startswith(STACK_PREFIX) for n in names))
