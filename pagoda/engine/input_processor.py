@@ -72,18 +72,7 @@ class InputProcessor:
         instead of capping it (the offline API's)."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"expected SamplingParams, got {type(params).__name__}")
-        if prompt_token_ids is None:
-            if isinstance(prompt, str):
-                prompt_token_ids = self.tokenizer.encode(prompt)
-            elif isinstance(prompt, (list, tuple)):
-                prompt_token_ids = prompt
-            else:
-                raise InvalidRequestError(
-                    f"{prompt_param} must be a string or a list of token ids, got "
-                    f"{type(prompt).__name__}", prompt_param,
-                )
-        prompt_token_ids = list(prompt_token_ids)
-        self._check_token_ids(prompt_token_ids, prompt_param)
+        prompt_token_ids = self._prompt_token_ids(prompt, prompt_token_ids, prompt_param)
         max_tokens = self._check_length(
             len(prompt_token_ids), params.max_tokens, reject_over_length, prompt_param,
             max_tokens_param,
@@ -132,18 +121,7 @@ class InputProcessor:
         if self.model_pooling is None:
             raise InvalidRequestError("embeddings are not available on this engine",
                                       prompt_param, "unsupported_parameter")
-        if prompt_token_ids is None:
-            if isinstance(prompt, str):
-                prompt_token_ids = self.tokenizer.encode(prompt)
-            elif isinstance(prompt, (list, tuple)):
-                prompt_token_ids = prompt
-            else:
-                raise InvalidRequestError(
-                    f"{prompt_param} must be a string or a list of token ids, got "
-                    f"{type(prompt).__name__}", prompt_param,
-                )
-        prompt_token_ids = list(prompt_token_ids)
-        self._check_token_ids(prompt_token_ids, prompt_param)
+        prompt_token_ids = self._prompt_token_ids(prompt, prompt_token_ids, prompt_param)
         if len(prompt_token_ids) > self.max_model_len:
             raise InvalidRequestError(
                 f"{prompt_param} is {len(prompt_token_ids)} tokens, but this model's maximum "
@@ -160,6 +138,23 @@ class InputProcessor:
             priority=priority,
             pooling=params.resolved(self.model_pooling),
         )
+
+    def _prompt_token_ids(self, prompt, prompt_token_ids, prompt_param: str) -> list[int]:
+        """The prompt's token ids (`prompt_token_ids` if given, else `prompt` tokenized or
+        taken as ids), checked against the vocabulary."""
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                prompt_token_ids = self.tokenizer.encode(prompt)
+            elif isinstance(prompt, (list, tuple)):
+                prompt_token_ids = prompt
+            else:
+                raise InvalidRequestError(
+                    f"{prompt_param} must be a string or a list of token ids, got "
+                    f"{type(prompt).__name__}", prompt_param,
+                )
+        prompt_token_ids = list(prompt_token_ids)
+        self._check_token_ids(prompt_token_ids, prompt_param)
+        return prompt_token_ids
 
     def _check_token_ids(self, token_ids: list[int], param: str) -> None:
         if not token_ids:
