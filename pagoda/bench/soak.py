@@ -6,7 +6,9 @@ strings, logprobs, greedy and seeded sampling, short and long prompts, and two c
 besides waiting for the answer: `disconnect` (a stream closed after its first chunks) and
 `cancel` (a request given up before its answer). Greedy requests draw from a few templates
 whose answers are first taken alone, one at a time (`references`); under load every greedy
-choice must equal its template's reference. One request in eight is an embedding
+choice must equal its template's reference. Half the sampled chat requests are shaped as
+client libraries send them (soak_shapes.py: a forced tool call, a JSON schema), checked
+whole. One request in eight is an embedding
 (POST /v1/embeddings, one of EMBEDDING_INPUTS): its vector, taken alone first too, must
 come back under load in the same direction (cosine >= EMBEDDING_MIN_COSINE: batching may
 change float rounding, nothing more); `--no-embeddings` leaves them out (a server without
@@ -34,12 +36,15 @@ import numpy as np
 
 from pagoda.bench import BenchError
 from pagoda.bench.client import ENDPOINT_PATHS
+from pagoda.bench.soak_shapes import SHAPES, shape_fields, shape_problem
 
 WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "harbor", "violet", "canyon", "ember", "thistle", "compass", "glacier", "willow", "beacon", "saffron", "quarry", "falcon", "ribbon", "tundra"]
 SHORT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time",
                  "List three colors:", "The opposite of hot is", "Write a haiku about rain.")
 STOPS = (["\n"], [".", "!"], ["the"], None)
 PATHS = {**ENDPOINT_PATHS, "responses": "/v1/responses", "embeddings": "/v1/embeddings"}
+SHAPE_SHARE = 0.5
+"""Of the sampled chat requests, this share asks for a forced tool call or a JSON schema."""
 RESPONSES_SHARE = 0.4
 """Of the chat requests without stop strings, this share goes to /v1/responses (n 1, no
 logprobs); a greedy one is checked against its chat template's reference."""
@@ -70,6 +75,8 @@ class SoakRequest:
     cancel_after: float = 0.0
     template: int | None = None
     """The greedy template this request repeats (None: not greedy)."""
+    shape: str | None = None
+    """A client-shaped chat request (soak_shapes.py: "tool" or "json"), checked whole."""
 
     def payload(self) -> dict:
         if self.endpoint == "responses":
@@ -90,6 +97,8 @@ class SoakRequest:
         if self.logprobs:
             body.update({"logprobs": True, "top_logprobs": 2} if self.endpoint == "chat"
                         else {"logprobs": 2})
+        if self.shape is not None:
+            body.update(shape_fields(self.shape))
         return body
 
 
@@ -156,6 +165,12 @@ def soak_workload(num_requests: int, seed: int, templates: list[SoakRequest],
     requests = [replace(r, endpoint="responses", n=1, logprobs=False)
                 if r.endpoint == "chat" and r.stop is None and share.random() < RESPONSES_SHARE
                 else r for r in requests]
+    shapes = np.random.default_rng(seed + 5)  # sampled chat requests made client-shaped
+    requests = [replace(r, shape=SHAPES[int(shapes.integers(len(SHAPES)))], stream=False,
+                        fate="complete" if r.fate == "disconnect" else r.fate, logprobs=False,
+                        stop=None)
+                if r.endpoint == "chat" and r.template is None and shapes.random() < SHAPE_SHARE
+                else r for r in requests]
     return with_embeddings(requests, seed) if embeddings else requests
 
 
@@ -189,6 +204,8 @@ class Outcome:
     """Choice index -> its whole text (done requests)."""
     vector: list[float] | None = None
     """An embedding request's vector (done)."""
+    shape_problems: list[str] = field(default_factory=list)
+    """A shaped request's choices that broke their shape (soak_shapes.py; done)."""
     detail: str = ""
     """What went wrong (error, broken, hung)."""
 
@@ -243,7 +260,9 @@ async def _whole(client, url, payload, request: SoakRequest) -> Outcome:
             part["text"] for item in body["output"] if item["type"] == "message"
             for part in item["content"] if part["type"] == "output_text")})
     texts = {c["index"]: _choice_text(c, request.endpoint, False) for c in body["choices"]}
-    return Outcome(request.index, "done", texts)
+    problems = [] if request.shape is None else [
+        problem for c in body["choices"] if (problem := shape_problem(request.shape, c))]
+    return Outcome(request.index, "done", texts, shape_problems=problems)
 
 
 async def _stream(client, url, payload, request: SoakRequest) -> Outcome:
@@ -311,6 +330,9 @@ class SoakReport:
     num_embeddings_checked: int = 0
     embedding_mismatches: list[dict] = field(default_factory=list)
     """Embeddings whose cosine with their reference fell below EMBEDDING_MIN_COSINE."""
+    num_shaped_checked: int = 0
+    shape_mismatches: list[dict] = field(default_factory=list)
+    """Forced tool calls and JSON-schema answers that broke their shape."""
     num_preemptions: float = 0.0
     after_drain: dict[str, float] = field(default_factory=dict)
     rss_samples: list[tuple[float, int, float]] = field(default_factory=list)
@@ -331,6 +353,9 @@ class SoakReport:
         if self.greedy_mismatches:
             found.append(f"{len(self.greedy_mismatches)} greedy choice(s) differ from their "
                          "reference")
+        if self.shape_mismatches:
+            found.append(f"{len(self.shape_mismatches)} tool-call or JSON answer(s) broke "
+                         "their shape")
         if self.embedding_mismatches:
             found.append(f"{len(self.embedding_mismatches)} embedding(s) differ from their "
                          "reference")
@@ -376,6 +401,13 @@ async def run_soak(base_url: str, num_requests: int, concurrency: int = 16, seed
                                  f"{outcome.status} {outcome.detail} (--no-embeddings leaves "
                                  "embeddings out)")
             vectors[text] = outcome.vector
+        for shape in SHAPES:  # once alone: the grammar engine's first use is not a leak
+            shaped = SoakRequest(index=-1, endpoint="chat", prompt=SHORT_PROMPTS[0],
+                                 max_tokens=32, stream=False, shape=shape)
+            outcome = await run_request(client, base_url, shaped, model, timeout)
+            if outcome.status != "done" or outcome.shape_problems:
+                raise BenchError(f"the first {shape!r} request failed: {outcome.status} "
+                                 f"{outcome.detail}{'; '.join(outcome.shape_problems)}")
         workload = soak_workload(num_requests, seed, templates, embeddings)
         start_metrics = await read_metrics(client, base_url)
         start = time.perf_counter()
@@ -434,6 +466,10 @@ def _tally(report: SoakReport, finished: list[Outcome], workload: list[SoakReque
     report.errors = dict(Counter(o.detail[:160] for o in finished if o.detail))
     for outcome in finished:
         request = workload[outcome.index]
+        if outcome.status == "done" and request.shape is not None:
+            report.num_shaped_checked += 1
+            report.shape_mismatches += [{"request": outcome.index, "shape": request.shape,
+                                         "problem": p} for p in outcome.shape_problems]
         if outcome.status != "done" or request.template is None:
             continue
         reference = references[request.template]

@@ -74,8 +74,9 @@ def run_bench_soak(args: argparse.Namespace) -> int:
     if args.plot:
         plot_rss(report, args.plot)
     print(f"{report.num_requests} requests in {report.duration_s:.0f} s: {report.outcomes}; "
-          f"{report.num_greedy_checked} greedy choices and {report.num_embeddings_checked} "
-          f"embeddings checked; {report.num_preemptions:g} "
+          f"{report.num_greedy_checked} greedy choices, {report.num_shaped_checked} tool-call "
+          f"and JSON answers and {report.num_embeddings_checked} embeddings checked; "
+          f"{report.num_preemptions:g} "
           f"preemptions; RSS {report.rss_after_warmup / 2**20:.0f} -> "
           f"{report.rss_after_drain / 2**20:.0f} MiB ({report.rss_growth:+.1%})")
     for error, count in sorted(report.errors.items(), key=lambda item: -item[1]):

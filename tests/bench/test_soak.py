@@ -1,5 +1,5 @@
-"""`pagoda bench soak` (issue 19, item 2), the short version: a mixed load (both endpoints,
-streams and not, n > 1, stops, logprobs, disconnects and cancels, long and short prompts) on
+"""`pagoda bench soak` (issue 19, item 2), the short version: a mixed load (completions, chat,
+responses, embeddings, forced tool calls and JSON schemas, streams and not, n > 1, stops, logprobs, disconnects and cancels, long and short prompts) on
 a server whose KV cache is too small for it, so that requests are preempted. Every greedy
 choice equals its reference, every request ends cleanly, nothing stays held or tracked, RSS
 does not grow after the warm-up. The long version is benchmarks/soak.sh."""
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from pagoda.bench.soak import SoakReport, embedding_inputs, greedy_templates, soak_workload
+from pagoda.bench.soak_shapes import SHAPES, shape_problem
 from tests.entrypoints.server_helpers import RemoteServer
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 
@@ -41,6 +42,7 @@ def test_a_short_soak_loses_nothing_and_leaks_nothing(tmp_path) -> None:
     assert report["num_preemptions"] > 0  # the cache was too small, as meant
     assert report["num_greedy_checked"] >= 30 and report["greedy_mismatches"] == []
     assert report["num_embeddings_checked"] >= 3 and report["embedding_mismatches"] == []
+    assert report["num_shaped_checked"] >= 3 and report["shape_mismatches"] == []
     assert report["after_drain"]["num_kv_blocks_held"] == 0
     # Growth is the leak; RSS may shrink after the warm-up (the allocator returns memory).
     assert len(report["rss_samples"]) >= 5 and report["rss_after_warmup"] > 0
@@ -68,6 +70,11 @@ def test_the_workload_mixes_what_it_promises() -> None:
     assert {True, False} <= {r.stream for r in workload}
     assert max(r.n for r in workload) > 1 and any(r.logprobs for r in workload)
     assert any(r.stop for r in workload) and any(len(r.prompt) > 1000 for r in workload)
+    shaped = [r for r in workload if r.shape is not None]
+    assert {r.shape for r in shaped} == set(SHAPES) and 0.05 < len(shaped) / len(workload) < 0.4
+    assert all(r.endpoint == "chat" and not r.stream and r.stop is None and r.template is None
+               for r in shaped)
+    assert all("tools" in r.payload() or "response_format" in r.payload() for r in shaped)
     greedy = [r for r in workload if r.template is not None]
     workload = [r for r in workload if r.endpoint != "embeddings"]
     assert 0.3 < len(greedy) / len(workload) < 0.7
@@ -89,6 +96,35 @@ def test_each_check_can_fail() -> None:
     assert differs.problems() == ["1 greedy choice(s) differ from their reference"]
     moved = SoakReport(10, embedding_mismatches=[{"request": 2, "cosine": 0.5}])
     assert moved.problems() == ["1 embedding(s) differ from their reference"]
+    misshaped = SoakReport(10, shape_mismatches=[{"request": 3, "problem": "two calls"}])
+    assert misshaped.problems() == ["1 tool-call or JSON answer(s) broke their shape"]
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": "call_1", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def test_a_shaped_answer_is_checked_against_its_shape() -> None:
+    one = {"message": {"content": None, "tool_calls": [_call("get_weather", '{"city": "Oslo"}')]},
+           "finish_reason": "tool_calls"}
+    assert shape_problem("tool", one) is None
+    two = {**one, "message": {"content": None, "tool_calls": one["message"]["tool_calls"] * 2}}
+    assert "not one call" in shape_problem("tool", two)
+    wrong = {**one, "message": {"tool_calls": [_call("get_weather", '{"town": 1}')]}}
+    assert "schema" in shape_problem("tool", wrong)
+    assert shape_problem("tool", {"message": {"content": None}, "finish_reason": "length"}) is None
+    leaked = {"message": {"content": "<"}, "finish_reason": "length"}
+    assert shape_problem("tool", leaked) == "a cut call leaked content"
+    assert "not one call" in shape_problem("tool", {"message": {"content": "hi"},
+                                                    "finish_reason": "stop"})
+    good = {"message": {"content": '{"answer": "yes"}'}, "finish_reason": "stop"}
+    assert shape_problem("json", good) is None
+    for bad in ('{"answer": 1}', '{"answer": "a", "b": 2}', '{"answer": "a"'):
+        assert "schema" in shape_problem("json", {"message": {"content": bad},
+                                                  "finish_reason": "stop"})
+    assert shape_problem("json", {"message": {"content": '{"ans'}, "finish_reason": "length"}) \
+        is None
 
 
 def test_bad_soak_flags_are_one_line_errors() -> None:
