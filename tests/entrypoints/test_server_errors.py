@@ -106,7 +106,7 @@ CASES = [
      "model_not_found"),
     ("chat-stream-bad-temperature", "POST", CHAT, chat(stream=True, temperature=-0.5), AUTH, 400,
      "temperature", None),
-    ("unknown-route", "POST", "/v1/embeddings", cmpl(), AUTH, 404, None, "unknown_url"),
+    ("unknown-route", "POST", "/v1/audio/speech", cmpl(), AUTH, 404, None, "unknown_url"),
     ("wrong-method", "GET", CMPL, None, AUTH, 405, None, "method_not_allowed"),
     ("no-api-key", "POST", CMPL, cmpl(), {}, 401, None, "invalid_api_key"),
     ("wrong-api-key", "POST", CMPL, cmpl(), {"Authorization": "Bearer nope"}, 401, None,
