@@ -11,6 +11,8 @@ HF_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
     "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM",
     "Qwen3MoeForCausalLM",
+    # bare decoder stacks, as embedding models are saved (no head: embeddings only)
+    "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
 )
 """config.json `architectures` of a Hugging Face folder."""
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3")
