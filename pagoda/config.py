@@ -328,12 +328,44 @@ class EmbeddingConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """Serving LoRA adapters over the base model (pagoda/lora/, pagoda/executor/lora/):
+    vLLM's flags and defaults."""
+
+    enable_lora: bool = False
+    """Serve LoRA adapters: requests may name one (a server's `model`, LLM.generate's
+    lora_request); off, the model runs without the adapter hooks at all."""
+    max_loras: int = 1
+    """Distinct adapters in one step (requests of others wait for a later step)."""
+    max_lora_rank: int = 16
+    """The largest adapter rank accepted; a larger one is refused at load."""
+    max_cpu_loras: int | None = None
+    """Adapters kept loaded in memory, least recently used dropped first; None: max_loras.
+    At least max_loras."""
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least "
+                             f"max_loras ({self.max_loras})")
+
+    @property
+    def max_loaded(self) -> int:
+        """Adapters kept loaded (max_cpu_loras, defaulting to max_loras)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     speculative_config: str | None = None
