@@ -33,8 +33,9 @@ class LoRAEngine(Engine):
         super().__init__(path)
         self.removed_loras: list[int] = []
 
-    def remove_lora(self, lora_int_id: int) -> None:
+    async def remove_lora(self, lora_int_id: int) -> bool:
         self.removed_loras.append(lora_int_id)
+        return True
 
 
 @pytest.fixture(scope="module")

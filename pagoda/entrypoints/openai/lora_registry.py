@@ -101,11 +101,12 @@ class LoRARegistry:
 
     # ---- adding and removing ---------------------------------------------------------------
 
-    def add(self, name: str, path: str, base: str | None = None, *,
-            replace: bool = False) -> ServedAdapter:
-        """Check and add an adapter over `base` (None: the default model); the files are
-        read (headers only). Raises OpenAIError 400 naming the problem."""
-        return self._insert(self._checked(name, path, base, replace), replace)
+    def add(self, name: str, path: str, base: str | None = None) -> ServedAdapter:
+        """Check and add an adapter over `base` (None: the default model), at start; the
+        files are read (headers only). Raises OpenAIError 400 naming the problem."""
+        adapter, old = self._insert(self._checked(name, path, base, False), False)
+        assert old is None
+        return adapter
 
     async def load(self, name: str, path: str, base: str | None = None, *,
                    replace: bool = False) -> ServedAdapter:
@@ -120,9 +121,12 @@ class LoRARegistry:
             raise bad_request(str(e), "lora_path", "lora_path_not_allowed") from None
         self._check_name(name, base, replace)  # the cheap refusals first, on the loop
         request = await asyncio.to_thread(self._checked, name, real_path, base, replace)
-        return self._insert(request, replace)
+        adapter, old = self._insert(request, replace)
+        if old is not None:
+            await self._forget(old)
+        return adapter
 
-    def remove(self, name: str, lora_int_id: int | None = None) -> ServedAdapter:
+    async def remove(self, name: str, lora_int_id: int | None = None) -> ServedAdapter:
         """POST /v1/unload_lora_adapter: new requests naming it get 404 at once; the base
         engine frees it once its running requests end."""
         adapter = self.adapters.get(name)
@@ -134,14 +138,16 @@ class LoRARegistry:
                               f"{adapter.request.lora_int_id}, not {lora_int_id}.",
                               "lora_int_id", "lora_not_found")
         del self.adapters[name]
-        self._forget(adapter)
+        await self._forget(adapter)
         return adapter
 
-    def _forget(self, adapter: ServedAdapter) -> None:
-        """Tell the base engine the adapter is gone (it frees it once idle)."""
+    async def _forget(self, adapter: ServedAdapter) -> None:
+        """Tell the base engine the adapter is gone: it refuses new requests of it, lets
+        those in flight finish, then frees it (EngineClient.remove_lora). Routing stopped
+        already (the name left `adapters` first)."""
         base = self.models.ready.get(adapter.base)
         if base is not None and base.engine is not None:
-            base.engine.remove_lora(adapter.request.lora_int_id)
+            await base.engine.remove_lora(adapter.request.lora_int_id)
         logger.info("LoRA adapter %r (id %d) unloaded", adapter.request.lora_name,
                     adapter.request.lora_int_id)
 
@@ -160,16 +166,17 @@ class LoRARegistry:
             raise bad_request(str(e), "lora_path", "lora_invalid") from None
         return request
 
-    def _insert(self, request: LoRARequest, replace: bool) -> ServedAdapter:
+    def _insert(self, request: LoRARequest,
+                replace: bool) -> tuple[ServedAdapter, ServedAdapter | None]:
+        """Route `name` to the new adapter; returns it and the one it replaced (for the
+        caller to _forget)."""
         name = request.lora_name
         self._check_name(name, request.base_model_name, replace)  # (a load raced us)
         old = self.adapters.get(name)
         adapter = self.adapters[name] = ServedAdapter(request)
-        if old is not None:
-            self._forget(old)
         logger.info("LoRA adapter %r (id %d) over %r from %s", name, request.lora_int_id,
                     adapter.base, request.lora_path)
-        return adapter
+        return adapter, old
 
     def _check_name(self, name: str, base: str | None, replace: bool) -> ServedModel:
         """The base model an adapter `name` may be added over, or a 400: the name is free

@@ -468,7 +468,7 @@ async def unload_lora_adapter(raw_request: Request, state: State) -> Response:
     it)."""
     check_admin(state)
     request = await parse_body(raw_request, UnloadLoRAAdapterRequest)
-    state.loras.remove(request.lora_name, request.lora_int_id)
+    await state.loras.remove(request.lora_name, request.lora_int_id)
     return PlainTextResponse(
         f"Success: LoRA adapter '{request.lora_name}' removed successfully.")
 
