@@ -35,7 +35,7 @@ def load_adapter_pairs(request: LoRARequest, hf_config, max_lora_rank: int) -> d
 
     adapter = read_adapter(request.lora_path)
     check_adapter(adapter, hf_config, max_lora_rank)
-    return load_lora_weights(adapter)
+    return load_lora_weights(adapter, base_config=hf_config)
 
 
 class LoRAManager:
