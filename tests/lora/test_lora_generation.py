@@ -69,3 +69,41 @@ def test_a_mixed_batch_equals_each_alone(setup) -> None:
         alone = tokens(llm.generate([prompt], GREEDY, lora_request=lora, use_tqdm=False))[0]
         assert ours == alone, (lora, prompt)
     assert len({tuple(t) for t in mixed[:4]}) > 1  # the adapters differ from one another
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_quantized_base_with_a_float_adapter(setup, method) -> None:
+    """QLoRA-style: the adapter over an int8 / int4 base still acts (every prompt's first
+    token differs from that base's alone) and tracks the float run: most tokens the same
+    (int8: two thirds and every prompt's first; int4, whose weights are ~15% off, half)."""
+    folder, _, adapters = setup
+    lora = adapters["all"][0]
+    float_tokens = tokens(engine(folder).generate(PROMPTS, GREEDY, lora_request=lora,
+                                                  use_tqdm=False))
+    llm = engine(folder, quantization=method)
+    ours = tokens(llm.generate(PROMPTS, GREEDY, lora_request=lora, use_tqdm=False))
+    base = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    assert all(a[0] != b[0] for a, b in zip(ours, base))
+    same = sum(a == f for o, fl in zip(ours, float_tokens) for a, f in zip(o, fl))
+    if method == "int8":
+        assert all(a[0] == f[0] for a, f in zip(ours, float_tokens))
+        assert same >= 2 * len(PROMPTS) * NUM_TOKENS // 3, (ours, float_tokens)
+    else:
+        assert same >= len(PROMPTS) * NUM_TOKENS // 2, (ours, float_tokens)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_adapters_equal_one_process(setup) -> None:
+    """TP=2 (two worker processes, each with its share of the base and of the adapters:
+    A's columns on o/down, B's rows on qkv/gate_up) gives TP=1's tokens, adapters mixed
+    with the base in one batch."""
+    folder, _, adapters = setup
+    loras = [adapters["all"][0], None, adapters["patterns"][0]]
+    single = tokens(engine(folder, max_loras=2).generate(PROMPTS, GREEDY, lora_request=loras,
+                                                         use_tqdm=False))
+    parallel = engine(folder, max_loras=2, tensor_parallel_size=2)
+    try:
+        assert tokens(parallel.generate(PROMPTS, GREEDY, lora_request=loras,
+                                        use_tqdm=False)) == single
+    finally:
+        parallel.engine.shutdown()
