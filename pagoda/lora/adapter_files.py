@@ -273,7 +273,9 @@ def _read_gguf(path: str) -> AdapterFiles:
     try:
         header = read_gguf_header(path)
     except GGUFHeaderError as e:
-        raise LoRAAdapterError(f"{path}: {e}") from None
+        raise LoRAAdapterError(f"LoRA adapter {path!r}: {e}") from None
+    except OSError as e:
+        raise LoRAAdapterError(f"LoRA adapter {path!r} cannot be read: {e.strerror}") from None
     fields = header.fields
     general_type = fields.get("general.type")
     if general_type != "adapter" or fields.get("adapter.type") != "lora":
