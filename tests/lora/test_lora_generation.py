@@ -6,11 +6,13 @@ tensor parallelism (TP=2) with adapters equals TP=1."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from pagoda import LLM, SamplingParams
 from pagoda.lora.request import LoRARequest
-from tests.executor.tiny_checkpoints import build_checkpoint
+from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
 
 PROMPTS = [list(range(3, 30)), [120, 4] * 7, [7, 8, 9]]
@@ -107,3 +109,28 @@ def test_tensor_parallel_adapters_equal_one_process(setup) -> None:
                                         use_tqdm=False)) == single
     finally:
         parallel.engine.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_verifies_with_the_adapter(setup, method, tmp_path) -> None:
+    """The draft (n-grams, or the base model itself as a draft model) proposes without
+    adapters; the target's verification runs each request's adapter: greedy tokens equal
+    the plain run's, adapters and the base mixed."""
+    folder, _, adapters = setup
+    loras = [adapters["all"][0], None, adapters["qv"][0]]
+    plain = tokens(engine(folder, max_loras=2).generate(PROMPTS, GREEDY, lora_request=loras,
+                                                        use_tqdm=False))
+    spec = {"method": method, "num_speculative_tokens": 3}
+    if method == "draft_model":  # the base's weights, with a tokenizer of their own
+        spec["model"] = str(tmp_path / "draft")
+        shutil.copytree(folder, spec["model"])
+        bundled_tokenizer().save_pretrained(spec["model"])
+    llm = engine(folder, max_loras=2, speculative_config=spec)
+    assert tokens(llm.generate(PROMPTS, GREEDY, lora_request=loras, use_tqdm=False)) == plain
+
+
+def test_compile_with_lora_is_refused() -> None:
+    from pagoda.config import EngineConfig
+
+    with pytest.raises(ValueError, match="compile and enable_lora"):
+        EngineConfig.from_kwargs(compile=True, enable_lora=True)
