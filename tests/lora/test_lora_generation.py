@@ -134,3 +134,30 @@ def test_compile_with_lora_is_refused() -> None:
 
     with pytest.raises(ValueError, match="compile and enable_lora"):
         EngineConfig.from_kwargs(compile=True, enable_lora=True)
+
+
+def test_an_adapter_removed_while_its_requests_run_is_freed_after(setup) -> None:
+    """engine.remove_lora while requests of the adapter run: they finish with the tokens
+    they would have had; then the runner frees the adapter's weights (removed_lora_ids)."""
+    folder, _, adapters = setup
+    lora = adapters["all"][0]
+    llm = engine(folder, max_loras=2)
+    expected = tokens(llm.generate(PROMPTS, GREEDY, lora_request=lora, use_tqdm=False))
+    manager = llm.engine.runner.lora
+    assert lora.lora_int_id in manager.model_lora.loaded
+    for i, prompt in enumerate(PROMPTS):
+        llm.engine.add_request(f"r{i}", prompt, GREEDY, lora_request=lora)
+    llm.engine.step()
+    assert llm.engine.remove_lora(lora.lora_int_id)
+    finished = {}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            if out.finished:
+                finished[out.request_id] = list(out.outputs[0].token_ids)
+        if len(finished) < len(PROMPTS):
+            assert lora.lora_int_id in manager.model_lora.loaded
+    llm.engine.step()  # (the step that tells the runner, if the last one did not)
+    assert [finished[f"r{i}"] for i in range(len(PROMPTS))] == expected
+    assert lora.lora_int_id not in manager.model_lora.loaded
+    assert manager.loaded_ids == [] and all(not held for layer in manager.model_lora.adapters
+                                            for held in layer)
