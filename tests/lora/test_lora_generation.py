@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from pagoda import LLM, SamplingParams
+from pagoda.entrypoints.llm import RequestFailedError
 from pagoda.lora.request import LoRARequest
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
@@ -161,3 +162,21 @@ def test_an_adapter_removed_while_its_requests_run_is_freed_after(setup) -> None
     assert lora.lora_int_id not in manager.model_lora.loaded
     assert manager.loaded_ids == [] and all(not held for layer in manager.model_lora.adapters
                                             for held in layer)
+
+
+def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) -> None:
+    """A path with no adapter, met by the runner at the first step: that request fails with
+    the reason; the others of the batch and later requests run."""
+    folder, _, adapters = setup
+    llm = engine(folder, max_loras=2)
+    bad = LoRARequest("missing", 99, str(tmp_path / "nothing-here"))
+    good = adapters["qv"][0]
+    with pytest.raises(RequestFailedError, match="'missing' failed to load") as raised:
+        llm.generate(PROMPTS[:2], GREEDY, lora_request=[bad, good], use_tqdm=False)
+    assert "nothing-here" in str(raised.value)
+    first, second = raised.value.outputs
+    expected = tokens(engine(folder).generate(PROMPTS[1:2], GREEDY, lora_request=good,
+                                              use_tqdm=False))
+    assert first is None and tokens([second]) == expected
+    assert tokens(llm.generate(PROMPTS[1:2], GREEDY, lora_request=good,
+                               use_tqdm=False)) == expected
