@@ -47,8 +47,13 @@ MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 _PEFT_TENSOR = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 """A PEFT LoRA tensor: the module's path in the model, A or B."""
-_PEFT_MODULE = re.compile(r"(?:^|\.)layers\.(?P<layer>\d+)\.(?:\w+\.)*(?P<target>\w+)$")
-"""A module path inside decoder layer N: `model.layers.N.self_attn.q_proj`."""
+_PEFT_MODULE = re.compile(
+    r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(?P<layer>\d+)\."
+    r"(?:self_attn\.(?P<attn>[qkvo]_proj)|mlp\.(?P<mlp>gate_proj|up_proj|down_proj))$")
+"""A projection of decoder layer N, as PEFT names it over a CausalLM (`model.layers.N.
+self_attn.q_proj`), a bare decoder (`layers.N...`) or a multimodal model's language model
+(`model.language_model.layers.N...`); nothing deeper: an MoE expert's gate_proj
+(`mlp.experts.E.gate_proj`) or a vision tower's q_proj is not a layer's projection."""
 _GGUF_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<part>\w+)\.weight\.lora_(?P<ab>[ab])$")
 
 
@@ -142,7 +147,8 @@ def _read_peft(folder: str) -> AdapterFiles:
             raise LoRAAdapterError(
                 f"LoRA adapter {folder!r}: tensor {name!r} has dtype {dtype}; "
                 f"supported: {', '.join(SAFETENSORS_DTYPES)}")
-        if not isinstance(shape, list) or len(shape) != 2:
+        if not isinstance(shape, list) or len(shape) != 2 or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise LoRAAdapterError(
                 f"LoRA adapter {folder!r}: tensor {name!r} has shape {shape}, not a matrix")
         size += int(offsets[1]) - int(offsets[0])
@@ -152,7 +158,10 @@ def _read_peft(folder: str) -> AdapterFiles:
         layer, target = _peft_target(folder, module_path)
         a_name, b_name, rank, in_features, out_features = _pair_shapes(
             folder, module_path, pair.get("A"), pair.get("B"))
-        r, alpha = _module_rank_alpha(config, module_path)
+        try:
+            r, alpha = _module_rank_alpha(config, module_path)
+        except LoRAAdapterError as e:
+            raise LoRAAdapterError(f"LoRA adapter {folder!r}: {CONFIG_FILE}'s {e}") from None
         if r != rank:
             raise LoRAAdapterError(
                 f"LoRA adapter {folder!r}: {CONFIG_FILE} gives {module_path} rank {r} but its "
@@ -190,7 +199,8 @@ def _peft_config(folder: str) -> dict[str, Any]:
         ("trainable_token_indices", "trained embedding rows (trainable_token_indices) are not "
                                     + "supported"),
         ("alora_invocation_tokens", "activated LoRA (alora_invocation_tokens) is not supported"),
-        ("target_parameters", "target_parameters (LoRA on raw parameters) is not supported"),
+        ("target_parameters", "target_parameters (LoRA on raw parameters, e.g. MoE "
+                              + "experts') is not supported"),
         ("layer_replication", "layer_replication is not supported"),
     ]
     for key, message in refusals:
@@ -219,24 +229,29 @@ def _peft_config(folder: str) -> dict[str, Any]:
 def _module_rank_alpha(config: dict[str, Any], module_path: str) -> tuple[int, float]:
     """The module's (r, alpha) from the config, by PEFT's get_pattern_key rule: the first
     pattern key k (in the file's order) with re.match(rf"(.*\\.)?({k})$", module path)."""
-    def lookup(patterns: dict, default):
-        for key, value in patterns.items():
-            if re.match(rf"(.*\.)?({key})$", module_path):
+    def lookup(name: str, default):
+        for key, value in (config.get(name) or {}).items():
+            try:
+                matched = re.match(rf"(.*\.)?({key})$", module_path)
+            except re.error:
+                raise LoRAAdapterError(f"{name} key {key!r} is not a valid pattern") from None
+            if matched:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise LoRAAdapterError(f"{name}[{key!r}] is {value!r}, not a positive number")
                 return value
         return default
-    r = lookup(config.get("rank_pattern") or {}, config["r"])
-    alpha = lookup(config.get("alpha_pattern") or {}, config["lora_alpha"])
-    return int(r), float(alpha)
+    return int(lookup("rank_pattern", config["r"])), float(lookup("alpha_pattern",
+                                                                   config["lora_alpha"]))
 
 
 def _peft_target(folder: str, module_path: str) -> tuple[int, str]:
-    match = _PEFT_MODULE.search(module_path)
-    target = module_path.rsplit(".", 1)[-1]
-    if match is None or target not in TARGETS:
+    match = _PEFT_MODULE.match(module_path)
+    if match is None:
         raise LoRAAdapterError(
             f"LoRA adapter {folder!r} targets {module_path}: only the decoder layers' "
-            f"{', '.join(TARGETS)} can be adapted")
-    return int(match["layer"]), target
+            f"{', '.join(TARGETS)} can be adapted (not embeddings, lm_head, MoE experts or "
+            "vision towers)")
+    return int(match["layer"]), match["attn"] or match["mlp"]
 
 
 def _safetensors_header(path: str) -> dict[str, Any]:
@@ -273,7 +288,9 @@ def _read_gguf(path: str) -> AdapterFiles:
     try:
         header = read_gguf_header(path)
     except GGUFHeaderError as e:
-        raise LoRAAdapterError(f"{path}: {e}") from None
+        raise LoRAAdapterError(f"LoRA adapter {path!r}: {e}") from None
+    except OSError as e:
+        raise LoRAAdapterError(f"LoRA adapter {path!r} cannot be read: {e.strerror}") from None
     fields = header.fields
     general_type = fields.get("general.type")
     if general_type != "adapter" or fields.get("adapter.type") != "lora":

@@ -109,7 +109,9 @@ def read_gguf_header(path: str) -> GGUFHeader:
             dims = [reader.unpack("<Q") for _ in range(n_dims)]
             type_id, offset = reader.unpack("<I"), reader.unpack("<Q")
             infos.append((name, tuple(reversed(dims)), type_id, offset))
-        alignment = int(fields.get("general.alignment", 32))
+        alignment = fields.get("general.alignment", 32)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+            raise GGUFHeaderError(f"damaged GGUF header (general.alignment {alignment!r})")
         data_start = -(-f.tell() // alignment) * alignment
     tensors = []
     for name, shape, type_id, offset in infos:

@@ -257,11 +257,33 @@ def test_refuses_targets_outside_the_seven_by_tensor(adapters, tmp_path):
         read_adapter(folder)
 
 
+def test_refuses_moe_experts(adapters, tmp_path):
+    """Qwen3-MoE's experts are fused 3D parameters under transformers 5: peft adapts them as
+    target_parameters; an older layout's per-expert modules are refused by their names."""
+    folder = tmp_path / "moe"
+    make_adapter(str(folder), base_model("qwen3-moe"),
+                 target_modules=["gate_proj", "up_proj", "down_proj"])
+    with pytest.raises(LoRAAdapterError, match=r"target_parameters \(LoRA on raw parameters, "
+                                               r"e.g. MoE experts'\) is not supported"):
+        read_adapter(str(folder))
+
+    def expert_pair(tensors):
+        prefix = "base_model.model.model.layers.1.mlp.experts.3.gate_proj"
+        tensors[f"{prefix}.lora_A.weight"] = torch.ones(4, 64)
+        tensors[f"{prefix}.lora_B.weight"] = torch.ones(32, 4)
+    folder = rewrite_tensors(adapters["qv"][0], tmp_path / "experts", expert_pair)
+    with pytest.raises(LoRAAdapterError, match=r"targets model.layers.1.mlp.experts.3.gate_proj"
+                                               r": only the decoder layers'"):
+        read_adapter(folder)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"peft_type": "IA3"}, r"is a PEFT IA3 adapter, not a LoRA one"),
     ({"fan_in_fan_out": True}, r"fan_in_fan_out .* is not supported"),
     ({"r": 0}, r"no positive 'r'"),
     ({"rank_pattern": {"q_proj": 4}}, r"self_attn.q_proj rank 4 but its tensors have rank 8"),
+    ({"alpha_pattern": {"q_proj(": 4}}, r"json's alpha_pattern key 'q_proj\(' is not a valid"),
+    ({"rank_pattern": {"v_proj": "8"}}, r"rank_pattern\['v_proj'\] is '8', not a positive"),
 ])
 def test_refuses_configs(adapters, tmp_path, change, message):
     folder = edited(adapters["all"][0], tmp_path / "edited", **change)
