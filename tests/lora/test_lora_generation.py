@@ -12,6 +12,7 @@ import pytest
 
 from pagoda import LLM, SamplingParams
 from pagoda.entrypoints.llm import RequestFailedError
+from pagoda.lora.adapter_files import LoRAAdapterError
 from pagoda.lora.request import LoRARequest
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
@@ -171,8 +172,14 @@ def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) ->
     llm = engine(folder, max_loras=2)
     bad = LoRARequest("missing", 99, str(tmp_path / "nothing-here"))
     good = adapters["qv"][0]
-    with pytest.raises(RequestFailedError, match="'missing' failed to load") as raised:
+    # The offline API reads an adapter's files before queueing it: refused up front.
+    with pytest.raises(LoRAAdapterError, match="nothing-here"):
         llm.generate(PROMPTS[:2], GREEDY, lora_request=[bad, good], use_tqdm=False)
+    # Past that check (the engine's own add_request), the runner meets it at its first step.
+    with pytest.raises(RequestFailedError, match="'missing' failed to load") as raised:
+        for i, (prompt, lora) in enumerate(zip(PROMPTS[:2], [bad, good])):
+            llm.engine.add_request(f"x{i}", prompt, GREEDY, lora_request=lora)
+        llm._run(["x0", "x1"], use_tqdm=False)
     assert "nothing-here" in str(raised.value)
     first, second = raised.value.outputs
     expected = tokens(engine(folder).generate(PROMPTS[1:2], GREEDY, lora_request=good,
