@@ -144,3 +144,38 @@ def test_bench_serve_spreads_requests_over_lora_names(server, tmp_path):
     assert {name: c["requests"] for name, c in summary["requests_by_model"].items()} == {
         "a": 3, "base": 3}
     assert "model a:" in run.stdout and "model base:" in run.stdout
+
+
+def test_the_web_page_picker_lists_the_adapter_and_chats_with_it(server, expected):
+    """In headless Chromium (as tests/entrypoints/test_web_page.py): the adapter is an
+    option labelled with its base; chatting with it sends its name as `model`, and its live
+    engine view is its base engine's."""
+    from selenium.webdriver.support.ui import Select
+
+    from tests.entrypoints import test_web_page as page  # (skips without Chromium)
+
+    webdriver = page.webdriver
+    options = webdriver.ChromeOptions()
+    options.binary_location = page.CHROMIUM
+    for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage"]:
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(page.CHROMEDRIVER),
+                              options=options)
+    try:
+        driver.get(server.url + "/")
+        driver.execute_script("localStorage.setItem('pagoda.apiKey', arguments[0])", KEY)
+        driver.get(server.url + "/")
+        page.wait(driver, lambda d: len(d.find_elements(page.By.CSS_SELECTOR,
+                                                        "#model option")) >= 2, 20)
+        labels = {o.get_attribute("value"): o.text
+                  for o in driver.find_elements(page.By.CSS_SELECTOR, "#model option")}
+        assert labels["base"] == "base" and labels["a"] == "a (LoRA on base)"
+        Select(page.by_id(driver, "model")).select_by_value("a")
+        page.wait(driver, lambda d: int(page.by_id(d, "engine").get_attribute("data-ticks"))
+                  >= 2, 20, "no live view of the adapter's base engine")
+        page.send(driver, "Hello", 4)
+        page.wait(driver, lambda d: page.by_id(d, "chat").get_attribute("data-state")
+                  == "done", 60, "the answer did not finish")
+        assert [e for e in page.console_errors(driver) if "401" not in e["message"]] == []
+    finally:
+        driver.quit()
