@@ -311,6 +311,8 @@ def traffic_recorder(state: ServerState) -> TrafficRecorder:
     assert state.record_traffic is not None
 
     def count_tokens_for(name: str | None) -> Callable[[str], int]:
+        adapter = state.loras.routable(name) if state.loras else None
+        name = adapter.base if adapter is not None else name  # (an adapter's tokenizer)
         model = state.registry.ready.get(name) if state.registry and name else None
         engine = model.engine if model is not None and model.engine is not None else state.engine
         tokenizer = engine.tokenizer
