@@ -186,6 +186,17 @@ def test_no_step_runs_more_than_max_loras_adapters():
     assert len({a for a in runner.adapters.values() if a}) == 3  # all three ran
 
 
+def test_replicas_snapshots_merge_their_adapters():
+    from pagoda.engine.data_parallel.snapshots import merge_snapshots
+
+    merged = merge_snapshots([
+        EngineSnapshot(running_lora_adapters=("alpha", "beta"), max_lora=2),
+        EngineSnapshot(running_lora_adapters=("beta", "gamma"),
+                       waiting_lora_adapters=("alpha",), max_lora=2)])
+    assert merged.running_lora_adapters == ("alpha", "beta", "gamma")
+    assert merged.waiting_lora_adapters == ("alpha",) and merged.max_lora == 2
+
+
 def test_the_snapshot_and_the_lora_requests_info_gauge():
     engine = make_engine(max_loras=1)
     engine.add_request("a", "x", params(max_tokens=2), lora_request=A)
@@ -290,3 +301,20 @@ def test_a_replica_loop_answers_adapter_commands_on_its_pipe():
     thread.join(5)
     assert not thread.is_alive()
     assert not engine_loop.call(LoRACall("list_loras", (), 6))  # the loop has ended
+
+
+def test_a_request_and_the_commands_cross_a_replica_pipe_with_their_adapter():
+    from pagoda.engine.data_parallel.messages import Add, snapshot_fields
+    from pagoda.engine.input_processor import EngineRequest
+
+    request = EngineRequest("r", None, [5, 6], params(), 3, 0.0, lora_request=A)
+    server_end, replica_end = Pipe()
+    server_end.send(Add(request))
+    server_end.send(LoRACall("remove_lora", (1,), 7))
+    assert replica_end.recv().request.lora_request == A
+    assert replica_end.recv() == LoRACall("remove_lora", (1,), 7)
+    snapshot = EngineSnapshot(running_lora_adapters=("alpha",), max_lora=2)
+    replica_end.send(Batch([Answered(7, {1, 2})]))
+    replica_end.send(snapshot_fields(snapshot))
+    assert server_end.recv() == Batch([Answered(7, {1, 2})])
+    assert EngineSnapshot(**server_end.recv()).running_lora_adapters == ("alpha",)
