@@ -180,3 +180,22 @@ def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) ->
     assert first is None and tokens([second]) == expected
     assert tokens(llm.generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                use_tqdm=False)) == expected
+
+
+def test_a_gguf_adapter_gives_its_peft_source_s_tokens(setup, tmp_path) -> None:
+    """The same adapter converted by llama.cpp's convert_lora_to_gguf.py (f32): the same
+    greedy tokens as the PEFT folder, the two in one batch. (One alpha for every module: a
+    GGUF adapter holds one `adapter.lora.alpha`, so the converter drops alpha_pattern.)"""
+    from tests import llama_cpp_tools
+
+    folder, _, adapters = setup
+    peft = adapters["all"][0]
+    path = str(tmp_path / "adapter.gguf")
+    assert llama_cpp_tools.convert_lora([(peft.lora_path, folder, "f32", path)]) == {}
+    gguf = LoRARequest("all-gguf", 50, path)
+    llm = engine(folder, max_loras=2)
+    ours = tokens(llm.generate(PROMPTS * 2, GREEDY, lora_request=[peft] * 3 + [gguf] * 3,
+                               use_tqdm=False))
+    assert ours[3:] == ours[:3]
+    assert ours[:3] == [greedy_reference(adapters["all"][1], p, NUM_TOKENS)
+                        for p in PROMPTS]
