@@ -11,7 +11,6 @@ import shutil
 import pytest
 
 from pagoda import LLM, SamplingParams
-from pagoda.entrypoints.llm import RequestFailedError
 from pagoda.lora.request import LoRARequest
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
@@ -165,19 +164,26 @@ def test_an_adapter_removed_while_its_requests_run_is_freed_after(setup) -> None
 
 
 def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) -> None:
-    """A path with no adapter, met by the runner at the first step: that request fails with
-    the reason; the others of the batch and later requests run."""
+    """A path with no adapter met by the runner (engine.add_request: LLM.generate checks
+    the files up front): that request fails with the reason at its first step; the other
+    request of the batch, and later ones, run."""
     folder, _, adapters = setup
     llm = engine(folder, max_loras=2)
     bad = LoRARequest("missing", 99, str(tmp_path / "nothing-here"))
     good = adapters["qv"][0]
-    with pytest.raises(RequestFailedError, match="'missing' failed to load") as raised:
-        llm.generate(PROMPTS[:2], GREEDY, lora_request=[bad, good], use_tqdm=False)
-    assert "nothing-here" in str(raised.value)
-    first, second = raised.value.outputs
     expected = tokens(engine(folder).generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                               use_tqdm=False))
-    assert first is None and tokens([second]) == expected
+    llm.engine.add_request("bad", PROMPTS[0], GREEDY, lora_request=bad)
+    llm.engine.add_request("good", PROMPTS[1], GREEDY, lora_request=good)
+    finished, failed = {}, {}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        failed.update(llm.engine.take_failed_requests())
+    assert set(failed) == {"bad"} and set(finished) == {"good"}
+    assert "'missing' failed to load" in failed["bad"] and "nothing-here" in failed["bad"]
+    assert tokens([finished["good"]]) == expected
     assert tokens(llm.generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                use_tqdm=False)) == expected
 
