@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from pagoda import LLM, SamplingParams
+from pagoda.lora.adapter_files import LoRAAdapterError
 from pagoda.lora.request import LoRARequest
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
@@ -171,6 +172,8 @@ def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) ->
     llm = engine(folder, max_loras=2)
     bad = LoRARequest("missing", 99, str(tmp_path / "nothing-here"))
     good = adapters["qv"][0]
+    with pytest.raises(LoRAAdapterError, match="nothing-here"):  # the offline API's check
+        llm.generate(PROMPTS[:2], GREEDY, lora_request=[bad, good], use_tqdm=False)
     expected = tokens(engine(folder).generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                               use_tqdm=False))
     llm.engine.add_request("bad", PROMPTS[0], GREEDY, lora_request=bad)
