@@ -129,7 +129,7 @@ class WholeStackDecode:
         tables = group.block_tables.contiguous()
         load_cpu_kernels().pagoda_decode_layers_f32(
             ctypes.byref(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
-            tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
+            tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr(), None)
         return self.model.norm(x)
 
     def plan(self) -> Decoder | None:
