@@ -35,6 +35,7 @@ from pagoda.engine.request_stream import (
 )
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -210,10 +211,11 @@ class EngineFrontEnd:
         prompt: str | list[int],
         params: SamplingParams,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Validate, add_request and iterate; aborts the request if the consumer stops early.
         Raises InvalidRequestError for a bad request."""
-        return generate_outputs(self, request_id, prompt, params, priority)
+        return generate_outputs(self, request_id, prompt, params, priority, lora_request)
 
     def cancel_all(self, reason: str) -> None:
         """Abort every open request; their streams raise EngineDeadError(reason). For a

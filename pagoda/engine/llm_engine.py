@@ -32,6 +32,7 @@ from pagoda.engine.request_timeline import RequestTimelines
 from pagoda.engine.scheduler import Scheduler
 from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
@@ -129,19 +130,22 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         prompt_token_ids: list[int] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate (InputProcessor) and queue a request. `prompt` is text (tokenized here
         unless `prompt_token_ids` is given) or token ids; PoolingParams make it a pooling
-        (embedding) request. Raises InvalidRequestError (a ValueError) for a bad request or
-        a request id already in use."""
+        (embedding) request; `lora_request` runs it with that adapter (None: the base
+        model). Raises InvalidRequestError (a ValueError) for a bad request or a request id
+        already in use."""
         if isinstance(params, PoolingParams):
             request = self.input_processor.process_pooling(
                 request_id, prompt, params, prompt_token_ids=prompt_token_ids,
-                arrival_time=arrival_time, priority=priority, prompt_param="prompt")
+                arrival_time=arrival_time, priority=priority, prompt_param="prompt",
+                lora_request=lora_request)
         else:
             request = self.input_processor.process(
                 request_id, prompt, params or SamplingParams(), prompt_token_ids=prompt_token_ids,
-                arrival_time=arrival_time, priority=priority,
+                arrival_time=arrival_time, priority=priority, lora_request=lora_request,
             )
         self.add_engine_request(request)
 

@@ -192,6 +192,7 @@ class Scheduler:
                 block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
                 num_computed_tokens=request.num_computed_tokens,
                 pooling_params=request.pooling_params,
+                lora_request=request.lora_request,
             ))
             output.request_ids.append(request.request_id)
             output.num_scheduled_tokens.append(num_new)
