@@ -121,7 +121,7 @@ class ModelRunner:
     def attach_lora(self, manager: LoRAManager) -> None:
         self.lora = manager
         if self.whole_stack is not None:
-            self.whole_stack.lora = manager.model_lora
+            self.whole_stack.attach_lora(manager.model_lora)
 
     # ---- KV cache --------------------------------------------------------------------------
 

@@ -97,12 +97,11 @@ class WholeStackDecode:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.enabled = True
-        self.lora = None
-        """The model's ModelLoRA (executor/lora/model_lora.py) under --enable-lora."""
         self._plan: Decoder | None = None
         self._planned_for: object = None  # the first layer's KV cache the plan was made for
         self._keep: list = []  # the ctypes arrays the plan points into
         self._lora: LoRATables | None = None
+        """The slot tables of the model's ModelLoRA (--enable-lora: attach_lora)."""
 
     @classmethod
     def for_model(cls, model: nn.Module) -> WholeStackDecode | None:
@@ -115,8 +114,8 @@ class WholeStackDecode:
         """The final hidden states (T, hidden), the model's final norm applied, or None
         where this step or model takes the eager forward. Inside the step's forward
         context."""
-        if not self.enabled or current_lora_step() is not None:
-            return None  # (steps with LoRA rows take the eager forward, whose hooks add them)
+        if not self.enabled:
+            return None
         per_kv_group = get_forward_context()
         if len(per_kv_group) != 1:
             return None  # the C step reads one block table: no sliding-window groups
