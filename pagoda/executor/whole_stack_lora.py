@@ -27,7 +27,7 @@ LINEARS = ("qkv", "o", "gate_up", "down")
 """DecoderLayer's linears, in ModelLoRA.hooked[layer]'s order."""
 
 
-def _fill(slot: LoRASlot, fused, b_ts: list[torch.Tensor], module: nn.Module) -> None:
+def fill_slot(slot: LoRASlot, fused, b_ts: list[torch.Tensor], module: nn.Module) -> None:
     """Describe one FusedLoRA over `module` in `slot`; ValueError where it does not fit the
     module (the C step would read past its buffers)."""
     a = fused.a
@@ -92,7 +92,7 @@ class LoRATables:
                     if cached is None or cached[0] is not fused:
                         cached = (fused, [part.b.t().contiguous() for part in fused.parts])
                     kept[key] = cached
-                    _fill(table[index], fused, cached[1], module)
+                    fill_slot(table[index], fused, cached[1], module)
                     used = True
                 per_layer.append(table if used else None)
             tables.append(per_layer)

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from pagoda.executor.kernels.abi import LoRASlot
-from pagoda.executor.whole_stack_lora import _fill
-from tests.executor.test_cpu_kernels import isa_build  # noqa: F401  (fixture)
-from tests.executor.test_cpu_kernels import isa_library
+from pagoda.executor.whole_stack_lora import fill_slot
+from tests.executor.test_cpu_kernels import isa_build, isa_library  # noqa: F401 (a fixture)
 
 
 class Part:
@@ -57,7 +56,7 @@ def table_of(slots: list[Fused | None], linear: Linear):
         if fused is not None:
             b_ts = [p.b.T.contiguous() for p in fused.parts]
             keep.append(b_ts)
-            _fill(entry, fused, b_ts, linear)
+            fill_slot(entry, fused, b_ts, linear)
     return table, keep
 
 
