@@ -61,12 +61,18 @@ def table_of(slots: list[Fused | None], linear: Linear):
 
 
 K, N = 96, 16 * 5 + 40  # a qkv-like linear: q 64, k 28, v 28 (off the 16-lane grid)
-ADAPTERS = [
-    Fused(K, [(0, 64, 8), (64, 28, 4), (92, 28, 16)], seed=1),  # q, k, v
-    Fused(K, [(0, 64, 3), (92, 28, 5)], seed=2),  # q and v only
-    None,  # a free slot
-    Fused(K, [(64, 28, 1)], seed=3),  # k alone, rank 1
-]
+
+
+def adapters(k: int = K) -> list[Fused | None]:
+    return [
+        Fused(k, [(0, 64, 8), (64, 28, 4), (92, 28, 16)], seed=1),  # q, k, v
+        Fused(k, [(0, 64, 3), (92, 28, 5)], seed=2),  # q and v only
+        None,  # a free slot
+        Fused(k, [(64, 28, 1)], seed=3),  # k alone, rank 1
+    ]
+
+
+ADAPTERS = adapters()
 
 
 def lora_add(lib, slots, row_slots, x, y):
@@ -89,19 +95,23 @@ def reference(slots, row_slots, x, y):
 @pytest.mark.parametrize("row_slots", [
     [0],  # one stream
     [0, -1, 1, 0, 3, 2, -1, 1, 3],  # mixed slots, base rows, a row on a free slot
+    [0, 1, 0, 0, 3, 0, 1, 1, -1, 0, 1, 3, 3, 3, 0, 3],  # slots of 4+ rows (4-row blocks)
     [-1, -1, -1],  # no adapter rows: nothing changes
 ])
-def test_lora_rows_on_every_instruction_set_build(isa_build, row_slots) -> None:  # noqa: F811
+@pytest.mark.parametrize("k", [K, K + 4])  # inputs on and off the vectors' grid
+def test_lora_rows_on_every_instruction_set_build(isa_build, row_slots,  # noqa: F811
+                                                  k) -> None:
     from pagoda.executor.kernels import ops
 
     lib = ops.load_cpu_kernels()
+    slots = adapters(k)
     torch.manual_seed(0)
-    x, y = torch.randn(len(row_slots), K), torch.randn(len(row_slots), N)
-    expected = reference(ADAPTERS, row_slots, x, y)
-    lora_add(lib, ADAPTERS, row_slots, x, y)
+    x, y = torch.randn(len(row_slots), k), torch.randn(len(row_slots), N)
+    expected = reference(slots, row_slots, x, y)
+    lora_add(lib, slots, row_slots, x, y)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
     for t, s in enumerate(row_slots):  # untouched rows are bit-equal
-        if s < 0 or ADAPTERS[s] is None:
+        if s < 0 or slots[s] is None:
             assert torch.equal(y[t], expected[t])
 
 
