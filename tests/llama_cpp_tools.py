@@ -1,8 +1,8 @@
-"""llama.cpp's own tools for the tests: convert_hf_to_gguf.py (and llama-quantize, built on
-demand), so that Pagoda is tested on GGUF files as llama.cpp writes them, not only as our
-tests' own writer (tests/executor/tiny_gguf.py) does.
+"""llama.cpp's own tools for the tests: convert_hf_to_gguf.py, convert_lora_to_gguf.py (and
+llama-quantize, built on demand), so that Pagoda is tested on GGUF files as llama.cpp writes
+them, not only as our tests' own writer (tests/executor/tiny_gguf.py) does.
 
-Both come from the sdist of `llama-cpp-python` on PyPI, which vendors a whole llama.cpp tree
+All come from the sdist of `llama-cpp-python` on PyPI, which vendors a whole llama.cpp tree
 (vendor/llama.cpp: the converter, its own gguf-py, the C++ sources). The version is pinned so
 that runs are reproducible; the sdist is fetched with pip once and unpacked into a cache
 folder kept across runs:
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -119,6 +120,47 @@ def convert(jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
         env=env, capture_output=True, text=True, check=False)
     failures = {}
     for _, _, outfile in jobs:
+        failed = Path(outfile + ".failed")
+        if failed.is_file():
+            failures[outfile] = failed.read_text()[-6000:]
+        elif not os.path.isfile(outfile):
+            failures[outfile] = (f"no output (exit status {result.returncode}):\n"
+                                 f"{result.stderr[-6000:]}")
+    return failures
+
+
+# Runs convert_lora_to_gguf.py once per (argv, outfile) job, as _CONVERT_DRIVER does.
+_LORA_DRIVER = r"""
+import json, runpy, sys, traceback
+script, jobs = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, script.rsplit("/", 1)[0])  # its `conversion` package
+for argv, outfile in jobs:
+    sys.argv = [script, *argv]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            open(outfile + ".failed", "w").write(f"exit status {e.code}")
+    except Exception:
+        open(outfile + ".failed", "w").write(traceback.format_exc())
+"""
+
+
+def convert_lora(jobs: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
+    """Run llama.cpp's convert_lora_to_gguf.py on each (PEFT adapter folder, the base's
+    Hugging Face folder (its config.json is read), outtype (f32, f16, bf16, q8_0), output
+    path), all in one subprocess, as `convert` does. Returns {output path: the converter's
+    error} for those that failed."""
+    source = llama_cpp_source()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    argvs = [([adapter, "--base", base, "--outtype", outtype, "--outfile", outfile], outfile)
+             for adapter, base, outtype, outfile in jobs]
+    result = subprocess.run(
+        [sys.executable, "-c", _LORA_DRIVER, str(source / "convert_lora_to_gguf.py"),
+         json.dumps(argvs)], env=env, capture_output=True, text=True, check=False)
+    failures = {}
+    for _, _, _, outfile in jobs:
         failed = Path(outfile + ".failed")
         if failed.is_file():
             failures[outfile] = failed.read_text()[-6000:]

@@ -92,6 +92,10 @@ class EngineCore(Protocol):
     async def shutdown(self, timeout: float) -> None:
         """Stop the engine; `events.fail_all` ends the streams still open."""
 
+    async def lora_call(self, method: str, *arguments) -> Any:
+        """Run the engine's `method` (loop_commands.LORA_METHODS) with `arguments`, in order
+        with the requests added around it; its result, or its refusal raised."""
+
 
 class EngineFrontEnd:
     def __init__(self, core: EngineCore, *, max_queue: int | None = None) -> None:
@@ -204,6 +208,23 @@ class EngineFrontEnd:
             stream.finished = True
             stream.put(None)  # wakes a consumer still waiting on it
         self.core.abort(request_id)
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ------------------------
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make an adapter known to the engine ahead of its requests; False if it was known.
+        Raises InvalidRequestError with LoRA off or for an id another adapter holds."""
+        return await self.core.lora_call("add_lora", lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Remove an adapter: requests naming it from now on are refused (InvalidRequestError
+        naming it), those in flight finish, then the engine frees its weights. False for an
+        adapter the engine does not know."""
+        return await self.core.lora_call("remove_lora", lora_int_id)
+
+    async def list_loras(self) -> set[int]:
+        """The lora_int_ids the engine knows (added or named by a request) and not removed."""
+        return await self.core.lora_call("list_loras")
 
     def generate(
         self,

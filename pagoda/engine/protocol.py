@@ -74,5 +74,15 @@ class EngineClient(Protocol):
         """Validate, add and iterate in one call; aborts the request if the consumer stops
         early (tests and scripts)."""
 
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make an adapter known ahead of its requests; False if it was known already."""
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Refuse new requests of an adapter; free it once its requests have finished.
+        False for an unknown adapter."""
+
+    async def list_loras(self) -> set[int]:
+        """The lora_int_ids of the adapters the engine knows."""
+
     def cancel_all(self, reason: str) -> None:
         """Fail every request in flight with `reason` (shutdown, a model unloaded)."""

@@ -60,6 +60,14 @@ class FusedLoRA:
     def nbytes(self) -> int:
         return self.a.nbytes + sum(part.b.nbytes for part in self.parts)
 
+    def to(self, device: torch.device) -> FusedLoRA:
+        """This adapter with its tensors on `device` (itself where they are there)."""
+        if self.a.device == device:
+            return self
+        return FusedLoRA(self.a.to(device), [
+            LoRAPart(p.out_offset, p.out_size, p.rank_offset, p.rank, p.b.to(device))
+            for p in self.parts])
+
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> None:
         """out (n, out_features) += this adapter's delta for x (n, in), in place."""
         shrunk = x.to(self.a.dtype) @ self.a.t()  # (n, R)
@@ -69,7 +77,7 @@ class FusedLoRA:
 
     def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
         """The (n, out_features) float32 delta for x (n, in) (tests, references)."""
-        out = torch.zeros(x.shape[0], out_features, dtype=self.a.dtype)
+        out = torch.zeros(x.shape[0], out_features, dtype=self.a.dtype, device=self.a.device)
         self.add_to(out, x)
         return out
 

@@ -20,8 +20,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pagoda.config import LoRAConfig
+from pagoda.executor.lora.adapter_weights import load_lora_weights
 from pagoda.executor.lora.model_lora import ModelLoRA
 from pagoda.executor.lora.step import LoRAStep
+from pagoda.lora.adapter_files import check_adapter, read_adapter
 from pagoda.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -30,12 +32,9 @@ logger = logging.getLogger(__name__)
 def load_adapter_pairs(request: LoRARequest, hf_config, max_lora_rank: int) -> dict:
     """{(layer, target): LoRAPair} of the adapter at request.lora_path, checked against the
     base model's HF config; LoRAAdapterError (a ValueError) naming what is wrong."""
-    from pagoda.executor.lora.adapter_weights import load_lora_weights
-    from pagoda.lora.adapter_files import check_adapter, read_adapter
-
     adapter = read_adapter(request.lora_path)
     check_adapter(adapter, hf_config, max_lora_rank)
-    return load_lora_weights(adapter)
+    return load_lora_weights(adapter, base_config=hf_config)
 
 
 class LoRAManager:

@@ -31,10 +31,15 @@ from pagoda.executor.models.llama import head_dim_of
 
 
 class ModelLoRA:
-    def __init__(self, model: nn.Module, max_loras: int) -> None:
+    def __init__(self, model: nn.Module, max_loras: int,
+                 device: torch.device | None = None) -> None:
         """`model`: a Llama-family causal LM (layers with self_attn.qkv_proj / o_proj and an
-        MLP with gate_up_proj / down_proj), possibly a tensor-parallel rank's share.
-        ValueError for a model whose layers are not so."""
+        MLP with gate_up_proj / down_proj), possibly a tensor-parallel rank's share; its
+        adapters' tensors live on `device` (default: the model's). ValueError for a model
+        whose layers are not so."""
+        if device is None:
+            device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.device = device
         self.slots: list[int | None] = [None] * max_loras
         self.version = 0
         self.hooked: list[list[nn.Module]] = []
@@ -66,7 +71,7 @@ class ModelLoRA:
             if target not in targets or not 0 <= layer < self.num_layers:
                 raise ValueError(f"LoRA adapter {lora_int_id}: layer {layer} {target} is not "
                                  f"one of this model's {self.num_layers} layers' projections")
-        fused = [[fuse(shape, pairs, layer) for shape in shapes]
+        fused = [[_on(fuse(shape, pairs, layer), self.device) for shape in shapes]
                  for layer, shapes in enumerate(self.shapes)]
         self.remove_adapter(lora_int_id)
         size = 0
@@ -121,10 +126,15 @@ def _hook(adapters: dict[int, FusedLoRA]):
             if isinstance(rows, slice):
                 fused.add_to(out[rows], x[rows])
             else:
+                rows = rows.to(out.device)
                 out.index_add_(0, rows, fused.delta(x[rows], out.shape[-1]).to(out.dtype))
         return out
 
     return hook
+
+
+def _on(fused: FusedLoRA | None, device: torch.device) -> FusedLoRA | None:
+    return None if fused is None else fused.to(device)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
