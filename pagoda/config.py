@@ -377,6 +377,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", parse_speculative_config(self.speculative_config))
+        if self.model.compile and self.lora.enable_lora:
+            raise ValueError("compile and enable_lora cannot be combined (the adapters are "
+                             "added by forward hooks the compiled graph would not run); "
+                             "drop --compile")
         if self.model.deterministic and self.cache.kv_cache_dtype != "auto":
             raise ValueError(f"deterministic runs a float32 KV cache; got kv_cache_dtype "
                              f"{self.cache.kv_cache_dtype!r} (use auto)")

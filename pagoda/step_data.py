@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import TokenLogprobs
 from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
@@ -62,6 +63,10 @@ class NewRequestData:
     pooling_params: PoolingParams | None = None
     """Set (resolved) for a pooling request: the runner pools its prompt's final hidden
     states instead of sampling, and returns the vector in ModelRunnerOutput.pooled."""
+    lora_request: LoRARequest | None = None
+    """The adapter the request runs with (None: the base model). The scheduler schedules at
+    most --max-loras distinct adapters per step; the runner loads it by lora_path on first
+    use and keys it by lora_int_id."""
 
 
 @dataclass
@@ -87,6 +92,9 @@ class SchedulerOutput:
     """(len(grammar_request_ids), ceil(vocab / 32)) int32, aligned with grammar_request_ids:
     bit t of row i set = token t allowed for that request's next token. A request that
     verifies k proposals has k + 1 consecutive rows (its id repeated), one per position."""
+    removed_lora_ids: list[int] = field(default_factory=list)
+    """Adapters (lora_int_id) removed from the engine (remove_lora) whose last request left
+    the scheduler: the runner frees their weights. Each id is sent once."""
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     """Proposed tokens each request verifies this step (scheduled after its last token; they
     count in num_scheduled_tokens). Requests without proposals are absent."""

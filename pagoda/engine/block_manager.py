@@ -21,6 +21,11 @@ Prefix hashes
 
     tokens:   [ b0 full ][ b1 full ][ b2 full ][ b3 partial ]
     hashes:     h0 -------> h1 -------> h2        (none)
+
+    A request that runs with a LoRA adapter chains from its adapter's own root
+    (root_hash(lora_int_id); the base model's is ROOT_HASH), so the same tokens under two
+    adapters, or under an adapter and the base, never share a block; requests of one
+    adapter share as base requests do.
 """
 
 from __future__ import annotations
@@ -41,6 +46,17 @@ def hash_block_tokens(parent_hash: int, token_ids: list[int] | tuple[int, ...]) 
     digest = xxhash.xxh3_128()
     digest.update(parent_hash.to_bytes(16, "little"))
     digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return digest.intdigest()
+
+
+def root_hash(lora_int_id: int = 0) -> int:
+    """The parent hash of a request's first block: ROOT_HASH for the base model, a distinct
+    stable value per LoRA adapter (its KV differs: the adapter changes k and v)."""
+    if not lora_int_id:
+        return ROOT_HASH
+    digest = xxhash.xxh3_128()
+    digest.update(b"pagoda-lora")
+    digest.update(lora_int_id.to_bytes(8, "little"))
     return digest.intdigest()
 
 
@@ -101,7 +117,7 @@ class BlockManager:
         bs = self.block_size
         while (len(hashes) + 1) * bs <= request.num_tokens:
             start = len(hashes) * bs
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = hashes[-1] if hashes else root_hash(request.lora_int_id)
             hashes.append(hash_block_tokens(parent, request.all_token_ids[start : start + bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:

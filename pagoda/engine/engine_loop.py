@@ -8,6 +8,7 @@ loop, only their events differ (asyncio callbacks, or messages on a pipe).
         Add   -> engine.add_engine_request -> events.added(request_id, error or None)
         Abort -> engine.abort_request (frees KV blocks)
         Sync  -> publish, then events.synced(token)
+        LoRACall -> engine.add_lora / remove_lora / list_loras -> events.answered(call_id, ...)
         Stop  -> later Adds refused, the loop ends
         step  -> events.deliver([(request_id, RequestOutput | error), ...])
         at the start and after each iteration: events.published(engine.snapshot())
@@ -28,7 +29,7 @@ import time
 from typing import Any, Protocol
 
 from pagoda.engine.llm_engine import BatchFailedError
-from pagoda.engine.loop_commands import Abort, Add, Stop, Sync
+from pagoda.engine.loop_commands import LORA_METHODS, Abort, Add, LoRACall, Stop, Sync
 from pagoda.engine.request_stream import Delivery, EngineDeadError, EngineStepError
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import EngineFatalError
@@ -44,6 +45,9 @@ class LoopEvents(Protocol):
     def deliver(self, items: Delivery) -> None: ...
 
     def synced(self, token: Any) -> None: ...
+
+    def answered(self, call_id: int, result: Any, error: BaseException | None) -> None:
+        """A LoRACall's result (error None), or why it failed."""
 
     def published(self, snapshot: EngineSnapshot) -> None:
         """The engine's state after an iteration (the last call of each iteration)."""
@@ -70,7 +74,7 @@ class EngineLoop:
         self._syncs_answered = True
         """Whether a Sync put now will be answered (False once the loop has ended)."""
 
-    def put(self, command: Add | Abort | Stop) -> None:
+    def put(self, command: Add | Abort | Stop | LoRACall) -> None:
         """Queue a command (any thread)."""
         self._commands.put(command)
 
@@ -80,6 +84,15 @@ class EngineLoop:
             if not self._syncs_answered:
                 return False
             self._commands.put(Sync(token))
+            return True
+
+    def call(self, call: LoRACall) -> bool:
+        """Queue an adapter command (answered as a Sync is); False (nothing queued) once
+        the loop has ended."""
+        with self._sync_lock:
+            if not self._syncs_answered:
+                return False
+            self._commands.put(call)
             return True
 
     # ---- the loop's thread -----------------------------------------------------------------
@@ -125,11 +138,16 @@ class EngineLoop:
             elif isinstance(command, Sync):
                 self._publish()  # what came before it, visible before it is answered
                 self.events.synced(command.token)
+            elif isinstance(command, LoRACall):
+                self._lora_call(command)
             elif isinstance(command, Stop):
                 for later in commands[i + 1:]:
                     if isinstance(later, Add):
                         self.events.added(later.request.request_id,
                                           EngineDeadError("shutting down"))
+                    elif isinstance(later, LoRACall):
+                        self.events.answered(later.call_id, None,
+                                             EngineDeadError("shutting down"))
                     elif isinstance(later, Sync):  # (answered after the loop's last publish)
                         self._commands.put(later)
                 return True
@@ -150,6 +168,9 @@ class EngineLoop:
             elif isinstance(command, Add):
                 self.events.added(command.request.request_id,
                                   EngineDeadError("the engine loop has stopped"))
+            elif isinstance(command, LoRACall):
+                self.events.answered(command.call_id, None,
+                                     EngineDeadError("the engine loop has stopped"))
 
     def _add(self, request) -> None:
         try:
@@ -161,6 +182,22 @@ class EngineLoop:
             return
         self._request_ids.add(request.request_id)
         self.events.added(request.request_id, None)
+
+    def _lora_call(self, call: LoRACall) -> None:
+        """Run an adapter command on the engine and answer it (a refusal, a ValueError, is
+        the answer's error; so is anything else it raised, logged)."""
+        if call.method not in LORA_METHODS:
+            self.events.answered(call.call_id, None,
+                                 ValueError(f"unknown engine command {call.method!r}"))
+            return
+        try:
+            result = getattr(self.engine, call.method)(*call.arguments)
+        except Exception as e:  # answered to the caller
+            if not isinstance(e, ValueError):
+                logger.exception("%s failed", call.method)
+            self.events.answered(call.call_id, None, e)
+            return
+        self.events.answered(call.call_id, result, None)
 
     def _abort(self, request_id: str) -> None:
         """Abort in the engine (a no-op for ids it does not hold)."""

@@ -35,6 +35,7 @@ from pagoda.engine.request_stream import (
 )
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -90,6 +91,10 @@ class EngineCore(Protocol):
 
     async def shutdown(self, timeout: float) -> None:
         """Stop the engine; `events.fail_all` ends the streams still open."""
+
+    async def lora_call(self, method: str, *arguments) -> Any:
+        """Run the engine's `method` (loop_commands.LORA_METHODS) with `arguments`, in order
+        with the requests added around it; its result, or its refusal raised."""
 
 
 class EngineFrontEnd:
@@ -204,16 +209,34 @@ class EngineFrontEnd:
             stream.put(None)  # wakes a consumer still waiting on it
         self.core.abort(request_id)
 
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ------------------------
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make an adapter known to the engine ahead of its requests; False if it was known.
+        Raises InvalidRequestError with LoRA off or for an id another adapter holds."""
+        return await self.core.lora_call("add_lora", lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Remove an adapter: requests naming it from now on are refused (InvalidRequestError
+        naming it), those in flight finish, then the engine frees its weights. False for an
+        adapter the engine does not know."""
+        return await self.core.lora_call("remove_lora", lora_int_id)
+
+    async def list_loras(self) -> set[int]:
+        """The lora_int_ids the engine knows (added or named by a request) and not removed."""
+        return await self.core.lora_call("list_loras")
+
     def generate(
         self,
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Validate, add_request and iterate; aborts the request if the consumer stops early.
         Raises InvalidRequestError for a bad request."""
-        return generate_outputs(self, request_id, prompt, params, priority)
+        return generate_outputs(self, request_id, prompt, params, priority, lora_request)
 
     def cancel_all(self, reason: str) -> None:
         """Abort every open request; their streams raise EngineDeadError(reason). For a

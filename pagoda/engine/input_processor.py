@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
 
@@ -38,6 +39,8 @@ class EngineRequest:
     """Set for a pooling (embedding) request, resolved against the model: prefill only, it
     ends with its vector (RequestOutput.embedding) and samples nothing (`params` are then
     neutral and unused, max_tokens 0)."""
+    lora_request: LoRARequest | None = None
+    """The adapter to run with (None: the base model)."""
 
 
 class InputProcessor:
@@ -66,6 +69,7 @@ class InputProcessor:
         reject_over_length: bool = False,
         prompt_param: str = "prompt",
         max_tokens_param: str = "max_tokens",
+        lora_request: LoRARequest | None = None,
     ) -> EngineRequest:
         """Tokenize (unless `prompt_token_ids` is given) and check. `reject_over_length`:
         refuse a max_tokens that does not fit beside the prompt (the OpenAI server's rule)
@@ -100,6 +104,7 @@ class InputProcessor:
             max_tokens=max_tokens,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
+            lora_request=_checked_lora(lora_request),
         )
 
     def process_pooling(
@@ -112,6 +117,7 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
         prompt_param: str = "input",
+        lora_request: LoRARequest | None = None,
     ) -> EngineRequest:
         """A pooling (embedding) request: tokenize (unless `prompt_token_ids` is given),
         check, and resolve `params` against the model (`dimensions` checked there). The
@@ -137,6 +143,7 @@ class InputProcessor:
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
             pooling=params.resolved(self.model_pooling),
+            lora_request=_checked_lora(lora_request),
         )
 
     def _prompt_token_ids(self, prompt, prompt_token_ids, prompt_param: str) -> list[int]:
@@ -192,3 +199,12 @@ class InputProcessor:
             f"the {prompt_param} or completion.",
             max_tokens_param, "context_length_exceeded",
         )
+
+
+def _checked_lora(lora_request) -> LoRARequest | None:
+    """`lora_request` as the engine takes it: a LoRARequest or None (the base model)."""
+    if lora_request is not None and not isinstance(lora_request, LoRARequest):
+        raise InvalidRequestError(
+            f"lora_request must be a LoRARequest, got {type(lora_request).__name__}",
+            "lora_request")
+    return lora_request

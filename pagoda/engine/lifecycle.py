@@ -121,6 +121,7 @@ class RequestLifecycle:
                 child_id, request.prompt_token_ids, child_params, self.eos_token_ids,
                 arrival_time=request.arrival_time, priority=request.priority,
                 max_tokens=request.max_tokens, pooling_params=request.pooling,
+                lora_request=request.lora_request,
             )
             sequences.append(sequence)
             completion = CompletionOutput(

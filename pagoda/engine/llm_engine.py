@@ -27,11 +27,13 @@ from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.kv_cache_groups import KVCacheManager
 from pagoda.engine.lifecycle import RequestLifecycle
+from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.request_timeline import RequestTimelines
 from pagoda.engine.scheduler import Scheduler
 from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
@@ -97,7 +99,9 @@ class LLMEngine:
             list(num_blocks), config.cache.block_size, list(kv_cache_windows),
             config.cache.enable_prefix_caching,
         )
-        self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len)
+        self._loras = LoRAAdapters(config.lora.enable_lora, config.lora.max_loras)
+        self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len,
+                                    self._loras)
         self._lifecycle = RequestLifecycle(tokenizer, eos_token_ids, max_model_len,
                                            grammar_compiler)
         self._num_steps = 0
@@ -129,19 +133,22 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         prompt_token_ids: list[int] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate (InputProcessor) and queue a request. `prompt` is text (tokenized here
         unless `prompt_token_ids` is given) or token ids; PoolingParams make it a pooling
-        (embedding) request. Raises InvalidRequestError (a ValueError) for a bad request or
-        a request id already in use."""
+        (embedding) request; `lora_request` runs it with that adapter (None: the base
+        model). Raises InvalidRequestError (a ValueError) for a bad request or a request id
+        already in use."""
         if isinstance(params, PoolingParams):
             request = self.input_processor.process_pooling(
                 request_id, prompt, params, prompt_token_ids=prompt_token_ids,
-                arrival_time=arrival_time, priority=priority, prompt_param="prompt")
+                arrival_time=arrival_time, priority=priority, prompt_param="prompt",
+                lora_request=lora_request)
         else:
             request = self.input_processor.process(
                 request_id, prompt, params or SamplingParams(), prompt_token_ids=prompt_token_ids,
-                arrival_time=arrival_time, priority=priority,
+                arrival_time=arrival_time, priority=priority, lora_request=lora_request,
             )
         self.add_engine_request(request)
 
@@ -150,6 +157,7 @@ class LLMEngine:
         event loop, then hands the result over)."""
         if self._lifecycle.has_request(request.request_id):
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
+        self._loras.check(request.lora_request)
         if request.grammar is not None:
             self._num_structured_requests += 1
         for sequence in self._lifecycle.add_request(request):
@@ -171,6 +179,27 @@ class LLMEngine:
                                        request.num_output_tokens)
         self._snapshot = self._take_snapshot()
 
+    # ---- LoRA adapters (vLLM's LLMEngine.add_lora / remove_lora / list_loras) ---------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Know an adapter ahead of its requests (its weights load on first use); False if
+        known already. Raises InvalidRequestError with LoRA off, for an id taken by another
+        adapter, or for one being removed."""
+        return self._loras.add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Remove an adapter: new requests naming it are refused at once; those in flight
+        finish; then the runner frees its weights (SchedulerOutput.removed_lora_ids, in the
+        next step). False for an adapter the engine does not know."""
+        removed = self._loras.remove(lora_int_id)
+        self._snapshot = self._take_snapshot()
+        return removed
+
+    def list_loras(self) -> set[int]:
+        """The lora_int_ids of the adapters known (added, or named by a request) and not
+        removed."""
+        return self._loras.list()
+
     def shutdown(self) -> None:
         """Stop the runner's worker processes, if it has any (tensor parallelism)."""
         shutdown = getattr(self.runner, "shutdown", None)
@@ -178,7 +207,9 @@ class LLMEngine:
             shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        return self._scheduler.has_unfinished_requests()
+        """Requests waiting or running, or an adapter removal the runner has yet to hear
+        of (one step, with an empty batch, tells it)."""
+        return self._scheduler.has_unfinished_requests() or self._loras.has_pending_removal
 
     def reset_prefix_cache(self) -> bool:
         """Forget cached prefix blocks (as vLLM's); False if blocks are in use."""
@@ -197,13 +228,15 @@ class LLMEngine:
         scheduler_output = self._scheduler.schedule()
         if scheduler_output.preempted_request_ids:
             self._timelines.preempted(scheduler_output.preempted_request_ids)
-        if scheduler_output.is_empty and not scheduler_output.finished_request_ids:
+        if (scheduler_output.is_empty and not scheduler_output.finished_request_ids
+                and not scheduler_output.removed_lora_ids):
             return []
         prefill = self._prefill_chunks(scheduler_output)
         if not scheduler_output.is_empty and self._lifecycle.num_grammar_sequences:
             self._add_grammar_bitmask(scheduler_output)
         try:
-            # (An empty batch still goes down: the runner drops the finished requests.)
+            # (An empty batch still goes down: the runner drops the finished requests and
+            # frees the removed adapters.)
             runner_output = self.runner.execute_model(scheduler_output)
         except Exception as e:
             raise self._abort_batch(scheduler_output, e) from e
@@ -351,4 +384,7 @@ class LLMEngine:
             finished_by_reason=self._finished_by_reason,
             steps_by_executor=self._steps_by_executor,
             spec_decode=self._spec_stats.frozen(),
+            running_lora_adapters=self._loras.names(scheduler.running),
+            waiting_lora_adapters=self._loras.names(scheduler.waiting),
+            max_lora=self.config.lora.max_loras if self.config.lora.enable_lora else 0,
         )

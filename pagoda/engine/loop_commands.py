@@ -35,3 +35,18 @@ class Sync:
     after them published. In-process only: `token` is whatever the caller waits on."""
 
     token: Any
+
+
+LORA_METHODS = ("add_lora", "remove_lora", "list_loras")
+"""The engine methods a LoRACall may name (LLMEngine's, as vLLM's LLMEngine)."""
+
+
+@dataclass(frozen=True)
+class LoRACall:
+    """Call the engine's `method` (one of LORA_METHODS) with `arguments` (a LoRARequest, a
+    lora_int_id, or nothing); the loop answers `answered(call_id, result, error)`. Ordered
+    with Adds: a request added after a remove_lora is refused."""
+
+    method: str
+    arguments: tuple = ()
+    call_id: int = 0

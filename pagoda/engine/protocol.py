@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.request_stream import RequestStream
 from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams
 
@@ -68,9 +69,20 @@ class EngineClient(Protocol):
         """End a request early (its stream ends; its blocks are freed)."""
 
     def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                 priority: int = 0) -> AsyncIterator[RequestOutput]:
+                 priority: int = 0,
+                 lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Validate, add and iterate in one call; aborts the request if the consumer stops
         early (tests and scripts)."""
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make an adapter known ahead of its requests; False if it was known already."""
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Refuse new requests of an adapter; free it once its requests have finished.
+        False for an unknown adapter."""
+
+    async def list_loras(self) -> set[int]:
+        """The lora_int_ids of the adapters the engine knows."""
 
     def cancel_all(self, reason: str) -> None:
         """Fail every request in flight with `reason` (shutdown, a model unloaded)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import time
 
+from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
@@ -51,6 +52,7 @@ class Request:
         priority: int = 0,
         max_tokens: int | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -74,6 +76,15 @@ class Request:
         """Proposed next tokens (speculative decoding), verified when next scheduled."""
         self.pooling_params = pooling_params
         """Set for a pooling (embedding) request: prefill only, nothing sampled."""
+        self.lora_request = lora_request
+        """The adapter this request runs with (None: the base model); kept through
+        preemption, shared by the n children of a parallel-sampling request."""
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model (what block hashes and the scheduler's
+        --max-loras count key on)."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def can_use_prefix_cache(self) -> bool:

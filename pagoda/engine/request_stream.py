@@ -58,11 +58,13 @@ class RequestStream:
 
 
 async def generate_outputs(engine, request_id: str, prompt: str | list[int], params,
-                           priority: int = 0) -> AsyncIterator[RequestOutput]:
+                           priority: int = 0,
+                           lora_request=None) -> AsyncIterator[RequestOutput]:
     """Validate (InvalidRequestError for a bad request), add_request and iterate `engine`'s
     stream (an EngineFrontEnd: AsyncLLMEngine or DataParallelEngine); aborts the request if
-    the consumer stops early."""
-    request = engine.input_processor.process(request_id, prompt, params, priority=priority)
+    the consumer stops early. `lora_request`: a pagoda.lora.request.LoRARequest or None."""
+    request = engine.input_processor.process(request_id, prompt, params, priority=priority,
+                                             lora_request=lora_request)
     stream = await engine.add_request(request)
     try:
         async for output in stream:

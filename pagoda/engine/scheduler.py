@@ -14,6 +14,14 @@ its blocks are freed and it returns to the front of the waiting queue, to be rec
 layers, and answers `allocate_slots` for all groups at once: kv_cache_groups.py. Block ids
 are a tuple with one list per group.)
 
+LoRA adapters (lora_adapters.py): at most `max_loras` distinct adapters among the running
+requests (base-model requests do not count), so any step's batch holds at most that many.
+A waiting request whose adapter would be one too many is passed over for this step, and the
+next waiting request that fits may go (no head-of-line blocking across adapters); it is
+admitted once a running adapter's last request leaves. A preempted request keeps its
+adapter. Adapters removed (LoRAAdapters.remove) whose last request has gone are announced
+once in SchedulerOutput.removed_lora_ids.
+
 A pooling (embedding) request follows the same rule: it is scheduled until its prompt is
 computed, samples nothing, and the lifecycle finishes it in the step its vector comes back
 (mean and CLS pooling take no prefix-cache hits: Request.can_use_prefix_cache).
@@ -32,6 +40,7 @@ from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.kv_cache_groups import KVCacheManager
+from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -39,9 +48,11 @@ from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 class Scheduler:
     def __init__(
         self, config: SchedulerConfig, block_manager: KVCacheManager,
-        max_model_len: int,
+        max_model_len: int, loras: LoRAAdapters | None = None,
     ):
+        """`loras`: the engine's adapters (None: LoRA off: no request names one)."""
         self.config = config
+        self.loras = loras if loras is not None else LoRAAdapters(False, 1)
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -60,6 +71,7 @@ class Scheduler:
         assert request.request_id not in self.requests, request.request_id
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.loras.hold(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests (a stop rule or an abort, decided by the lifecycle); frees their
@@ -80,6 +92,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self.block_manager.free(request)
+        self.loras.release(request)
         del self.requests[request.request_id]
         self.finished_request_ids.append(request.request_id)
 
@@ -102,10 +115,17 @@ class Scheduler:
             return (request.priority, request.arrival_time)
         return (0, request.arrival_time)
 
-    def _next_waiting(self) -> Request:
+    def _next_waiting(self, passed_over: set[int]) -> Request | None:
+        """The next waiting request to admit, skipping those of the adapters in
+        `passed_over` (they do not fit this step); None when only such are left."""
+        candidates = self.waiting
+        if passed_over:
+            candidates = [r for r in self.waiting if r.lora_int_id not in passed_over]
+            if not candidates:
+                return None
         if self.config.scheduling_policy == "priority":
-            return min(self.waiting, key=lambda r: (r.priority, r.arrival_time))
-        return self.waiting[0]
+            return min(candidates, key=lambda r: (r.priority, r.arrival_time))
+        return candidates[0]
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -159,13 +179,22 @@ class Scheduler:
             index += 1
 
         # 2. Waiting requests, while there is room; none if anything was preempted this step.
+        #    A request whose adapter would exceed max_loras is passed over (all of that
+        #    adapter's are: the running set only grows within a step).
+        active_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
+        passed_over: set[int] = set()
         while (
             self.waiting
             and budget > 0
             and not output.preempted_request_ids
             and len(self.running) < self.config.max_num_seqs
         ):
-            request = self._next_waiting()
+            request = self._next_waiting(passed_over)
+            if request is None:
+                break
+            if not self.loras.fits(active_loras, request.lora_int_id):
+                passed_over.add(request.lora_int_id)
+                continue
             computed_blocks, num_computed = (), 0
             if request.num_computed_tokens == 0 and request.can_use_prefix_cache:
                 computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
@@ -180,6 +209,8 @@ class Scheduler:
                 break
             self.waiting.remove(request)
             self.running.append(request)
+            if request.lora_int_id:
+                active_loras.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
@@ -192,6 +223,7 @@ class Scheduler:
                 block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
                 num_computed_tokens=request.num_computed_tokens,
                 pooling_params=request.pooling_params,
+                lora_request=request.lora_request,
             ))
             output.request_ids.append(request.request_id)
             output.num_scheduled_tokens.append(num_new)
@@ -204,6 +236,7 @@ class Scheduler:
             self.num_computed_prompt_tokens += end - start
         output.finished_request_ids = self.finished_request_ids
         self.finished_request_ids = []
+        output.removed_lora_ids = self.loras.take_removed()
         return output
 
     def _spec_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:

@@ -99,6 +99,12 @@ class EngineSnapshot:
     """Of last_step_num_tokens: each decoding request's last token and its proposals."""
     num_preempted_seqs: int = 0
     """Waiting sequences that were preempted (a subset of num_waiting_seqs)."""
+    running_lora_adapters: tuple[str, ...] = ()
+    """Names of the LoRA adapters of the running sequences (each once)."""
+    waiting_lora_adapters: tuple[str, ...] = ()
+    """Names of the LoRA adapters of the waiting sequences (each once)."""
+    max_lora: int = 0
+    """--max-loras, 0 with LoRA off (vLLM's lora_requests_info label max_lora)."""
     request_timelines: tuple[RequestTimeline, ...] = ()
     """Recent sequences' timelines: the last finished ones, then those in flight
     (request_timeline.py; bounded)."""

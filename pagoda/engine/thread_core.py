@@ -5,6 +5,8 @@ EngineLoop (engine_loop.py) on its own thread, its events posted to the event lo
     add()    --Add-->   EngineLoop queue   -->   add_engine_request -> added -> ack future
     abort()  --Abort-->                    -->   abort_request (frees KV blocks)
     synchronize() --Sync-->                -->   publish, then synced -> its future
+    lora_call() --LoRACall-->              -->   add_lora / remove_lora / list_loras
+                                                 -> answered -> its future
     front_end.deliver   <-- call_soon_threadsafe <-- step() outputs / errors
     self.snapshot       <-- (attribute swap)     <-- engine.snapshot() after each iteration
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +33,7 @@ from typing import Any
 from pagoda.engine.engine_loop import EngineLoop
 from pagoda.engine.front_end import CoreEvents
 from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.loop_commands import Abort, Add, Stop
+from pagoda.engine.loop_commands import Abort, Add, LoRACall, Stop
 from pagoda.engine.request_stream import Delivery, EngineDeadError
 from pagoda.engine.snapshot import EngineSnapshot
 
@@ -60,6 +63,9 @@ class ThreadCore:
         self._acks: dict[str, deque[asyncio.Future]] = {}
         """Per request id, the add_request calls waiting for the engine (oldest first: the
         loop answers Adds in order). Event loop only."""
+        self._calls: dict[int, asyncio.Future] = {}
+        """LoRACalls waiting for their answer, by call id. Event loop only."""
+        self._call_ids = itertools.count(1)
 
     @classmethod
     def build_on_engine_thread(cls, build_engine: Callable[[], object]) -> ThreadCore:
@@ -153,6 +159,22 @@ class ThreadCore:
         if self.engine_loop.sync(ack):
             await ack
 
+    async def lora_call(self, method: str, *arguments) -> Any:
+        """Run the engine's add_lora / remove_lora / list_loras on the engine thread, in
+        order with the requests added before and after; returns its result, raises its
+        refusal (or EngineDeadError once the loop has ended)."""
+        if self._thread is None:
+            raise EngineDeadError("the engine loop is not started")
+        call_id = next(self._call_ids)
+        answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        if not self.engine_loop.call(LoRACall(method, arguments, call_id)):
+            del self._calls[call_id]
+            raise EngineDeadError(self.dead_message())
+        try:
+            return await answer
+        finally:
+            self._calls.pop(call_id, None)
+
     async def shutdown(self, timeout: float) -> None:
         """Stop the loop (what still runs is aborted, its streams fail) and join the thread."""
         if self._thread is None or not self._thread.is_alive():
@@ -179,6 +201,18 @@ class ThreadCore:
 
     def synced(self, token: Any) -> None:
         self._call_in_loop(_resolve, token, None)
+
+    def answered(self, call_id: int, result: Any, error: BaseException | None) -> None:
+        self._call_in_loop(self._answer, call_id, result, error)
+
+    def _answer(self, call_id: int, result: Any, error: BaseException | None) -> None:
+        answer = self._calls.pop(call_id, None)
+        if answer is None or answer.done():
+            return  # the caller was cancelled
+        if error is None:
+            answer.set_result(result)
+        else:
+            answer.set_exception(error)
 
     def published(self, snapshot: EngineSnapshot) -> None:
         self.snapshot = snapshot

@@ -13,6 +13,7 @@ from pagoda.config import EngineConfig
 from pagoda.engine.builder import build_engine
 from pagoda.entrypoints.chat_template import Message, encode_chat_prompt, template_kwargs_of
 from pagoda.entrypoints.tools.rendering import render_chat
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import EmbeddingRequestOutput, RequestOutput
 from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
@@ -49,15 +50,21 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (text or token ids). One SamplingParams for all, or one each."""
+        """Complete each prompt (text or token ids). One SamplingParams for all, or one each;
+        one LoRARequest for all, or one each (None: the base model; needs enable_lora)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         params = _per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
-        return self._generate([(p, None) for p in prompts], params, use_tqdm, priority)
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_request has {len(loras)} entries for {len(prompts)} prompts")
+        return self._generate([(p, None) for p in prompts], params, use_tqdm, priority, loras)
 
     def embed(
         self,
@@ -82,7 +89,8 @@ class LLM:
         outputs = self._generate([(p, None) for p in prompts], params, use_tqdm)
         return [EmbeddingRequestOutput.from_request_output(output) for output in outputs]
 
-    def _generate(self, prompts, params, use_tqdm, priority=None) -> list[RequestOutput]:
+    def _generate(self, prompts, params, use_tqdm, priority=None,
+                  loras=None) -> list[RequestOutput]:
         """prompts: (text or token ids, token ids or None) pairs; ids win when given.
         params: SamplingParams, or PoolingParams for pooling requests."""
         request_ids = []
@@ -92,6 +100,7 @@ class LLM:
                 self.engine.add_request(
                     request_id, prompt, p, priority=0 if priority is None else priority[i],
                     prompt_token_ids=prompt_token_ids,
+                    lora_request=loras[i] if loras else None,
                 )
                 request_ids.append(request_id)
         except Exception:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import NewRequestData
@@ -38,6 +39,8 @@ class CachedRequestState:
     pooled: Any = None
     """A pooling request's state between prefill chunks (a tensor: mean's running sum of
     hidden states, CLS's first one); dropped with the request (preemption restarts it)."""
+    lora_request: LoRARequest | None = None
+    """The adapter its rows run with (None: the base model); executor/lora/manager.py."""
 
 
 class InputBatch:
@@ -77,7 +80,7 @@ class InputBatch:
             new.request_id, row, new.sampling_params,
             prompt_token_ids=list(new.token_ids[: new.num_prompt_tokens]),
             output_token_ids=list(new.token_ids[new.num_prompt_tokens:]),
-            pooling_params=new.pooling_params,
+            pooling_params=new.pooling_params, lora_request=new.lora_request,
         )
         self.requests[new.request_id] = state
         return state

@@ -40,6 +40,8 @@ from pagoda.executor.kv_cache_layout import (
     window_blocks_needed,
 )
 from pagoda.executor.layers.quantization import QuantizedLinear
+from pagoda.executor.lora.manager import LoRAManager
+from pagoda.executor.lora.step import lora_step
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.pooling import pool_chunks
 from pagoda.executor.sampler import (
@@ -112,6 +114,14 @@ class ModelRunner:
         self.num_blocks_per_group: list[int] = []
         self.spec_decoder: SpecDecoder | None = None
         """Proposes tokens for the next step (speculative decoding); set by the builder."""
+        self.lora: LoRAManager | None = None
+        """LoRA adapters (--enable-lora): loads them and maps each step's rows to theirs;
+        set by the builder (attach_lora)."""
+
+    def attach_lora(self, manager: LoRAManager) -> None:
+        self.lora = manager
+        if self.whole_stack is not None:
+            self.whole_stack.attach_lora(manager.model_lora)
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -330,6 +340,8 @@ class ModelRunner:
             self.input_batch.add(new)
         for request_id, block_ids in scheduler_output.new_block_ids.items():
             self.input_batch.append_blocks(request_id, block_ids)
+        if self.lora is not None:
+            self.lora.remove(scheduler_output.removed_lora_ids)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -363,11 +375,15 @@ class ModelRunner:
 
         decode_shaped = num_scheduled == 1 + num_spec  # a decode or a verification
         started = time.perf_counter()
-        if spec:  # verifications attend one token a row: a decode-shaped step
-            hidden = self._forward(input_ids, *one_row_per_token(
-                num_computed, num_scheduled, block_tables, decode_shaped))
-        else:
-            hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
+        adapters = None  # which rows run which LoRA adapter (None: all the base model)
+        if self.lora is not None:
+            adapters = self.lora.step_of(states, num_scheduled, batch, output.failed)
+        with lora_step(adapters):
+            if spec:  # verifications attend one token a row: a decode-shaped step
+                hidden = self._forward(input_ids, *one_row_per_token(
+                    num_computed, num_scheduled, block_tables, decode_shaped))
+            else:
+                hidden = self._forward(input_ids, num_computed, num_scheduled, block_tables)
         output.step_executor = self.last_step_executor
 
         query_end = query_start + num_scheduled

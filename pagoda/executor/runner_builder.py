@@ -32,6 +32,8 @@ from pagoda.executor.loader.model_loader import (
     weight_formats,
 )
 from pagoda.executor.loader.tokenizer import eos_token_ids, load_tokenizer
+from pagoda.executor.lora.manager import LoRAManager
+from pagoda.executor.lora.model_lora import ModelLoRA
 from pagoda.executor.model_runner import ModelRunner
 from pagoda.executor.parallel.communication import TensorParallelGroup
 from pagoda.executor.parallel.sharding import shard_model
@@ -98,6 +100,9 @@ def build_runner(
     runner = ModelRunner(model, device, dtype, config.cache, eos_ids,
                          batch_invariant=config.model.deterministic,
                          whole_stack_decode=group is None)
+    if config.lora.enable_lora:  # hooks on this process's layers (a rank's share under TP)
+        runner.attach_lora(LoRAManager(ModelLoRA(model, config.lora.max_loras, device),
+                                       config.lora, hf_config))
     if device.type == "cpu":
         logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, arithmetic)
                     + (", batch-invariant (--deterministic)" if runner.batch_invariant else ""))

@@ -1,12 +1,14 @@
 """What crosses a replica's pipe: typed dataclasses of picklable data, nothing live.
 
-    server -> replica   Add(EngineRequest)   Abort(request_id)   Stop()   (loop_commands.py)
+    server -> replica   Add(EngineRequest)   Abort(request_id)   Stop()
+                        LoRACall(method, arguments, call_id)        (loop_commands.py)
     replica -> server   Ready(ReplicaInfo)   Failed(message)     Dead(message)
                         Batch([item, ...]) with items
                             Added(request_id)                  the engine took it (the ack)
                             Out(request_id, RequestOutput)
                             Error(request_id, ErrorInfo)       before Added: it was refused
                             Snapshot(fields)                   snapshot_fields(EngineSnapshot)
+                            Answered(call_id, result, error)   a LoRACall's answer
 
 Order: a replica sends a request's items in order; a server-side abort may cross items
 already sent (the server drops items of requests it no longer tracks).
@@ -23,14 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.engine.loop_commands import Abort, Add, Stop
+from pagoda.engine.loop_commands import Abort, Add, LoRACall, Stop
 from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
 
-__all__ = ["Abort", "Add", "Added", "Batch", "BatchItem", "Dead", "Error", "ErrorInfo", "Failed",
-           "Out", "Ready", "ReplicaInfo", "ReplicaMessage", "ServerMessage", "Snapshot", "Stop",
+__all__ = ["Abort", "Add", "Added", "Answered", "Batch", "BatchItem", "Dead", "Error", "ErrorInfo", "Failed",
+           "LoRACall", "Out", "Ready", "ReplicaInfo", "ReplicaMessage", "ServerMessage", "Snapshot", "Stop",
            "decode_error", "encode_error", "snapshot_fields"]
 
 
@@ -117,7 +119,16 @@ class Snapshot:
         return EngineSnapshot(**self.fields)
 
 
-BatchItem = Added | Out | Error | Snapshot
+@dataclass(frozen=True)
+class Answered:
+    """A LoRACall's answer: its result (error None), or why it failed."""
+
+    call_id: int
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+BatchItem = Added | Out | Error | Snapshot | Answered
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,7 @@ class Batch:
     items: list[BatchItem]
 
 
-ServerMessage = Add | Abort | Stop
+ServerMessage = Add | Abort | Stop | LoRACall
 """What the server sends a replica."""
 ReplicaMessage = Ready | Failed | Dead | Batch
 """What a replica sends the server."""

@@ -32,11 +32,13 @@ from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
     Added,
+    Answered,
     Batch,
     BatchItem,
     Dead,
     Error,
     Failed,
+    LoRACall,
     Out,
     Ready,
     ReplicaInfo,
@@ -122,6 +124,10 @@ def _read_commands(conn: Connection, engine_loop) -> None:
     try:
         while True:
             message = receive_message(conn)
+            if isinstance(message, LoRACall):
+                if not engine_loop.call(message):
+                    return  # the loop has ended
+                continue
             if not isinstance(message, (Add, Abort, Stop)):
                 logger.error("unknown message %r from the server", message)
                 continue
@@ -157,6 +163,10 @@ class PipeEvents:
 
     def synced(self, token: Any) -> None:
         pass  # (no Sync crosses the pipe)
+
+    def answered(self, call_id: int, result: Any, error: BaseException | None) -> None:
+        self._outbox.append(Answered(call_id, result,
+                                     None if error is None else encode_error(error)))
 
     def published(self, snapshot: EngineSnapshot) -> None:
         """The end of a loop iteration: send its items, with the snapshot if one is due."""

@@ -18,8 +18,10 @@ an EngineLoop in its own process (replica_main.py), behind a Router (router.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from typing import Any
 
 from pagoda.config import EngineConfig
 from pagoda.engine.data_parallel.launcher import launch_replica
@@ -27,8 +29,10 @@ from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
     Added,
+    Answered,
     BatchItem,
     Error,
+    LoRACall,
     Out,
     Snapshot,
     decode_error,
@@ -73,6 +77,9 @@ class ReplicaSetCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: CoreEvents | None = None
         self._snapshot: EngineSnapshot | None = None
+        self._calls: dict[tuple[int, int], asyncio.Future] = {}
+        """(replica index, call id) -> a LoRACall's answer from that replica."""
+        self._call_ids = itertools.count(1)
         self._supervisor.start_all()
         info = self.slots[0].info
         logger.info("%d engine replicas ready (pids %s), %d CPU threads each",
@@ -148,7 +155,9 @@ class ReplicaSetCore:
         replica took the request, or fails."""
         request_id, num_seqs = request.request_id, request.params.n
         try:
-            index = self.router.route(request_id, request.prompt_token_ids, num_seqs)
+            lora_int_id = request.lora_request.lora_int_id if request.lora_request else 0
+            index = self.router.route(request_id, request.prompt_token_ids, num_seqs,
+                                      lora_int_id)
         except NoHealthyReplicaError:
             raise EngineDeadError(self.dead_message()) from None
         slot = self.slots[index]
@@ -157,6 +166,32 @@ class ReplicaSetCore:
         ack = slot.pending_acks[request_id] = self._loop.create_future()
         slot.send(Add(request))  # if it is gone, its loss fails the ack
         return ack
+
+    async def lora_call(self, method: str, *arguments) -> Any:
+        """Run an adapter command on every healthy replica (each engine keeps its own
+        adapters): add_lora / remove_lora answer True if any replica did, list_loras the
+        union. A replica lost meanwhile is left out; a refusal is raised."""
+        call_id = next(self._call_ids)
+        waiting = []
+        for slot in self.slots:
+            if slot.healthy:
+                answer = self._loop.create_future()
+                self._calls[(slot.index, call_id)] = answer
+                if slot.send(LoRACall(method, arguments, call_id)):
+                    waiting.append(answer)
+                else:
+                    del self._calls[(slot.index, call_id)]
+        if not waiting:
+            raise EngineDeadError(self.dead_message())
+        try:
+            results = await asyncio.gather(*waiting)
+        finally:
+            for slot in self.slots:
+                self._calls.pop((slot.index, call_id), None)
+        answered = [result for result in results if result is not None]
+        if method == "list_loras":
+            return set().union(*answered)
+        return any(answered)
 
     def abort(self, request_id: str) -> None:
         index = self._homes.get(request_id)
@@ -211,6 +246,13 @@ class ReplicaSetCore:
                     ack.set_result(None)
             elif isinstance(item, Error):
                 self._fail(slot, item.request_id, decode_error(item.error))
+            elif isinstance(item, Answered):
+                answer = self._calls.pop((slot.index, item.call_id), None)
+                if answer is not None and not answer.done():
+                    if item.error is None:
+                        answer.set_result(item.result)
+                    else:
+                        answer.set_exception(decode_error(item.error))
             elif isinstance(item, Snapshot):
                 slot.snapshot = item.rebuild()
                 self._snapshot = None
@@ -241,6 +283,11 @@ class ReplicaSetCore:
                     f"engine replica {slot.index} died ({how}) before it took the request"))
             else:
                 self._events.deliver([(request_id, ReplicaDiedError(message))])
+        for (index, call_id), answer in list(self._calls.items()):
+            if index == slot.index:  # (its engine, and its adapters, are gone)
+                del self._calls[(index, call_id)]
+                if not answer.done():
+                    answer.set_result(None)
         slot.retire_snapshot()
         self._snapshot = None
         self._publish_state(slot)

@@ -38,7 +38,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from pagoda.engine.block_manager import ROOT_HASH, hash_block_tokens
+from pagoda.engine.block_manager import hash_block_tokens, root_hash
 
 DEFAULT_CAPACITY_BLOCKS = 1 << 16
 DEFAULT_BALANCE_ABS_THRESHOLD = 8
@@ -50,10 +50,12 @@ class NoHealthyReplicaError(RuntimeError):
     """Every replica is down (restarting or failed)."""
 
 
-def prefix_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of `token_ids` (block i's hash covers blocks 0..i)."""
+def prefix_block_hashes(token_ids: list[int], block_size: int,
+                        lora_int_id: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of `token_ids` (block i's hash covers blocks 0..i),
+    from the root of the request's LoRA adapter (0: the base model), as the block manager's."""
     hashes: list[int] = []
-    parent = ROOT_HASH
+    parent = root_hash(lora_int_id)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block_tokens(parent, token_ids[start:start + block_size])
         hashes.append(parent)
@@ -123,10 +125,12 @@ class Router:
 
     # ---- routing -----------------------------------------------------------------------------
 
-    def route(self, request_id: str, prompt_token_ids: list[int], num_seqs: int = 1) -> int:
+    def route(self, request_id: str, prompt_token_ids: list[int], num_seqs: int = 1,
+              lora_int_id: int = 0) -> int:
         """Pick the replica for a request and count it there until `finish(request_id)`.
-        Raises NoHealthyReplicaError when none is healthy."""
-        hashes = prefix_block_hashes(prompt_token_ids, self.block_size)
+        `lora_int_id`: the request's adapter (0: none): prefixes match under the same
+        adapter only. Raises NoHealthyReplicaError when none is healthy."""
+        hashes = prefix_block_hashes(prompt_token_ids, self.block_size, lora_int_id)
         replica = self.choose(prompt_token_ids, hashes)
         record = self._replicas[replica]
         record.num_seqs += num_seqs

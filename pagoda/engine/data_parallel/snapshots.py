@@ -61,6 +61,9 @@ def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
     fields["kv_group_num_blocks"] = _sum_elementwise(s.kv_group_num_blocks for s in snapshots)
     fields["kv_group_num_free_blocks"] = _sum_elementwise(
         s.kv_group_num_free_blocks for s in snapshots)
+    for name in ("running_lora_adapters", "waiting_lora_adapters"):  # the union, in order
+        fields[name] = tuple(dict.fromkeys(n for s in snapshots for n in getattr(s, name)))
+    fields["max_lora"] = max(s.max_lora for s in snapshots)
     for name in _TALLIES:
         tally: Counter = Counter()
         for s in snapshots:

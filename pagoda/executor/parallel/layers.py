@@ -21,11 +21,16 @@ from pagoda.executor.parallel.communication import TensorParallelGroup
 
 class RowParallelLinear(nn.Module):
     """`inner`: this rank's columns of the layer (its bias on rank 0 only, so that the sum
-    adds it once). (..., in share) -> (..., out), summed over ranks."""
+    adds it once). (..., in share) -> (..., out), summed over ranks. `columns`: the
+    [start, stop) of the whole layer's inputs `inner` takes, of `whole_in_features` (LoRA
+    adapters are cut on them: executor/lora/model_lora.py)."""
 
-    def __init__(self, inner: nn.Module, group: TensorParallelGroup) -> None:
+    def __init__(self, inner: nn.Module, group: TensorParallelGroup,
+                 columns: tuple[int, int] | None = None,
+                 whole_in_features: int | None = None) -> None:
         super().__init__()
         self.inner, self.group = inner, group
+        self.columns, self.whole_in_features = columns, whole_in_features
         self.in_features, self.out_features = inner.in_features, inner.out_features
         self.bias = None  # (inner's: what the fused decode kernel would look for)
 

@@ -87,8 +87,12 @@ def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int,
     _check_grid(attention.qkv_proj, [*q_rows, *k_rows, *v_rows], row_align, "qkv_proj rows")
     _check_grid(attention.o_proj, q_rows, column_align, "o_proj inputs")
     attention.qkv_proj = linear_rows(attention.qkv_proj, [q_rows, k_rows, v_rows])
+    # each part's own rows (q, k, v), for LoRA adapters (executor/lora/model_lora.py)
+    attention.qkv_proj.shard_rows = (q_rows, (k_rows[0] - q_size, k_rows[1] - q_size),
+                                     (v_rows[0] - q_size - kv_size, v_rows[1] - q_size - kv_size))
     attention.o_proj = RowParallelLinear(
-        linear_columns(attention.o_proj, *q_rows, keep_bias=group.rank == 0), group)
+        linear_columns(attention.o_proj, *q_rows, keep_bias=group.rank == 0), group,
+        columns=q_rows, whole_in_features=q_size)
     attention.num_heads, attention.num_kv_heads = share.num_heads, share.num_kv_heads
     attention.attn.num_heads, attention.attn.num_kv_heads = share.num_heads, share.num_kv_heads
     local_q, local_kv = share.num_heads * head_dim, share.num_kv_heads * head_dim
@@ -103,8 +107,10 @@ def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
     start, stop = aligned_runs(intermediate, group.world_size, align)[group.rank]
     mlp.gate_up_proj = linear_rows(
         mlp.gate_up_proj, [(start, stop), (intermediate + start, intermediate + stop)])
+    mlp.gate_up_proj.shard_rows = ((start, stop), (start, stop))  # gate's, up's own rows
     mlp.down_proj = RowParallelLinear(
-        linear_columns(mlp.down_proj, start, stop, keep_bias=group.rank == 0), group)
+        linear_columns(mlp.down_proj, start, stop, keep_bias=group.rank == 0), group,
+        columns=(start, stop), whole_in_features=intermediate)
 
 
 def _shard_vocabulary(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:

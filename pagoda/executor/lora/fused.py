@@ -1,0 +1,126 @@
+"""One adapter over one Pagoda module: the PEFT targets that module fuses, as one shrink
+matrix and one expand block per target.
+
+    qkv_proj      rows [q | k | v]     targets q_proj, k_proj, v_proj      (up to 3 parts)
+    gate_up_proj  rows [gate | up]     targets gate_proj, up_proj          (up to 2 parts)
+    o_proj        single               target o_proj                       (1 part)
+    down_proj     single               target down_proj                    (1 part)
+
+    FusedLoRA.a   (R, in)   every present target's A stacked (R = the sum of their ranks):
+                            one product x @ a^T shrinks a row for all of them at once
+    LoRAPart.b    (out_size, rank)  that target's B, pre-multiplied by its scale; its rows
+                            land at out_offset..out_offset+out_size of the module's output,
+                            its rank at rank_offset..rank_offset+rank of the shrunk row
+
+So delta(x)[:, part.out_offset + o] = sum_k part.b[o, k] * (x @ a^T)[:, part.rank_offset + k].
+A target the adapter lacks is a missing part (its rows get nothing).
+
+Tensor parallelism cuts an adapter like its base layer (parallel/sharding.py): a
+column-parallel module (qkv, gate_up) keeps A whole and takes this rank's rows of each B;
+a row-parallel one (o, down: RowParallelLinear.inner holds this rank's input columns) takes
+those columns of A and the whole B, so the layer's all-reduce sums the partial deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODULE_TARGETS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "o_proj": ("o_proj",),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "down_proj": ("down_proj",),
+}
+"""Pagoda's hooked modules, in a layer's order, and the PEFT targets each fuses (row order)."""
+
+
+@dataclass
+class LoRAPart:
+    out_offset: int
+    out_size: int
+    rank_offset: int
+    rank: int
+    b: torch.Tensor
+    """(out_size, rank), contiguous float32, scale folded in."""
+
+
+@dataclass
+class FusedLoRA:
+    a: torch.Tensor
+    """(R, in), contiguous float32: the parts' A matrices stacked in part order."""
+    parts: list[LoRAPart]
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.nbytes + sum(part.b.nbytes for part in self.parts)
+
+    def to(self, device: torch.device) -> FusedLoRA:
+        """This adapter with its tensors on `device` (itself where they are there)."""
+        if self.a.device == device:
+            return self
+        return FusedLoRA(self.a.to(device), [
+            LoRAPart(p.out_offset, p.out_size, p.rank_offset, p.rank, p.b.to(device))
+            for p in self.parts])
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        """out (n, out_features) += this adapter's delta for x (n, in), in place."""
+        shrunk = x.to(self.a.dtype) @ self.a.t()  # (n, R)
+        for part in self.parts:
+            delta = shrunk[:, part.rank_offset:part.rank_offset + part.rank] @ part.b.t()
+            out[:, part.out_offset:part.out_offset + part.out_size] += delta.to(out.dtype)
+
+    def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        """The (n, out_features) float32 delta for x (n, in) (tests, references)."""
+        out = torch.zeros(x.shape[0], out_features, dtype=self.a.dtype, device=self.a.device)
+        self.add_to(out, x)
+        return out
+
+
+@dataclass(frozen=True)
+class ModuleShape:
+    """How one hooked module's output and input relate to its targets' whole matrices.
+
+    `rows`: per target (MODULE_TARGETS order), the [start, stop) of that target's own output
+    rows this module computes (all of them without tensor parallelism); `columns`: the
+    [start, stop) of the input this module sees (a row-parallel shard's), None: all."""
+
+    targets: tuple[str, ...]
+    out_sizes: tuple[int, ...]
+    """Each target's whole output size (the adapter's B rows)."""
+    in_features: int
+    """The whole input size (the adapter's A columns)."""
+    rows: tuple[tuple[int, int], ...]
+    columns: tuple[int, int] | None = None
+
+
+def fuse(shape: ModuleShape, pairs: dict, layer: int) -> FusedLoRA | None:
+    """The FusedLoRA of one adapter's `pairs` ({(layer, target): LoRAPair}, B pre-scaled) for
+    the module `shape` describes at `layer`; None where the adapter has none of its targets.
+    ValueError where a pair's shapes disagree with the base's."""
+    a_blocks, parts, rank_offset, out_offset = [], [], 0, 0
+    for target, out_size, (start, stop) in zip(shape.targets, shape.out_sizes, shape.rows,
+                                               strict=True):
+        pair = pairs.get((layer, target))
+        if pair is not None:
+            rank = pair.a.shape[0]
+            if tuple(pair.a.shape) != (rank, shape.in_features) or \
+                    tuple(pair.b.shape) != (out_size, rank):
+                raise ValueError(
+                    f"LoRA layer {layer} {target}: A {tuple(pair.a.shape)} and B "
+                    f"{tuple(pair.b.shape)} do not fit the base's ({out_size}, "
+                    f"{shape.in_features}) projection")
+            a = pair.a if shape.columns is None else pair.a[:, shape.columns[0]:shape.columns[1]]
+            a_blocks.append(a.to(torch.float32))
+            parts.append(LoRAPart(out_offset, stop - start, rank_offset, rank,
+                                  pair.b[start:stop].to(torch.float32).contiguous()))
+            rank_offset += rank
+        out_offset += stop - start
+    if not parts:
+        return None
+    return FusedLoRA(torch.cat(a_blocks).contiguous(), parts)
