@@ -155,3 +155,9 @@ def test_tensor_parallel_cuts_sum_to_the_whole() -> None:
     halves = [fuse(ModuleShape(down.targets, (64,), 96, ((0, 64),), cols), pairs, 0)
               .delta(h[:, cols[0]:cols[1]], 64) for cols in ((0, 48), (48, 96))]
     torch.testing.assert_close(halves[0] + halves[1], whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_the_four_projections_is_refused(tmp_path) -> None:
+    build_checkpoint("mixtral", str(tmp_path))
+    with pytest.raises(ValueError, match="SparseMoeBlock MLP does not have them all"):
+        ModelLoRA(pagoda_runner(str(tmp_path)).model, max_loras=1)
