@@ -62,6 +62,8 @@ class RequestRecord:
     conversation: int | None = None
     turn: int | None = None
     finish_reason: str | None = None
+    model: str | None = None
+    """The `model` sent when the run spreads requests over names (--lora-names)."""
 
     @property
     def ttft(self) -> float | None:
@@ -162,6 +164,19 @@ def describe(values: Sequence[float]) -> dict[str, float | None]:
     return {k: stats[k] for k in keys}
 
 
+def requests_by_model(records: Sequence[RequestRecord]) -> dict[str, dict[str, int]]:
+    """Per `model` sent: requests, completed, output tokens (--lora-names' spread)."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in records:
+        entry = counts.setdefault(r.model or "", {"requests": 0, "completed": 0,
+                                                  "output_tokens": 0})
+        entry["requests"] += 1
+        if r.success:
+            entry["completed"] += 1
+            entry["output_tokens"] += r.output_tokens or 0
+    return dict(sorted(counts.items()))
+
+
 def summarize(
     records: Sequence[RequestRecord], duration: float, slo: dict[str, float] | None = None
 ) -> dict:
@@ -193,6 +208,8 @@ def summarize(
         "itl_s": describe([gap for r in ok for gap in r.itl]),
         "e2el_s": describe([r.latency for r in ok if r.latency is not None]),
     }
+    if any(r.model is not None for r in records):
+        summary["requests_by_model"] = requests_by_model(records)
     if slo:
         good = sum(1 for r in ok if meets_slo(r, slo))
         summary["slo_s"] = dict(slo)

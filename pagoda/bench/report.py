@@ -131,6 +131,8 @@ def format_serve_summary(summary: dict, title: str) -> str:
         row(f"Goodput (req/s) [{bounds}]:", f"{summary['goodput']:.2f}")
     if summary.get("num_missing_usage"):
         row("Responses without usage (counted 0 tokens):", summary["num_missing_usage"])
+    for model, counts in summary.get("requests_by_model", {}).items():
+        row(f"  model {model}:", f"{counts['completed']}/{counts['requests']} req")
     if "spec_decode" in summary:
         row("Spec decode acceptance rate:", f"{summary['spec_decode']['acceptance_rate']:.1%}")
         row("Mean accepted length:", f"{summary['spec_decode']['mean_accepted_length']:.2f}")

@@ -11,6 +11,7 @@ that conversation are recorded as 'skipped', so every request of the workload is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -58,6 +59,15 @@ def arrival_times(count: int, traffic: TrafficConfig) -> list[float]:
     return [float(t) for t in np.cumsum(gaps)]
 
 
+def spread_models(count: int, names: Sequence[str], seed: int) -> list[str]:
+    """The `model` of each of `count` conversations, round-robin over `names` from a
+    seeded starting point (--lora-names): every name gets count // len(names) or one more."""
+    if not names:
+        raise ValueError("--lora-names: give at least one name")
+    start = int(np.random.default_rng(seed).integers(len(names)))
+    return [names[(start + i) % len(names)] for i in range(count)]
+
+
 def normalize_base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -95,13 +105,15 @@ def probe_server(base_url: str, api_key: str | None) -> str | None:
 async def _run_conversation(
     client: httpx.AsyncClient, base_url: str, options: RequestOptions,
     conversation: Conversation, records: list[RequestRecord], start_at: float,
-    run_start: float, semaphore: asyncio.Semaphore | None, bar: tqdm,
+    run_start: float, semaphore: asyncio.Semaphore | None, bar: tqdm, spread: bool = False,
 ) -> None:
+    """`spread`: options.model is this conversation's share of --lora-names (recorded)."""
     delay = run_start + start_at - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     replies: list[str] = []
     for turn, record in enumerate(records):
+        record.model = options.model if spread else None
         payload = build_payload(options, conversation, turn, replies)
         if semaphore is not None:
             async with semaphore:
@@ -123,10 +135,11 @@ async def _run_conversation(
 async def run_traffic(
     base_url: str, conversations: Sequence[Conversation], options: RequestOptions,
     traffic: TrafficConfig, api_key: str | None = None, description: str = "requests",
-    show_progress: bool = True,
+    show_progress: bool = True, models: Sequence[str] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send the whole workload; return one record per turn (workload order) and the run's
-    duration in seconds (first send to last end)."""
+    duration in seconds (first send to last end). `models`: the `model` each conversation
+    sends (spread_models), recorded per request; None: options.model for all."""
     records_by_conversation: list[list[RequestRecord]] = []
     records: list[RequestRecord] = []
     for c_index, conversation in enumerate(conversations):
@@ -144,10 +157,12 @@ async def run_traffic(
                   disable=not show_progress) as bar:
             run_start = time.perf_counter()
             await asyncio.gather(*(
-                _run_conversation(client, base_url, options, conversation, group, start,
-                                  run_start, semaphore, bar)
-                for conversation, group, start in zip(conversations, records_by_conversation,
-                                                      starts)
+                _run_conversation(
+                    client, base_url,
+                    options if models is None else dataclasses.replace(options, model=models[i]),
+                    conversation, group, start, run_start, semaphore, bar, models is not None)
+                for i, (conversation, group, start) in enumerate(
+                    zip(conversations, records_by_conversation, starts))
             ))
             duration = time.perf_counter() - run_start
     assert len(records) == num_requests(conversations)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import os
 import sys
@@ -41,6 +42,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=DEFAULT_BASE_URL,
                    help="the server, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first)")
+    p.add_argument("--lora-names", default=None, metavar="A,B,C",
+                   help="spread the requests over these served names (LoRA adapters, or "
+                        "models) as their `model`, round-robin by conversation from a seeded "
+                        "start; the report counts the requests of each")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="/v1/completions, or /v1/chat/completions (whose chat template adds "
                         "tokens to every prompt)")
@@ -136,6 +141,15 @@ def serve_config(args: argparse.Namespace, base_url: str, model: str | None) -> 
     return config
 
 
+def parse_lora_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ValueError(f"--lora-names {text!r}: give comma-separated names, none empty")
+    return names
+
+
 def run_bench_serve(args: argparse.Namespace) -> int:
     from pagoda.bench.client import RequestOptions
     from pagoda.bench.metrics import parse_slo
@@ -151,6 +165,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.dataset not in BUILTIN_DATASETS and not os.path.isfile(args.dataset):
         raise ValueError(f"--dataset {args.dataset}: no such file (or use one of "
                          f"{', '.join(BUILTIN_DATASETS)})")
+    lora_names = parse_lora_names(args.lora_names)
     base_url = normalize_base_url(args.base_url)
     served_model = probe_server(base_url, args.api_key)
     model = args.model or served_model
@@ -167,7 +182,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     options = RequestOptions(endpoint=args.endpoint, model=model, temperature=args.temperature,
                              ignore_eos=args.ignore_eos, extra_body=extra_body,
                              timeout=args.timeout)
-    result = asyncio.run(_serve_runs(args, base_url, workloads, options, sweep, slo))
+    result = asyncio.run(_serve_runs(args, base_url, workloads, options, sweep, slo,
+                                     lora_names))
     result["config"].update(serve_config(args, base_url, model))
     if args.output:
         from pagoda.bench.report import write_json
@@ -182,12 +198,14 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
+async def _serve_runs(args, base_url, workloads, options, sweep, slo, lora_names=None) -> dict:
     from pagoda.bench import report
-    from pagoda.bench.serve import warm_up
+    from pagoda.bench.serve import spread_models, warm_up
 
     if args.num_warmups > 0:
-        await warm_up(base_url, options, args.num_warmups, args.api_key)
+        for model in lora_names or [options.model]:  # (each adapter loads on first use)
+            await warm_up(base_url, dataclasses.replace(options, model=model),
+                          args.num_warmups, args.api_key)
     result = report.envelope("serve", args.label or "server", {})
     if args.label:
         result["label"] = args.label
@@ -197,7 +215,8 @@ async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
                "burstiness": traffic.burstiness, "max_concurrency": traffic.max_concurrency,
                "workload_seed": args.seed + i}
         run["summary"], run["requests"] = await _measured_run(
-            args, base_url, conversations, options, traffic, slo, report.run_label(run))
+            args, base_url, conversations, options, traffic, slo, report.run_label(run),
+            lora_names and spread_models(len(conversations), lora_names, args.seed + i))
         result["runs"].append(run)
         print(report.format_serve_summary(run["summary"], f"{report.run_label(run)}"))
         if run["summary"]["failed"]:
@@ -207,7 +226,8 @@ async def _serve_runs(args, base_url, workloads, options, sweep, slo) -> dict:
     return result
 
 
-async def _measured_run(args, base_url, conversations, options, traffic, slo, description):
+async def _measured_run(args, base_url, conversations, options, traffic, slo, description,
+                        models=None):
     """One run's summary and request records. The server's /metrics is read before and after
     the traffic; the summary gets "spec_decode" when drafts were made in between."""
     from pagoda.bench.metrics import summarize
@@ -217,7 +237,7 @@ async def _measured_run(args, base_url, conversations, options, traffic, slo, de
     before = await scrape_spec_decode_counters(base_url, args.api_key)
     records, duration = await run_traffic(
         base_url, conversations, options, traffic, api_key=args.api_key,
-        description=description, show_progress=args.progress,
+        description=description, show_progress=args.progress, models=models,
     )
     after = await scrape_spec_decode_counters(base_url, args.api_key)
     summary = summarize(records, duration, slo)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 
+from pagoda.cli.serve_lora import add_lora_args, base_hf_config, check_lora_args
 from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
 from pagoda.config import EngineConfig
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
                              "default: %(default)s)")
     server.add_argument("--responses-store-ttl", type=float, default=DEFAULT_STORE_TTL_S,
                         help="seconds a stored response is kept (default: %(default)s)")
+    add_lora_args(server)
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
@@ -174,7 +176,8 @@ def build_data_parallel_model(name: str | None, config: EngineConfig,
     metrics = engine.metrics = DataParallelMetrics(name, engine.num_replicas)
     logger.info("model %r: %d replicas, KV cache capacity %d tokens each, max_model_len %d",
                 name, engine.num_replicas, engine.kv_capacity_tokens, engine.max_model_len)
-    return ServedModel(name, engine, engine.model_files.path, metrics)
+    return ServedModel(name, engine, engine.model_files.path, metrics, lora=config.lora,
+                       hf_config=base_hf_config(config) if config.lora.enable_lora else None)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -188,6 +191,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     check_server_args(args)
     configs = model_configs(args)
+    lora_modules = check_lora_args(args, configs)  # (before anything slow)
     chat_template = read_chat_template(args.chat_template)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     pagoda_logger = logging.getLogger("pagoda")
@@ -210,7 +214,8 @@ def run_serve(args: argparse.Namespace) -> int:
         async_engine.metrics = metrics  # used by the loop from start() on
         logger.info("model %r: KV cache capacity %d tokens, max_model_len %d", name,
                     engine.kv_capacity_tokens, engine.max_model_len)
-        return ServedModel(name, async_engine, engine.model_files.path, metrics)
+        return ServedModel(name, async_engine, engine.model_files.path, metrics,
+                           lora=config.lora, hf_config=engine.hf_config)
 
     def build_loaded_model(name: str, path: str, options: dict) -> ServedModel:
         """POST /v1/models/load: the server's engine flags, then the request's options."""
@@ -234,6 +239,9 @@ def run_serve(args: argparse.Namespace) -> int:
     state = ServerState(
         engine=first.engine, metrics=first.metrics, model_name=first.name,
         model_root=first.root, more_models=models[1:], model_builder=build_loaded_model,
+        model_lora=first.lora, model_hf_config=first.hf_config,
+        lora_modules=tuple(lora_modules),
+        lora_allowed_paths=tuple(args.lora_allowed_paths or ()),
         max_loaded_models=args.max_loaded_models, model_load_timeout=args.model_load_timeout,
         server_registry=server_registry, api_key=api_key, chat_template=chat_template,
         tool_call_parser=args.tool_call_parser, max_request_bytes=args.max_request_bytes,

@@ -7,7 +7,10 @@ with the engine's EngineSnapshot after each step or abort: gauges read it, and c
 follow its running totals, so nothing is counted twice however often `update` runs.
 
     gauges      pagoda:num_requests_running, pagoda:num_requests_waiting,
-                pagoda:kv_cache_usage_perc (0..1, as vLLM)
+                pagoda:kv_cache_usage_perc (0..1, as vLLM),
+                pagoda:lora_requests_info{running_lora_adapters, waiting_lora_adapters,
+                max_lora} (vLLM's: the adapters' names comma-joined, value the time of the
+                update; one sample, the current label set, only with --enable-lora)
     counters    pagoda:prompt_tokens_total, pagoda:generation_tokens_total,
                 pagoda:prefix_cache_queries_total, pagoda:prefix_cache_hits_total (tokens),
                 pagoda:num_preemptions_total, pagoda:request_success_total{finished_reason}
@@ -128,6 +131,13 @@ class EngineMetrics:
         self.request_queue_time = histogram(
             "request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS
         )
+        self._lora_info = Gauge(
+            PREFIX + "lora_requests_info", "Running stats on LoRA requests: the adapters of "
+            "the running and of the waiting requests (value: the time of the update).",
+            labels + ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=self.registry,
+        )
+        self._lora_info_labels: tuple[str, ...] | None = None
         # Engine totals at the previous update (counters advance by the difference).
         self._totals: dict[str, float] = {}
         self._finished_by_reason: dict[str, int] = {}
@@ -190,6 +200,8 @@ class EngineMetrics:
         self.num_kv_blocks.set(snapshot.num_kv_blocks)
         self.num_kv_blocks_held.set(snapshot.num_kv_blocks - snapshot.num_free_kv_blocks)
         self.num_requests_tracked.set(snapshot.num_tracked_requests)
+        if snapshot.max_lora:
+            self._update_lora_info(snapshot)
         self._advance(self.prompt_tokens, "prompt_tokens", snapshot.num_prompt_tokens)
         self._advance(self.generation_tokens, "generation_tokens", snapshot.num_generation_tokens)
         self._advance(self.prefix_cache_queries, "prefix_cache_queries",
@@ -216,6 +228,16 @@ class EngineMetrics:
             if total > previous:
                 self._request_success.labels(*self._label_values, reason).inc(total - previous)
                 self._finished_by_reason[reason] = total
+
+    def _update_lora_info(self, snapshot: EngineSnapshot) -> None:
+        """vLLM's lora_requests_info: the label set says which adapters run and wait; the
+        previous label set is removed so the gauge has one sample (vLLM keeps them all)."""
+        labels = (*self._label_values, ",".join(snapshot.running_lora_adapters),
+                  ",".join(snapshot.waiting_lora_adapters), str(snapshot.max_lora))
+        if self._lora_info_labels is not None and self._lora_info_labels != labels:
+            self._lora_info.remove(*self._lora_info_labels)
+        self._lora_info_labels = labels
+        self._lora_info.labels(*labels).set_to_current_time()
 
     def _advance(self, counter, name: str, total: float) -> None:
         previous = self._totals.get(name, 0)

@@ -1,5 +1,6 @@
 """The offline Python API: `LLM(model=...).generate(prompts)`, `.chat(conversations)` and
-`.embed(prompts)`."""
+`.embed(prompts)`; each takes `lora_request=` (a LoRARequest for all prompts, or one per
+prompt, None for the base model) when the LLM was made with enable_lora=True."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pagoda.config import EngineConfig
 from pagoda.engine.builder import build_engine
 from pagoda.entrypoints.chat_template import Message, encode_chat_prompt, template_kwargs_of
 from pagoda.entrypoints.tools.rendering import render_chat
+from pagoda.lora.adapter_checks import check_lora_request
 from pagoda.lora.request import LoRARequest
 from pagoda.outputs import EmbeddingRequestOutput, RequestOutput
 from pagoda.pooling_params import PoolingParams
@@ -37,8 +39,11 @@ class LLM:
                 "(engine replicas behind one server) is for `pagoda serve "
                 "--data-parallel-size N`; the offline LLM runs one engine, so leave it at 1 "
                 "(or run one LLM per process)")
+        self.config = config
         self.engine = build_engine(config)
         self._request_counter = itertools.count()
+        self._loras: dict[int, LoRARequest] = {}
+        """The adapters requests ran with, by lora_int_id (each checked once)."""
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -53,18 +58,16 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Complete each prompt (text or token ids). One SamplingParams for all, or one each;
-        one LoRARequest for all, or one each (None: the base model; needs enable_lora)."""
+        `lora_request`: the adapter for all, or one each (None: the base model). A bad
+        adapter raises LoRAAdapterError (a ValueError) naming the problem."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         params = _per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
-        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
-                 else [lora_request] * len(prompts))
-        if len(loras) != len(prompts):
-            raise ValueError(f"lora_request has {len(loras)} entries for {len(prompts)} prompts")
-        return self._generate([(p, None) for p in prompts], params, use_tqdm, priority, loras)
+        return self._generate([(p, None) for p in prompts], params, use_tqdm, priority,
+                              lora_request)
 
     def embed(
         self,
@@ -72,6 +75,7 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (text or token ids), in order: the model's final hidden
         states pooled as it pools (last token, mean or CLS: LLM(pooling=...) or its files),
@@ -86,27 +90,52 @@ class LLM:
             params = list(pooling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} PoolingParams for {len(prompts)} prompts")
-        outputs = self._generate([(p, None) for p in prompts], params, use_tqdm)
+        outputs = self._generate([(p, None) for p in prompts], params, use_tqdm,
+                                 lora_request=lora_request)
         return [EmbeddingRequestOutput.from_request_output(output) for output in outputs]
 
     def _generate(self, prompts, params, use_tqdm, priority=None,
-                  loras=None) -> list[RequestOutput]:
+                  lora_request=None) -> list[RequestOutput]:
         """prompts: (text or token ids, token ids or None) pairs; ids win when given.
         params: SamplingParams, or PoolingParams for pooling requests."""
+        loras = self._lora_requests(lora_request, len(prompts))
         request_ids = []
         try:
             for i, ((prompt, prompt_token_ids), p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._request_counter))
                 self.engine.add_request(
                     request_id, prompt, p, priority=0 if priority is None else priority[i],
-                    prompt_token_ids=prompt_token_ids,
-                    lora_request=loras[i] if loras else None,
+                    prompt_token_ids=prompt_token_ids, lora_request=loras[i],
                 )
                 request_ids.append(request_id)
         except Exception:
             self.engine.abort_request(request_ids)
             raise
         return self._run(request_ids, use_tqdm)
+
+    def _lora_requests(self, lora_request, num_prompts: int) -> list[LoRARequest | None]:
+        """One adapter (or None) per prompt, each checked once against the model: LoRA on,
+        its files fit the base (adapter_checks.py), its lora_int_id not another adapter's."""
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * num_prompts
+        else:
+            loras = list(lora_request)
+            if len(loras) != num_prompts:
+                raise ValueError(f"got {len(loras)} lora_request for {num_prompts} prompts")
+        for lora in loras:
+            if lora is not None and not isinstance(lora, LoRARequest):
+                raise TypeError(f"lora_request must be a LoRARequest, got {type(lora).__name__}")
+            if lora is None or self._loras.get(lora.lora_int_id) == lora:
+                continue
+            known = self._loras.get(lora.lora_int_id)
+            if known is not None:
+                raise ValueError(
+                    f"lora_int_id {lora.lora_int_id} is already the adapter "
+                    f"{known.lora_name!r} ({known.lora_path}); give {lora.lora_name!r} an id "
+                    "of its own")
+            check_lora_request(lora, self.engine.hf_config, self.config.lora)
+            self._loras[lora.lora_int_id] = lora
+        return loras
 
     def chat(
         self,
@@ -119,6 +148,7 @@ class LLM:
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
         continue_final_message: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate.
 
@@ -128,7 +158,8 @@ class LLM:
         the model's text; the server's --tool-call-parser turns it into calls.
         `chat_template_kwargs` are template variables (`{"enable_thinking": False}` for
         Qwen3); `continue_final_message` continues the last message instead of closing it
-        (with add_generation_prompt False), as the server's fields of those names do."""
+        (with add_generation_prompt False), as the server's fields of those names do.
+        `lora_request` as for generate (one for all conversations, or one each)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         template_kwargs = template_kwargs_of(chat_template_kwargs,
@@ -139,7 +170,8 @@ class LLM:
             text = render_chat(tokenizer, conv, tools, chat_template, add_generation_prompt,
                                template_kwargs=template_kwargs)
             prompts.append((text, encode_chat_prompt(tokenizer, text)))
-        return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm)
+        return self._generate(prompts, _per_prompt(sampling_params, len(prompts)), use_tqdm,
+                              lora_request=lora_request)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """The finished outputs, in order. RequestFailedError, once the others are done,

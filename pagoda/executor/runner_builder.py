@@ -101,7 +101,8 @@ def build_runner(
                          batch_invariant=config.model.deterministic,
                          whole_stack_decode=group is None)
     if config.lora.enable_lora:  # hooks on this process's layers (a rank's share under TP)
-        runner.attach_lora(LoRAManager(ModelLoRA(model, config.lora.max_loras, device),
+        runner.attach_lora(LoRAManager(ModelLoRA(model, config.lora.max_loras, device,
+                                                 row_wise=config.model.deterministic),
                                        config.lora, hf_config))
     if device.type == "cpu":
         logger.info(describe_run(dtype, weight_formats(model), runner.backend.name, arithmetic)

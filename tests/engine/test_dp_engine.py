@@ -20,8 +20,11 @@ from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
     Added,
+    Answered,
     Batch,
+    ErrorInfo,
     Failed,
+    LoRACall,
     Out,
     Ready,
     ReplicaInfo,
@@ -53,6 +56,8 @@ class FakeReplica:
         self.exitcode: int | None = None
         self.requests: dict[str, list[int]] = {}
         self.hold_adds = False
+        self.loras: set[int] = set()
+        """Adapter ids its "engine" knows (LoRACalls answered as LLMEngine's)."""
         self._lock = threading.Lock()
         self._killed = threading.Event()
         self._stopped = threading.Event()
@@ -83,6 +88,8 @@ class FakeReplica:
                 self._send(Batch([Added(request.request_id),
                                   Out(request.request_id, self.output(request.request_id,
                                                                       False))]))
+            elif isinstance(message, LoRACall):
+                self._send(Batch([self.answer(message)]))
             elif isinstance(message, Abort):
                 self.requests.pop(message.request_id, None)
             elif isinstance(message, Stop):
@@ -96,6 +103,20 @@ class FakeReplica:
             0, "x", [5], finish_reason="stop" if finished else None, delta_token_ids=[5])],
             finished=finished, metrics=RequestMetrics(arrival_time=time.time() - 1,
                                                       first_token_time=time.time()))
+
+    def answer(self, call: LoRACall) -> Answered:
+        if call.method == "list_loras":
+            return Answered(call.call_id, set(self.loras))
+        lora_id = getattr(call.arguments[0], "lora_int_id", call.arguments[0])
+        if lora_id == 99:
+            return Answered(call.call_id, None, ErrorInfo(
+                "InvalidRequestError", "lora_int_id 99 is already adapter 'x'", "lora_request"))
+        known = lora_id in self.loras
+        if call.method == "add_lora":
+            self.loras.add(lora_id)
+            return Answered(call.call_id, not known)
+        self.loras.discard(lora_id)
+        return Answered(call.call_id, known)
 
     def finish(self, request_id: str) -> None:
         self._send(Batch([Out(request_id, self.output(request_id, True)),
@@ -281,3 +302,32 @@ def test_a_replica_that_fails_to_start_fails_the_start_up(launched):
     with pytest.raises(ValueError, match="replica 1 failed to start: ValueError: no such model"):
         make_engine(launch)
     assert not any(r.is_alive() for r in replicas[0] + replicas[1])
+
+
+def test_adapter_commands_go_to_every_healthy_replica(launched):
+    from pagoda.errors import InvalidRequestError
+    from pagoda.lora.request import LoRARequest
+
+    launch, replicas, settings = launched
+    engine = make_engine(launch)
+    settings["restarted"].clear()
+
+    async def scenario() -> None:
+        engine.start()
+        assert await engine.add_lora(LoRARequest("a", 1, "/a")) is True
+        assert all(rs[-1].loras == {1} for rs in replicas.values())
+        replicas[0][-1].loras.add(2)  # (as if a request of adapter 2 had gone to replica 0)
+        assert await engine.list_loras() == {1, 2}
+        assert await engine.remove_lora(2) is True  # one replica knew it
+        assert await engine.remove_lora(2) is False
+        with pytest.raises(InvalidRequestError, match="already adapter"):
+            await engine.add_lora(LoRARequest("b", 99, "/b"))
+        replicas[1][-1].kill()
+        await until(lambda: engine.replica_states()[1] != "healthy")
+        assert await engine.list_loras() == {1}  # from the healthy one
+        settings["restarted"].set()
+        await engine.shutdown()
+        with pytest.raises(EngineDeadError):
+            await engine.list_loras()
+
+    asyncio.run(scenario())

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from pagoda import LLM, SamplingParams
-from pagoda.entrypoints.llm import RequestFailedError
+from pagoda.lora.adapter_files import LoRAAdapterError
 from pagoda.lora.request import LoRARequest
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
 from tests.lora.lora_models import ADAPTERS, greedy_reference, make_adapter
@@ -165,18 +165,70 @@ def test_an_adapter_removed_while_its_requests_run_is_freed_after(setup) -> None
 
 
 def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) -> None:
-    """A path with no adapter, met by the runner at the first step: that request fails with
-    the reason; the others of the batch and later requests run."""
+    """A path with no adapter met by the runner (engine.add_request: LLM.generate checks
+    the files up front): that request fails with the reason at its first step; the other
+    request of the batch, and later ones, run."""
     folder, _, adapters = setup
     llm = engine(folder, max_loras=2)
     bad = LoRARequest("missing", 99, str(tmp_path / "nothing-here"))
     good = adapters["qv"][0]
-    with pytest.raises(RequestFailedError, match="'missing' failed to load") as raised:
+    with pytest.raises(LoRAAdapterError, match="nothing-here"):  # the offline API's check
         llm.generate(PROMPTS[:2], GREEDY, lora_request=[bad, good], use_tqdm=False)
-    assert "nothing-here" in str(raised.value)
-    first, second = raised.value.outputs
     expected = tokens(engine(folder).generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                               use_tqdm=False))
-    assert first is None and tokens([second]) == expected
+    llm.engine.add_request("bad", PROMPTS[0], GREEDY, lora_request=bad)
+    llm.engine.add_request("good", PROMPTS[1], GREEDY, lora_request=good)
+    finished, failed = {}, {}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        failed.update(llm.engine.take_failed_requests())
+    assert set(failed) == {"bad"} and set(finished) == {"good"}
+    assert "'missing' failed to load" in failed["bad"] and "nothing-here" in failed["bad"]
+    assert tokens([finished["good"]]) == expected
     assert tokens(llm.generate(PROMPTS[1:2], GREEDY, lora_request=good,
                                use_tqdm=False)) == expected
+
+
+def test_a_gguf_adapter_gives_its_peft_source_s_tokens(setup, tmp_path) -> None:
+    """The same adapter converted by llama.cpp's convert_lora_to_gguf.py (f32): the same
+    greedy tokens as the PEFT folder, the two in one batch. (One alpha for every module: a
+    GGUF adapter holds one `adapter.lora.alpha`, so the converter drops alpha_pattern.)"""
+    from tests import llama_cpp_tools
+
+    folder, _, adapters = setup
+    peft = adapters["all"][0]
+    path = str(tmp_path / "adapter.gguf")
+    assert llama_cpp_tools.convert_lora([(peft.lora_path, folder, "f32", path)]) == {}
+    gguf = LoRARequest("all-gguf", 50, path)
+    llm = engine(folder, max_loras=2)
+    ours = tokens(llm.generate(PROMPTS * 2, GREEDY, lora_request=[peft] * 3 + [gguf] * 3,
+                               use_tqdm=False))
+    assert ours[3:] == ours[:3]
+    assert ours[:3] == [greedy_reference(adapters["all"][1], p, NUM_TOKENS)
+                        for p in PROMPTS]
+
+
+def test_deterministic_mode_keeps_adapter_rows_bit_identical(tmp_path) -> None:
+    """--deterministic with adapters: a request's logprobs are the same bits alone and in a
+    batch mixing adapters and the base (the deltas computed a row at a time). (Heads of 32:
+    the mode's attention kernel takes no smaller.)"""
+    folder = str(tmp_path / "base")
+    base = build_checkpoint("llama", folder, head_dim=32)
+    loras = [LoRARequest(kind, i, str(tmp_path / kind))
+             for i, kind in enumerate(("all", "rslora"), start=1)]
+    for lora in loras:
+        make_adapter(base, lora.lora_path, lora.lora_name, lora.lora_int_id)
+    llm = engine(folder, max_loras=2, deterministic=True)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    loras = [loras[0], None, loras[1]]
+
+    def logprobs(outputs):
+        return [[pos[t].logprob for t, pos in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                for o in outputs]
+
+    mixed = logprobs(llm.generate(PROMPTS, params, lora_request=loras, use_tqdm=False))
+    for prompt, lora, ours in zip(PROMPTS, loras, mixed):
+        assert logprobs(llm.generate([prompt], params, lora_request=lora,
+                                     use_tqdm=False))[0] == ours

@@ -63,6 +63,11 @@ class ServedModel:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     """Set whenever active == 0."""
     watcher: asyncio.Task | None = None
+    lora: Any = None
+    """Its LoRAConfig (pagoda/config.py); None or enable_lora off: no adapter may name it
+    as its base (lora_registry.py)."""
+    hf_config: Any = None
+    """Its Hugging Face config, which adapters are checked against (None without LoRA)."""
 
     def __post_init__(self) -> None:
         self.idle.set()

@@ -22,8 +22,10 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     LoadModelRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
     UnloadModelRequest,
 )
 from pagoda.entrypoints.openai.responses import (
@@ -48,9 +50,12 @@ from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
 REF_TEMPLATE = "#/components/schemas/{model}"
 
 ERROR_MEANINGS = {
-    400: "Invalid request: bad JSON, a wrong type, an unknown field or a value out of range.",
+    400: "Invalid request: bad JSON, a wrong type, an unknown field or a value out of range "
+         "(LoRA routes: a bad adapter, a name taken or unknown, a path outside "
+         "--lora-allowed-paths, or LoRA off).",
     401: "Missing or wrong API key (when the server has one).",
-    403: "Loading and unloading models is off: the server has no --api-key.",
+    403: "Loading and unloading models and LoRA adapters is off: the server has no "
+         "--api-key.",
     404: "The request names a model this server does not serve (or a stored response it "
          "does not hold).",
     408: "The request ran past the server's --request-timeout.",
@@ -111,6 +116,10 @@ OPERATIONS = (
               LoadModelRequest, ModelCard, (400, 401, 403, 409, 413, 503)),
     Operation("post", "/v1/models/unload", "Unload a model once its requests end (Pagoda)",
               UnloadModelRequest, ModelCard, (400, 401, 403, 404, 409, 413, 503)),
+    Operation("post", "/v1/load_lora_adapter", "Load a LoRA adapter while serving (vLLM)",
+              LoadLoRAAdapterRequest, "text/plain", (400, 401, 403, 413, 503)),
+    Operation("post", "/v1/unload_lora_adapter", "Unload a LoRA adapter (vLLM)",
+              UnloadLoRAAdapterRequest, "text/plain", (400, 401, 403, 413, 503)),
     Operation("post", "/tokenize", "Token ids of a prompt or chat (vLLM)", TokenizeRequest,
               TokenizeResponse, (400, 404, 413)),
     Operation("post", "/detokenize", "Text of token ids (vLLM)", DetokenizeRequest,

@@ -327,3 +327,23 @@ class UnloadModelRequest(StrictModel):
     """POST /v1/models/unload (Pagoda's)."""
 
     model: str = Field(min_length=1)
+
+
+class LoadLoRAAdapterRequest(StrictModel):
+    """POST /v1/load_lora_adapter (vLLM's): serve the adapter at `lora_path` (a PEFT folder
+    or a GGUF LoRA file inside --lora-allowed-paths) as `lora_name`."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
+    """Replace an adapter already loaded under that name (vLLM's)."""
+    base_model_name: str | None = None
+    """Pagoda's: the served model it adapts (default: the server's first model)."""
+
+
+class UnloadLoRAAdapterRequest(StrictModel):
+    """POST /v1/unload_lora_adapter (vLLM's)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
+    """If given, it must be the adapter's (vLLM's field)."""

@@ -1,12 +1,16 @@
 """The OpenAI-compatible HTTP server: a FastAPI app in front of one engine (EngineClient) per
 served model (model_registry.py); requests route by their `model` field (none: the first
-model).
+model), which may also name a LoRA adapter: its base model's engine then runs the request
+with the adapter (lora_registry.py).
 
 Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
     POST /v1/embeddings                               (OpenAI; serving_embedding.py)
     GET  /v1/models                                   (OpenAI; plus each model's `state`)
     POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
+    POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter
+                                                      (vLLM's; need the API key too;
+                                                      adapters: lora_registry.py)
     POST /v1/responses, GET and DELETE /v1/responses/{id}, GET .../{id}/input_items
                                                       (OpenAI's Responses API, on chat:
                                                       responses_api/)
@@ -34,11 +38,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -53,6 +57,7 @@ from pagoda.entrypoints.openai.errors import (
     server_error,
 )
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
+from pagoda.entrypoints.openai.lora_registry import LoRARegistry, adapter_not_found
 from pagoda.entrypoints.openai.merged_metrics import MergedRegistries
 from pagoda.entrypoints.openai.model_registry import (
     DEFAULT_MODEL_LOAD_TIMEOUT_S,
@@ -66,8 +71,10 @@ from pagoda.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     LoadModelRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
     UnloadModelRequest,
 )
 from pagoda.entrypoints.openai.responses import (
@@ -87,6 +94,7 @@ from pagoda.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
 from pagoda.entrypoints.tools.parsers import resolve_tool_call_parser
 from pagoda.entrypoints.web.routes import add_web_routes
+from pagoda.lora.lora_modules import LoRAModule
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +120,16 @@ class ServerState:
     model_root: str
     more_models: list[ServedModel] = field(default_factory=list)
     """Further models loaded at start (--model given more than once)."""
+    model_lora: Any = None
+    """The first model's LoRAConfig (ServedModel.lora); None: no adapters over it."""
+    model_hf_config: Any = None
+    """The first model's Hugging Face config (ServedModel.hf_config)."""
+    lora_modules: tuple[LoRAModule, ...] = ()
+    """Adapters served from the start (--lora-modules)."""
+    lora_allowed_paths: tuple[str, ...] = ()
+    """Directories POST /v1/load_lora_adapter may read (--lora-allowed-paths); none: off."""
+    loras: LoRARegistry | None = None
+    """The served LoRA adapters (built by build_app)."""
     model_builder: ModelBuilder | None = None
     """Builds a model for POST /v1/models/load; None: loading at run time is off."""
     max_loaded_models: int | None = None
@@ -226,7 +244,8 @@ def build_registry(state: ServerState) -> ModelRegistry:
     registry = ModelRegistry(make_serving, on_start, state.model_builder,
                              state.max_loaded_models, state.model_load_timeout)
     registry.add(ServedModel(state.model_name, state.engine, state.model_root, state.metrics,
-                             created=state.created))
+                             created=state.created, lora=state.model_lora,
+                             hf_config=state.model_hf_config))
     for model in state.more_models:
         registry.add(model)
     return registry
@@ -236,6 +255,12 @@ def build_app(state: ServerState) -> FastAPI:
     """The app for `state`: its models' registry, the middleware, then the routes below."""
     state.created = state.created or int(time.time())
     registry = state.registry = build_registry(state)
+    loras = state.loras = LoRARegistry(registry, state.lora_allowed_paths)
+    for module in state.lora_modules:  # (checked by `pagoda serve` before the engines built)
+        try:
+            loras.add(module.name, module.path, module.base_model_name)
+        except OpenAIError as e:
+            raise ValueError(f"--lora-modules {module.name}: {e.message}") from None
     recorder = traffic_recorder(state) if state.record_traffic is not None else None
 
     @contextlib.asynccontextmanager
@@ -265,8 +290,19 @@ def build_app(state: ServerState) -> FastAPI:
                            allow_methods=["*"], allow_headers=["*"])
     for method, path, endpoint in ROUTES:
         app.add_api_route(path, endpoint, methods=[method])
-    add_web_routes(app, lambda: {name: model.engine for name, model in registry.ready.items()})
+    add_web_routes(app, lambda: served_engines(registry, loras))
     return app
+
+
+def served_engines(registry: ModelRegistry, loras: LoRARegistry) -> dict[str, EngineClient]:
+    """The engine of every name a request may give: each ready model's, and each adapter's
+    base's (the web page's live view of an adapter is its base engine's)."""
+    engines = {name: model.engine for name, model in registry.ready.items()}
+    for name in loras.adapters:
+        adapter = loras.routable(name)
+        if adapter is not None:
+            engines[name] = registry.ready[adapter.base].engine
+    return engines
 
 
 def traffic_recorder(state: ServerState) -> TrafficRecorder:
@@ -301,41 +337,64 @@ State = Annotated[ServerState, Depends(server_state)]
 Registry = Annotated[ModelRegistry, Depends(model_registry)]
 
 
-async def serve_with_model(registry: ModelRegistry, name: str | None, serve) -> Response:
-    """serve(RouteHandlers) -> Response, with the model held until the response ends."""
-    model = await registry.acquire(name)
+async def serve_with_model(state: ServerState, name: str | None, serve) -> Response:
+    """serve(RouteHandlers) -> Response, with the model held until the response ends. A
+    LoRA adapter's name holds its base model and serves with the adapter's handlers."""
+    registry, adapter = state.registry, state.loras.routable(name)
+    if adapter is None:
+        model = await registry.acquire(name)
+    else:
+        try:
+            model = await registry.acquire(adapter.base)
+        except OpenAIError as e:
+            raise adapter_not_found(name, e) from None
     try:
-        response = await serve(model.serving)
+        response = await serve(model.serving if adapter is None else adapter.handlers(model))
     except BaseException:
         registry.release(model)
         raise
     return release_with_response(response, lambda: registry.release(model))
 
 
+async def resolve_model(state: ServerState, name: str | None) -> tuple[ServedModel, Any]:
+    """The model a request's `model` names, and its handlers (an adapter: its base model
+    and the adapter's handlers), not held: for the routes that run no generation."""
+    adapter = state.loras.routable(name)
+    if adapter is None:
+        model = await state.registry.get(name)
+        return model, model.serving
+    try:
+        model = await state.registry.get(adapter.base)
+    except OpenAIError as e:
+        raise adapter_not_found(name, e) from None
+    return model, adapter.handlers(model)
+
+
 def check_admin(state: ServerState) -> None:
     if state.api_key is None:
-        raise OpenAIError("Loading and unloading models needs the server to be started "
-                          "with --api-key (they load files of the server's machine).",
+        raise OpenAIError("Loading and unloading models and LoRA adapters needs the server "
+                          "to be started with --api-key (they load files of the server's "
+                          "machine).",
                           403, "invalid_request_error", None, "admin_disabled")
 
 
-async def create_completion(raw_request: Request, registry: Registry) -> Response:
+async def create_completion(raw_request: Request, state: State) -> Response:
     request = await parse_body(raw_request, CompletionRequest)
     return await serve_with_model(
-        registry, request.model,
+        state, request.model,
         lambda serving: serving.completions.serve(request, raw_request))
 
 
-async def create_chat_completion(raw_request: Request, registry: Registry) -> Response:
+async def create_chat_completion(raw_request: Request, state: State) -> Response:
     request = await parse_body(raw_request, ChatCompletionRequest)
     return await serve_with_model(
-        registry, request.model, lambda serving: serving.chat.serve(request, raw_request))
+        state, request.model, lambda serving: serving.chat.serve(request, raw_request))
 
 
-async def create_response(raw_request: Request, state: State, registry: Registry) -> Response:
+async def create_response(raw_request: Request, state: State) -> Response:
     request = await parse_body(raw_request, ResponsesRequest)
     return await serve_with_model(
-        registry, request.model, lambda serving: responses_api.OpenAIServingResponses(
+        state, request.model, lambda serving: responses_api.OpenAIServingResponses(
             serving.chat, state.responses_store).create(request, raw_request))
 
 
@@ -353,24 +412,28 @@ async def list_response_input_items(response_id: str, raw_request: Request,
                                           raw_request.query_params)
 
 
-async def create_embedding(raw_request: Request, registry: Registry) -> Response:
+async def create_embedding(raw_request: Request, state: State) -> Response:
     request = await parse_body(raw_request, EmbeddingRequest)
     return await serve_with_model(
-        registry, request.model, lambda serving: serving.embeddings.serve(request, raw_request))
+        state, request.model, lambda serving: serving.embeddings.serve(request, raw_request))
 
 
-async def list_models(registry: Registry) -> JSONResponse:
+async def list_models(state: State, registry: Registry) -> JSONResponse:
     cards = [model_card(model, "ready") for model in registry.ready.values()]
     cards += [ModelCard(id=name, state="loading") for name in registry.loading
               if name not in registry.ready]
     cards += [model_card(model, "draining") for model in registry.draining
               if model.engine is not None]
+    cards += state.loras.cards()
     return JSONResponse(ModelList(data=cards).model_dump())
 
 
 async def load_model(raw_request: Request, state: State, registry: Registry) -> JSONResponse:
     check_admin(state)
     request = await parse_body(raw_request, LoadModelRequest)
+    if request.model in state.loras.adapters:
+        raise bad_request(f"`{request.model}` is the name of a LoRA adapter; give the model "
+                          "another name", param="model", code="model_name_taken")
     path = request.path
     if path is None:
         loaded = registry.ready.get(request.model)
@@ -391,10 +454,29 @@ async def unload_model(raw_request: Request, state: State, registry: Registry) -
     return JSONResponse(card.model_dump())
 
 
-async def tokenize(raw_request: Request, registry: Registry) -> JSONResponse:
+async def load_lora_adapter(raw_request: Request, state: State) -> Response:
+    """vLLM's answer: 200 with a plain-text line; refusals are 400s naming the problem."""
+    check_admin(state)
+    request = await parse_body(raw_request, LoadLoRAAdapterRequest)
+    await state.loras.load(request.lora_name, request.lora_path, request.base_model_name,
+                           replace=request.load_inplace)
+    return PlainTextResponse(f"Success: LoRA adapter '{request.lora_name}' added successfully.")
+
+
+async def unload_lora_adapter(raw_request: Request, state: State) -> Response:
+    """New requests naming it get 404 at once; running ones finish (the engine then frees
+    it)."""
+    check_admin(state)
+    request = await parse_body(raw_request, UnloadLoRAAdapterRequest)
+    await state.loras.remove(request.lora_name, request.lora_int_id)
+    return PlainTextResponse(
+        f"Success: LoRA adapter '{request.lora_name}' removed successfully.")
+
+
+async def tokenize(raw_request: Request, state: State) -> JSONResponse:
     request = await parse_body(raw_request, TokenizeRequest)
-    model = await registry.get(request.model)
-    chat, engine = model.serving.chat, model.engine
+    model, serving = await resolve_model(state, request.model)
+    chat, engine = serving.chat, model.engine
     if (request.prompt is None) == (request.messages is None):
         raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
     if request.messages is not None:
@@ -416,9 +498,9 @@ async def tokenize(raw_request: Request, registry: Registry) -> JSONResponse:
     ).model_dump())
 
 
-async def detokenize(raw_request: Request, registry: Registry) -> JSONResponse:
+async def detokenize(raw_request: Request, state: State) -> JSONResponse:
     request = await parse_body(raw_request, DetokenizeRequest)
-    model = await registry.get(request.model)
+    model, _ = await resolve_model(state, request.model)
     vocab_size = model.engine.vocab_size
     for token_id in request.tokens:
         if not 0 <= token_id < vocab_size:
@@ -463,6 +545,8 @@ ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/v1/models", list_models),
     ("POST", "/v1/models/load", load_model),
     ("POST", "/v1/models/unload", unload_model),
+    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
     ("POST", "/tokenize", tokenize),
     ("POST", "/detokenize", detokenize),
     ("GET", "/health", health),

@@ -43,6 +43,7 @@ from pagoda.entrypoints.openai.streaming import (
     run_until_disconnect,
 )
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import PoolingParams
 
 INPUT_PARAM = "input"
@@ -63,6 +64,8 @@ class OpenAIServingEmbedding:
         self.model_name = model_name
         self.request_timeout: float | None = None
         """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
+        self.lora_request: LoRARequest | None = None
+        """The adapter every input runs with (an adapter's copy, lora_registry.py)."""
 
     async def serve(self, request: EmbeddingRequest, raw_request: Request) -> Response:
         prompts = self.validate(request)
@@ -110,7 +113,7 @@ class OpenAIServingEmbedding:
             try:
                 prompts.append(self.engine.input_processor.process_pooling(
                     request_id if len(inputs) == 1 else f"{request_id}-{i}", value, params,
-                    prompt_param=name))
+                    prompt_param=name, lora_request=self.lora_request))
             except InvalidRequestError as e:
                 if e.param == name and name != INPUT_PARAM:
                     raise e.renamed(INPUT_PARAM) from None  # (the message names the item)

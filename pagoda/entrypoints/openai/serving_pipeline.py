@@ -73,6 +73,7 @@ from pagoda.entrypoints.openai.streaming import (
     sse_error,
 )
 from pagoda.errors import InvalidRequestError
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
 from pagoda.structured_outputs import StructuredOutputsParams
@@ -158,6 +159,9 @@ class ServingPipeline(ABC):
         self.tokenizer = engine.tokenizer
         self.request_timeout: float | None = None
         """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
+        self.lora_request: LoRARequest | None = None
+        """The adapter every request runs with (set on an adapter's copy of the model's
+        handlers, lora_registry.py; None: the base model, `model_name`)."""
 
     # ---- what each endpoint supplies ---------------------------------------------------------
 
@@ -242,6 +246,7 @@ class ServingPipeline(ABC):
                     reject_over_length=True,
                     prompt_param=prompt.param,
                     max_tokens_param=fields.name_of("max_tokens"),
+                    lora_request=self.lora_request,
                 )
                 for i, prompt in enumerate(inputs)
             ]

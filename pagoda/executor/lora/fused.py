@@ -26,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from pagoda.executor.layers.linear import linear_rows
 
 MODULE_TARGETS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -68,17 +71,20 @@ class FusedLoRA:
             LoRAPart(p.out_offset, p.out_size, p.rank_offset, p.rank, p.b.to(device))
             for p in self.parts])
 
-    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        """out (n, out_features) += this adapter's delta for x (n, in), in place."""
-        shrunk = x.to(self.a.dtype) @ self.a.t()  # (n, R)
+    def add_to(self, out: torch.Tensor, x: torch.Tensor, row_wise: bool = False) -> None:
+        """out (n, out_features) += this adapter's delta for x (n, in), in place.
+        `row_wise`: each row's products computed alone (--deterministic: a row's bits then
+        do not depend on the other rows, see executor/batch_invariant.py)."""
+        product = linear_rows if row_wise else F.linear
+        shrunk = product(x.to(self.a.dtype), self.a)  # (n, R)
         for part in self.parts:
-            delta = shrunk[:, part.rank_offset:part.rank_offset + part.rank] @ part.b.t()
+            delta = product(shrunk[:, part.rank_offset:part.rank_offset + part.rank], part.b)
             out[:, part.out_offset:part.out_offset + part.out_size] += delta.to(out.dtype)
 
-    def delta(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
-        """The (n, out_features) float32 delta for x (n, in) (tests, references)."""
+    def delta(self, x: torch.Tensor, out_features: int, row_wise: bool = False) -> torch.Tensor:
+        """The (n, out_features) float32 delta for x (n, in)."""
         out = torch.zeros(x.shape[0], out_features, dtype=self.a.dtype, device=self.a.device)
-        self.add_to(out, x)
+        self.add_to(out, x, row_wise)
         return out
 
 

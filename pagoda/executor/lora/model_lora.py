@@ -32,11 +32,12 @@ from pagoda.executor.models.llama import head_dim_of
 
 class ModelLoRA:
     def __init__(self, model: nn.Module, max_loras: int,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, row_wise: bool = False) -> None:
         """`model`: a Llama-family causal LM (layers with self_attn.qkv_proj / o_proj and an
         MLP with gate_up_proj / down_proj), possibly a tensor-parallel rank's share; its
         adapters' tensors live on `device` (default: the model's). ValueError for a model
-        whose layers are not so."""
+        whose layers are not so. `row_wise`: every row's delta computed alone
+        (--deterministic)."""
         if device is None:
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.device = device
@@ -54,7 +55,7 @@ class ModelLoRA:
             self.shapes.append(shapes)
             self.adapters.append([{} for _ in modules])
             for module, adapters in zip(modules, self.adapters[-1]):
-                self._handles.append(module.register_forward_hook(_hook(adapters)))
+                self._handles.append(module.register_forward_hook(_hook(adapters, row_wise)))
 
     @property
     def num_layers(self) -> int:
@@ -111,7 +112,7 @@ class ModelLoRA:
         self._handles = []
 
 
-def _hook(adapters: dict[int, FusedLoRA]):
+def _hook(adapters: dict[int, FusedLoRA], row_wise: bool):
     """A forward hook adding the step's adapters (their rows) to a module's output."""
 
     def hook(module: nn.Module, inputs: tuple, out: torch.Tensor) -> torch.Tensor | None:
@@ -124,10 +125,11 @@ def _hook(adapters: dict[int, FusedLoRA]):
             if fused is None:
                 continue
             if isinstance(rows, slice):
-                fused.add_to(out[rows], x[rows])
+                fused.add_to(out[rows], x[rows], row_wise)
             else:
                 rows = rows.to(out.device)
-                out.index_add_(0, rows, fused.delta(x[rows], out.shape[-1]).to(out.dtype))
+                out.index_add_(0, rows, fused.delta(x[rows], out.shape[-1], row_wise)
+                               .to(out.dtype))
         return out
 
     return hook
@@ -156,8 +158,8 @@ def _layer_modules(config, layer: nn.Module) -> tuple[list[nn.Module], list[Modu
     found = [getattr(owner, name, None) for owner, name in zip(owners, names)]
     if any(module is None for module in found):
         raise ValueError(f"LoRA adapters need layers with q/k/v, o, gate/up and down "
-                         f"projections; {type(layer).__name__} with a "
-                         f"{type(mlp).__name__} has not them all")
+                         f"projections; a {type(layer).__name__} with a "
+                         f"{type(mlp).__name__} MLP does not have them all")
     head_dim = head_dim_of(config)
     q_size = config.num_attention_heads * head_dim
     kv_size = config.num_key_value_heads * head_dim

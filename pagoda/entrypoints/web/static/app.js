@@ -1,5 +1,7 @@
 // The page's wiring: the API key field, the model picker (GET /v1/models, refreshed now
-// and then since models come and go), the chat and the engine view of the chosen model.
+// and then since models come and go; a LoRA adapter is listed as "name (LoRA on base)":
+// chatting with it runs its base with the adapter, and the engine view is its base's), the
+// chat and the engine view of the chosen model.
 
 import { fetchJSON, getApiKey, setApiKey } from "./api.js";
 import { setupChat } from "./chat.js";
@@ -12,21 +14,26 @@ const status = document.getElementById("status");
 const view = setupEngineView();
 setupChat(() => picker.value);
 
+function optionLabel(card) {
+  return card.parent ? `${card.id} (LoRA on ${card.parent})` : card.id;
+}
+
 async function loadModels() {
-  let models;
+  let cards;
   try {
-    models = (await fetchJSON("/v1/models")).data
-      .filter((card) => (card.state ?? "ready") === "ready").map((card) => card.id);
+    cards = (await fetchJSON("/v1/models")).data
+      .filter((card) => (card.state ?? "ready") === "ready");
     status.textContent = "";
   } catch (e) {
     status.textContent = `Models: ${e.message}`;
-    models = [];
+    cards = [];
   }
+  const models = cards.map((card) => card.id);
   const previous = picker.value;
   const same = models.length === picker.options.length &&
     models.every((id, i) => picker.options[i].value === id);
   if (same) return;
-  picker.replaceChildren(...models.map((id) => new Option(id, id)));
+  picker.replaceChildren(...cards.map((card) => new Option(optionLabel(card), card.id)));
   picker.value = models.includes(previous) ? previous : (models[0] ?? "");
   if (picker.value !== previous || !models.length) view.setModel(picker.value || null);
 }
