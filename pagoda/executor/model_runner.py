@@ -11,6 +11,8 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
               samples nothing.
     pooled:   a pooling (embedding) request samples nothing: its rows go to pooling.py,
               which returns its vector in the step that computes its prompt's end.
+    adapters: with --enable-lora, the forward runs under the step's row -> adapter mapping
+              (executor/lora/: each request's rows get its LoRA adapter's deltas).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class ModelRunner:
     def attach_lora(self, manager: LoRAManager) -> None:
         self.lora = manager
         if self.whole_stack is not None:
-            self.whole_stack.lora = manager.model_lora
+            self.whole_stack.attach_lora(manager.model_lora)
 
     # ---- KV cache --------------------------------------------------------------------------
 

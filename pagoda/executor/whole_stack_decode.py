@@ -20,12 +20,19 @@ What it covers, checked once per KV cache (`WholeStackDecode.plan`):
       KV-cache group;
 and per step (`WholeStackDecode.forward`): a decode-only batch (each sequence's one new
 token) of fewer than DEQUANTIZE_FROM_ROWS tokens. Anything else takes the eager forward.
+
+LoRA adapters (--enable-lora): once `attach_lora` gave it the model's ModelLoRA, a step
+whose rows run adapters (the step's LoRAStep: row_slots) runs in C too, each linear adding
+its rows' adapters after the base matmul (csrc/lora_f32.c) from slot tables that
+whole_stack_lora.py rebuilds when the adapters in the slots change; without it such a
+step takes the eager forward (its hooks add the adapters).
 """
 
 from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -50,6 +57,7 @@ from pagoda.executor.models.llama import (
     LlamaMLP,
     LlamaModel,
 )
+from pagoda.executor.whole_stack_lora import LoRATables
 
 
 def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:
@@ -89,11 +97,11 @@ class WholeStackDecode:
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.enabled = True
-        self.lora = None
-        """The model's ModelLoRA (executor/lora/model_lora.py) under --enable-lora."""
         self._plan: Decoder | None = None
         self._planned_for: object = None  # the first layer's KV cache the plan was made for
         self._keep: list = []  # the ctypes arrays the plan points into
+        self._lora: LoRATables | None = None
+        """The slot tables of the model's ModelLoRA (--enable-lora: attach_lora)."""
 
     @classmethod
     def for_model(cls, model: nn.Module) -> WholeStackDecode | None:
@@ -106,8 +114,8 @@ class WholeStackDecode:
         """The final hidden states (T, hidden), the model's final norm applied, or None
         where this step or model takes the eager forward. Inside the step's forward
         context."""
-        if not self.enabled or current_lora_step() is not None:
-            return None  # (steps with LoRA rows take the eager forward, whose hooks add them)
+        if not self.enabled:
+            return None
         per_kv_group = get_forward_context()
         if len(per_kv_group) != 1:
             return None  # the C step reads one block table: no sliding-window groups
@@ -118,9 +126,22 @@ class WholeStackDecode:
                 or groups[0].query_token_index is not None
                 or groups[0].num_seqs != num_tokens or num_tokens >= DEQUANTIZE_FROM_ROWS):
             return None
+        step = current_lora_step()
+        if step is not None and self._lora is None:
+            return None  # adapter rows and no tables: the eager forward's hooks add them
         plan = self.plan()
         if plan is None:
             return None
+        row_slots = None
+        if step is not None:
+            row_slots = step.row_slots
+            if row_slots.shape != (num_tokens,) or row_slots.dtype != np.int32 \
+                    or not row_slots.flags.c_contiguous \
+                    or int(row_slots.max()) >= len(self._lora.model_lora.slots):
+                raise ValueError(f"a LoRA step's row_slots {row_slots!r} do not fit its "
+                                 f"{num_tokens} rows and "
+                                 f"{len(self._lora.model_lora.slots)} slots")
+            self._lora.install(plan)
         group = groups[0]
         hidden = self.model.embed_tokens(input_ids)
         if hidden.dtype != torch.float32:
@@ -132,8 +153,27 @@ class WholeStackDecode:
         tables = group.block_tables.contiguous()
         load_cpu_kernels().pagoda_decode_layers_f32(
             ctypes.byref(plan), num_tokens, x.data_ptr(), positions.data_ptr(),
-            tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr())
+            tables.data_ptr(), tables.shape[1], key_lens.data_ptr(), slots.data_ptr(),
+            None if row_slots is None else row_slots.ctypes.data)
         return self.model.norm(x)
+
+    def attach_lora(self, model_lora) -> bool:
+        """Run steps with adapter rows in C over `model_lora` (a ModelLoRA attached to this
+        model: its `hooked` modules must be the layers' qkv / o / gate_up / down, as without
+        tensor parallelism). False, and such steps stay eager, where they are not."""
+        expected = []
+        for layer in self.model.layers:
+            attention, mlp = layer.self_attn, getattr(layer, layer.mlp_name, None)
+            expected.append([attention.qkv_proj, attention.o_proj,
+                             getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)])
+        hooked = model_lora.hooked
+        if len(hooked) != len(expected) or any(
+                len(ours) != len(theirs) or any(a is not b for a, b in zip(ours, theirs))
+                for ours, theirs in zip(hooked, expected)):
+            self._lora = None
+            return False
+        self._lora = LoRATables(model_lora)
+        return True
 
     def plan(self) -> Decoder | None:
         """The model's C description for its current KV caches, made on first use; None

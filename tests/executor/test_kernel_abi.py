@@ -84,6 +84,7 @@ def test_every_struct_is_mirrored_field_for_field() -> None:
     # both ways: every struct of the header has a mirror and every mirror its struct
     assert declared == {tag: list(mirror._fields_) for tag, mirror in abi.STRUCTS.items()}
     assert defines()["MAX_SEGMENTS"] == abi.MAX_SEGMENTS
+    assert defines()["MAX_LORA_PARTS"] == abi.MAX_LORA_PARTS
 
 
 def test_structs_live_in_the_header_alone() -> None:

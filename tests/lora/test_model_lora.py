@@ -155,3 +155,20 @@ def test_tensor_parallel_cuts_sum_to_the_whole() -> None:
     halves = [fuse(ModuleShape(down.targets, (64,), 96, ((0, 64),), cols), pairs, 0)
               .delta(h[:, cols[0]:cols[1]], 64) for cols in ((0, 48), (48, 96))]
     torch.testing.assert_close(halves[0] + halves[1], whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_the_four_projections_is_refused(tmp_path) -> None:
+    build_checkpoint("mixtral", str(tmp_path))
+    with pytest.raises(ValueError, match="SparseMoeBlock MLP does not have them all"):
+        ModelLoRA(pagoda_runner(str(tmp_path)).model, max_loras=1)
+
+
+def test_a_loaded_adapter_holds_its_own_size(tiny) -> None:
+    """Each adapter's fused tensors are its pairs' float32 numbers, once (no merged copy)."""
+    _, _, lora = tiny
+    pairs = random_pairs(4, targets=("q_proj", "k_proj", "o_proj", "up_proj", "down_proj"))
+    lora.add_adapter(4, pairs)
+    assert lora.loaded[4] == 4 * sum(p.a.numel() + p.b.numel() for p in pairs.values())
+    assert lora.fused(0, 2, 4).parts[0].out_offset == 96  # up's rows follow gate's
+    assert len(lora.fused(1, 0, 4).parts) == 2 and lora.fused(1, 0, 4).rank == 8
+    lora.remove_adapter(4)

@@ -70,12 +70,34 @@ class DecoderSegment(ctypes.Structure):
                 ("scales", _ptr), ("mins", _ptr), ("sub_scales", _ptr), ("sub_mins", _ptr)]
 
 
+MAX_LORA_PARTS = 3
+"""kernels.h: adapted projections in one fused linear (q, k, v of qkv_proj; LoRASlot)"""
+
+
+class LoRAPart(ctypes.Structure):
+    """struct pagoda_lora_part: one adapted projection of a fused linear, its B transposed
+    (rank, out_size), pre-scaled."""
+
+    _fields_ = [("b_t", _ptr), ("out_offset", _i64), ("out_size", _i64),
+                ("rank_offset", _i64), ("rank", _i64)]
+
+
+class LoRASlot(ctypes.Structure):
+    """struct pagoda_lora_slot: one adapter over one linear (a NULL: none); A (total_rank,
+    in_features) stacks its parts' A."""
+
+    _fields_ = [("a", _ptr), ("total_rank", _i64), ("num_parts", _i64),
+                ("parts", LoRAPart * MAX_LORA_PARTS)]
+
+
 class DecoderLinear(ctypes.Structure):
-    """struct pagoda_decoder_linear: y = x W^T (+ bias), W the segments' rows in turn."""
+    """struct pagoda_decoder_linear: y = x W^T (+ bias), W the segments' rows in turn, plus
+    each row's LoRA adapter from `lora` (num_lora_slots LoRASlots, or NULL)."""
 
     _fields_ = [("num_segments", _i64), ("in_features", _i64), ("out_features", _i64),
                 ("segments", DecoderSegment * MAX_SEGMENTS), ("bias", _ptr),
-                ("activation_parts", _i64)]
+                ("activation_parts", _i64), ("lora", ctypes.POINTER(LoRASlot)),
+                ("num_lora_slots", _i64)]
 
 
 class DecoderLayer(ctypes.Structure):
@@ -100,7 +122,8 @@ class Decoder(ctypes.Structure):
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "pagoda_attention_args": AttentionArgs, "pagoda_decoder_segment": DecoderSegment,
-    "pagoda_decoder_linear": DecoderLinear, "pagoda_decoder_layer": DecoderLayer,
+    "pagoda_decoder_linear": DecoderLinear, "pagoda_lora_part": LoRAPart,
+    "pagoda_lora_slot": LoRASlot, "pagoda_decoder_layer": DecoderLayer,
     "pagoda_decoder": Decoder,
 }
 """The structs of kernels.h: struct tag -> its ctypes mirror."""
@@ -132,7 +155,10 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # decoder_f32.c (the model: a Decoder, whole_stack_decode.py fills it)
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),
     "pagoda_decode_layers_f32": (None, [ctypes.POINTER(Decoder), _i64, _ptr, _ptr, _ptr, _i64,
-                                        _ptr, _ptr]),
+                                        _ptr, _ptr, _ptr]),
+    # lora_f32.c (per-row adapters: the decode step's, also callable alone)
+    "pagoda_lora_add_f32": (None, [ctypes.POINTER(LoRASlot), _i64, _ptr, _ptr, _i64, _i64,
+                                   _ptr, _i64]),
 }
 """Every entry of kernels.h: name -> (restype, argtypes)."""
 BF16_ENTRIES = ("pagoda_gemm_q_bf16", "pagoda_paged_attention_bf16")

@@ -158,8 +158,8 @@ def _layer_modules(config, layer: nn.Module) -> tuple[list[nn.Module], list[Modu
     found = [getattr(owner, name, None) for owner, name in zip(owners, names)]
     if any(module is None for module in found):
         raise ValueError(f"LoRA adapters need layers with q/k/v, o, gate/up and down "
-                         f"projections; {type(layer).__name__} with a "
-                         f"{type(mlp).__name__} has not them all")
+                         f"projections; a {type(layer).__name__} with a "
+                         f"{type(mlp).__name__} MLP does not have them all")
     head_dim = head_dim_of(config)
     q_size = config.num_attention_heads * head_dim
     kv_size = config.num_key_value_heads * head_dim

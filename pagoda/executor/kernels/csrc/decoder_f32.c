@@ -16,7 +16,9 @@
 
 #include "gemm_packed.h"
 
-static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y) {
+/* y (T, out) = x W^T (+ bias) (+ each row's LoRA adapter: row_slots, NULL for none) */
+static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y,
+                   const int32_t *row_slots) {
     int64_t offset = 0;
     for (int64_t s = 0; s < w->num_segments; s++) {
         const struct pagoda_decoder_segment *seg = &w->segments[s];
@@ -34,6 +36,9 @@ static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_
     if (w->bias != NULL)
         for (int64_t t = 0; t < T; t++)
             for (int64_t n = 0; n < w->out_features; n++) y[t * w->out_features + n] += w->bias[n];
+    if (w->lora != NULL && row_slots != NULL)
+        pagoda_lora_add_f32(w->lora, w->num_lora_slots, row_slots, x, T, w->in_features, y,
+                            w->out_features);
 }
 
 /* heads (n, D) at position `pos`, in place: the first R dims turn (x * cos + roll(x, R/2) *
@@ -70,11 +75,12 @@ void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *
 /* Runs every layer on x (T, hidden), the residual stream: in, the token embeddings; out,
  * the sum the final norm takes. Token t sits at positions[t] and is the one new token of
  * sequence t: block_tables (T, table_width), key_lens (T,) its keys including itself,
- * slots (T,) the cache slot its key and value go to. */
+ * slots (T,) the cache slot its key and value go to; row_slots (T,) or NULL: its LoRA slot
+ * (-1: none) in each linear's table, added after the base matmul as the eager hooks add it. */
 void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, float *x,
                               const int64_t *positions, const int64_t *block_tables,
                               int64_t table_width, const int64_t *key_lens,
-                              const int64_t *slots) {
+                              const int64_t *slots, const int32_t *row_slots) {
     const int64_t Hd = model->hidden, H = model->num_heads, Hkv = model->num_kv_heads;
     const int64_t D = model->head_dim, I = model->intermediate, R = model->rotary_dim;
     const int64_t q_size = H * D, kv_size = Hkv * D, qkv_size = q_size + 2 * kv_size;
@@ -89,7 +95,7 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
     for (int64_t l = 0; l < model->num_layers; l++) {
         const struct pagoda_decoder_layer *layer = &model->layers[l];
         pagoda_rms_norm_f32(x, NULL, layer->input_norm, model->eps, T, Hd, normed, NULL);
-        linear(&layer->qkv, normed, T, qkv);
+        linear(&layer->qkv, normed, T, qkv, row_slots);
         for (int64_t t = 0; t < T; t++) {
             float *q = qkv + t * qkv_size, *k = q + q_size;
             if (layer->q_norm != NULL) {
@@ -112,11 +118,11 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
             .v_stride = qkv_size, .scale = layer->scale,
         };
         pagoda_paged_attention_f32(&attention);
-        linear(&layer->o, attended, T, sum);
+        linear(&layer->o, attended, T, sum, row_slots);
         pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
-        linear(&layer->gate_up, normed, T, gate_up);
+        linear(&layer->gate_up, normed, T, gate_up, row_slots);
         pagoda_silu_and_mul_f32(gate_up, T, I, activated);
-        linear(&layer->down, activated, T, sum);
+        linear(&layer->down, activated, T, sum, row_slots);
         for (int64_t i = 0; i < T * Hd; i++) x[i] += sum[i];
     }
     free(query_seq);

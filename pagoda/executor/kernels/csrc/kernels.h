@@ -17,6 +17,8 @@
  *                   lanes), NEON / SSE / anything else (4 lanes)
  *   attention_driver.c  the one paged-attention driver (tasks, new keys, threads) that
  *                   every kind of attention hands its inner loops (attention_driver.h)
+ *   decoder_f32.c   a decode step's whole decoder stack in one call (whole_stack_decode.py)
+ *   lora_f32.c      LoRA adapters per row added to a linear's output (that step's adapters)
  *
  * Packed weights (pagoda/executor/kernels/packing.py writes them), per tile of TILE_N = 16
  * outputs n0 .. n0+15 and group of GROUP_K = 32 inputs k0 .. k0+31. A pair p covers inputs
@@ -162,9 +164,35 @@ void pagoda_rms_norm_f32(const float *x, const float *residual, const float *wei
  * on its own */
 void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *out);
 /* decoder_f32.c's model: whole_stack_decode.py fills these structs (abi.Decoder and the
- * three below mirror them field for field; tests/executor/test_kernel_abi.py checks) with
+ * ones below mirror them field for field; tests/executor/test_kernel_abi.py checks) with
  * pointers to the layers' parameters and caches. */
 #define MAX_SEGMENTS 4 /* parts of one fused projection, each in its own format */
+#define MAX_LORA_PARTS 3 /* adapted projections in one fused linear (q, k, v of qkv) */
+
+/* One adapted projection of a fused linear (q_proj of qkv_proj, ...): its outputs
+ * out_offset .. out_offset + out_size of the linear get u[rank_offset .. + rank] B^T. */
+struct pagoda_lora_part {
+    const float *b_t;           /* (rank, out_size) row-major: B^T, B pre-scaled (alpha / r) */
+    int64_t out_offset;
+    int64_t out_size;
+    int64_t rank_offset;        /* its rows of the slot's A */
+    int64_t rank;
+};
+
+/* One adapter over one linear: y_i += sum over parts of (A x_i)[part's ranks] B_part^T.
+ * a NULL: no adapter in this slot, or it does not adapt this linear. */
+struct pagoda_lora_slot {
+    const float *a;             /* (total_rank, in_features) row-major, the parts' A stacked */
+    int64_t total_rank;
+    int64_t num_parts;
+    struct pagoda_lora_part parts[MAX_LORA_PARTS];
+};
+
+/* lora_f32.c: y (T, N) += each row's adapter applied to x (T, K): row t runs
+ * table[row_slots[t]] (num_slots entries; row_slots[t] < 0 or an empty slot: nothing). */
+void pagoda_lora_add_f32(const struct pagoda_lora_slot *table, int64_t num_slots,
+                         const int32_t *row_slots, const float *x, int64_t T, int64_t K,
+                         float *y, int64_t N);
 
 /* One packed weight (the formats above), a column block of a linear's output. */
 struct pagoda_decoder_segment {
@@ -187,6 +215,8 @@ struct pagoda_decoder_linear {
     const float *bias;          /* (out_features) or NULL */
     int64_t activation_parts;   /* 0: float32 x; 1, 2: x in 8-bit parts, integer dot products
                                    (gemm_int8.c: 8- or 16-bit activations) */
+    const struct pagoda_lora_slot *lora; /* (num_lora_slots) adapters per slot, or NULL */
+    int64_t num_lora_slots;
 };
 
 struct pagoda_decoder_layer {
@@ -219,10 +249,11 @@ struct pagoda_decoder {
     const struct pagoda_decoder_layer *layers; /* (num_layers) */
 };
 
-/* decoder_f32.c: a decode step's whole layer stack over x (T, hidden) */
+/* decoder_f32.c: a decode step's whole layer stack over x (T, hidden); row_slots (T,) each
+ * row's LoRA slot (-1: none) for the linears' `lora` tables, or NULL: no adapters */
 void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, float *x,
                               const int64_t *positions, const int64_t *block_tables,
                               int64_t table_width, const int64_t *key_lens,
-                              const int64_t *slots);
+                              const int64_t *slots, const int32_t *row_slots);
 
 #endif
