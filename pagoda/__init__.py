@@ -4,13 +4,14 @@
 pure-Python modules stay importable without it.
 """
 
+from pagoda.lora.request import LoRARequest
 from pagoda.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from pagoda.pooling_params import PoolingParams
 from pagoda.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams", "RequestOutput",
-           "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "EmbeddingRequestOutput", "LoRARequest", "PoolingParams",
+           "RequestOutput", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
