@@ -12,9 +12,11 @@ Failures, as the client sees them:
 
 Stateless and small (0 CPUs): --ingress-replicas of them (default 2, spread over nodes),
 so none is a single point of failure; Ray Serve's proxy runs on every node.
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: serve.ingress re-binds the route methods, and
+FastAPI must see `request: Request` as a class, not a string, or it asks for a query
+parameter named request (422).
+"""
 
 import asyncio
 import logging

@@ -48,7 +48,8 @@ def deploy(args: argparse.Namespace, build_state: Callable) -> None:
 
     from pagoda.deploy.application import application
 
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.start(proxy_location=args.proxy_location,
+                http_options={"host": args.host, "port": args.port})
     serve.run(application(args, build_state), name=args.app_name, route_prefix="/",
               blocking=False)
 

@@ -55,6 +55,12 @@ def add_ray_serve_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--downscale-delay", type=float, default=DEFAULT_DOWNSCALE_DELAY_S,
                        help="seconds the load must stay low before a replica is removed "
                             "(default: %(default)s)")
+    group.add_argument("--autoscale-look-back", type=float, default=30.0,
+                       help="seconds of load the autoscaler averages over (default: "
+                            "%(default)s)")
+    group.add_argument("--proxy-location", default="EveryNode",
+                       choices=("EveryNode", "HeadOnly"),
+                       help="where Ray Serve runs its HTTP proxy (default: %(default)s)")
     group.add_argument("--replica-cpus", type=float, default=1.0,
                        help="CPUs each engine replica reserves in Ray (default: %(default)s)")
     group.add_argument("--ingress-replicas", type=int, default=DEFAULT_INGRESS_REPLICAS,
@@ -92,7 +98,7 @@ def check_ray_serve_args(args: argparse.Namespace) -> None:
                              f"{getattr(args, flag)}")
     if args.ingress_replicas < 1:
         raise ValueError(f"--ingress-replicas must be >= 1, got {args.ingress_replicas}")
-    for flag in ("assign_timeout", "health_check_period"):
+    for flag in ("assign_timeout", "health_check_period", "autoscale_look_back"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0 seconds, got "
                              f"{getattr(args, flag)}")
@@ -111,6 +117,7 @@ def engine_deployment_options(args: argparse.Namespace) -> dict:
             "target_ongoing_requests": args.target_ongoing_requests,
             "upscale_delay_s": args.upscale_delay,
             "downscale_delay_s": args.downscale_delay,
+            "look_back_period_s": args.autoscale_look_back,
         },
         "max_ongoing_requests": args.max_ongoing_requests,
         # a replica being removed (downscale, upgrade) gets no new requests and finishes
