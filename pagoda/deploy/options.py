@@ -109,7 +109,7 @@ def check_ray_serve_args(args: argparse.Namespace) -> None:
 
 def engine_deployment_options(args: argparse.Namespace) -> dict:
     """Options of the PagodaEngine deployment (serve.deployment(**options))."""
-    return {
+    options = {
         "autoscaling_config": {
             "min_replicas": args.min_replicas,
             "initial_replicas": max(args.min_replicas, 1),
@@ -129,6 +129,11 @@ def engine_deployment_options(args: argparse.Namespace) -> dict:
         "ray_actor_options": {"num_cpus": args.replica_cpus},
         "request_router_config": {"request_router_class": ROUTER_CLASS},
     }
+    if args.autoscale_look_back <= 10.0:
+        # Ray still checks its deprecated metrics_interval_s (default 10 s) against the
+        # look-back; the real report periods are RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S
+        options["autoscaling_config"]["metrics_interval_s"] = args.autoscale_look_back / 2
+    return options
 
 
 def ingress_deployment_options(args: argparse.Namespace) -> dict:
