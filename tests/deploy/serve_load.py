@@ -18,8 +18,9 @@ PROMPTS = [f"Tell me about the number {n} and why" for n in range(12)]
 MAX_TOKENS = 24
 
 
-def request_body(prompt: str, stream: bool = True) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+def request_body(prompt: str, stream: bool = True, model: str = MODEL,
+                 max_tokens: int = MAX_TOKENS) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream}
 
 
@@ -34,15 +35,20 @@ class Outcome:
     """None: a whole answer ([DONE] seen); else the error event's code, 'http <status>' or
     the exception."""
     retry_after: str | None = None
+    start: float = 0.0
+    """time.monotonic() when it was sent."""
+    ttft: float | None = None
+    """Seconds to the first text (None: none came)."""
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, prompt: str,
-                     open_streams: dict | None = None) -> Outcome:
-    outcome = Outcome(prompt)
+                     open_streams: dict | None = None, **body: object) -> Outcome:
+    """One streamed greedy completion; `body`: request_body's model / max_tokens."""
+    outcome = Outcome(prompt, start=time.monotonic())
     key = object()
     try:
         async with client.stream("POST", url + "/v1/completions",
-                                 json=request_body(prompt)) as response:
+                                 json=request_body(prompt, **body)) as response:
             outcome.status = response.status_code
             outcome.replica = response.headers.get("x-pagoda-replica")
             outcome.retry_after = response.headers.get("retry-after")
@@ -64,6 +70,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str,
                 if "error" in event:
                     outcome.error = event["error"].get("code") or "error event"
                     continue
+                if outcome.ttft is None:
+                    outcome.ttft = time.monotonic() - outcome.start
                 outcome.text += event["choices"][0]["text"]
             if not done and outcome.error is None:
                 outcome.error = "stream ended without [DONE]"
@@ -77,11 +85,15 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str,
 
 class Load:
     """`concurrency` clients, each sending streamed requests one after another (prompts in
-    turn) until stop(); runs on its own thread and event loop."""
+    turn) until stop(); runs on its own thread and event loop. Up to `max_concurrency`
+    clients exist; setting `concurrency` lower or higher (a ramp) pauses or wakes them."""
 
-    def __init__(self, url: str, concurrency: int) -> None:
+    def __init__(self, url: str, concurrency: int, max_concurrency: int | None = None,
+                 **body: object) -> None:
         self.url = url
+        self.body = body
         self.concurrency = concurrency
+        self.max_concurrency = max(concurrency, max_concurrency or concurrency)
         self.outcomes: list[Outcome] = []
         self.open_streams: dict = {}
         """Streams started and not ended -> their replica (what a kill costs at most)."""
@@ -91,12 +103,16 @@ class Load:
     async def _run(self) -> None:
         prompts = itertools.cycle(PROMPTS)
         async with httpx.AsyncClient(timeout=120) as client:
-            async def worker() -> None:
+            async def worker(index: int) -> None:
                 while not self._stop.is_set():
+                    if index >= self.concurrency:
+                        await asyncio.sleep(0.1)
+                        continue
                     self.outcomes.append(
-                        await stream_one(client, self.url, next(prompts), self.open_streams))
+                        await stream_one(client, self.url, next(prompts), self.open_streams,
+                                     **self.body))
 
-            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+            await asyncio.gather(*(worker(i) for i in range(self.max_concurrency)))
 
     def __enter__(self):
         self._thread.start()
