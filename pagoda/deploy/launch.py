@@ -7,7 +7,8 @@ SIGTERM/SIGINT.
 
 Ray Serve's HTTP proxy listens on --host/--port on every node. On SIGTERM/SIGINT the
 application is deleted, each replica first finishing its in-flight requests for up to
---shutdown-timeout seconds; a Ray this command started is stopped too. Exit code 0.
+--shutdown-timeout seconds; a Ray this command started is stopped too. Exit code 0. (Ctrl-C
+in a terminal reaches a local Ray's processes too, so that try-it mode may skip the drain.)
 """
 
 from __future__ import annotations
@@ -54,6 +55,24 @@ def deploy(args: argparse.Namespace, build_state: Callable) -> None:
               blocking=False)
 
 
+DELETE_MARGIN_S = 30.0
+"""Seconds beyond --shutdown-timeout the app's deletion may take before we stop waiting."""
+
+
+def delete_app(name: str, timeout: float) -> None:
+    """serve.delete, waited for at most `timeout` seconds: a local Ray started by us shares
+    this terminal's process group, so Ctrl-C may have stopped it already, and a delete on a
+    dead cluster would wait forever."""
+    from ray import serve
+
+    done = threading.Thread(target=serve.delete, args=(name,), daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        logger.warning("the application %r was not deleted within %.0f s (is the Ray cluster "
+                       "still up?); exiting anyway", name, timeout)
+
+
 def run_ray_serve(args: argparse.Namespace, build_state: Callable) -> int:
     """`build_state`: cli/serve.build_server_state (each replica's engines and state)."""
     import ray
@@ -66,12 +85,12 @@ def run_ray_serve(args: argparse.Namespace, build_state: Callable) -> int:
     try:
         deploy(args, build_state)
         logger.info("Pagoda on Ray Serve: app %r at http://%s:%d (replicas %d..%d, Ray "
-                    "dashboard %s)", args.app_name, args.host, args.port, args.min_replicas,
+                    "cluster at %s)", args.app_name, args.host, args.port, args.min_replicas,
                     args.max_replicas, ray.get_runtime_context().gcs_address)
         stop.wait()
         logger.info("stopping: replicas finish their in-flight requests (up to %ss)",
                     args.shutdown_timeout)
-        serve.delete(args.app_name)
+        delete_app(args.app_name, args.shutdown_timeout + DELETE_MARGIN_S)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
