@@ -19,6 +19,7 @@ import os
 from pagoda.cli.serve_lora import add_lora_args, base_hf_config, check_lora_args
 from pagoda.cli.shared_args import add_engine_args, engine_config, engine_kwargs
 from pagoda.config import EngineConfig
+from pagoda.deploy.options import add_ray_serve_args, check_ray_serve_args
 from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
 from pagoda.entrypoints.openai.responses_api.store import DEFAULT_STORE_SIZE, DEFAULT_STORE_TTL_S
@@ -90,6 +91,7 @@ def register(subparsers) -> None:
     server.add_argument("--responses-store-ttl", type=float, default=DEFAULT_STORE_TTL_S,
                         help="seconds a stored response is kept (default: %(default)s)")
     add_lora_args(server)
+    add_ray_serve_args(parser)
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
@@ -122,6 +124,7 @@ def check_server_args(args: argparse.Namespace) -> None:
     if not args.model_load_timeout > 0:
         raise ValueError(f"--model-load-timeout must be > 0 seconds, got {args.model_load_timeout}")
     check_record_args(args.record_traffic, args.record_redact)
+    check_ray_serve_args(args)
     if args.responses_store_size < 0:
         raise ValueError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
     if not args.responses_store_ttl > 0:
@@ -181,15 +184,43 @@ def build_data_parallel_model(name: str | None, config: EngineConfig,
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry, ProcessCollector
-
     import pagoda
-    from pagoda.entrypoints.openai.model_registry import ServedModel
-    from pagoda.entrypoints.openai.responses_api.store import ResponseStore
-    from pagoda.entrypoints.openai.server import ServerState, build_app
+    from pagoda.entrypoints.openai.server import build_app
     from pagoda.entrypoints.openai.uvicorn_server import run_server
 
     check_server_args(args)
+    if getattr(args, "ray_serve", False):
+        from pagoda.deploy.launch import run_ray_serve
+
+        check_lora_args(args, model_configs(args))  # here, not first in every replica
+        return run_ray_serve(args, build_server_state)
+    state = build_server_state(args)
+    models = [state.model_name] + [m.name for m in state.more_models]
+    api_key = state.api_key
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    scheme = "https" if args.ssl_certfile else "http"
+    logger.info(
+        "Pagoda %s serving %s on %s://%s:%d (API key %s)", pagoda.__version__,
+        ", ".join(repr(name) for name in models), scheme, host, args.port,
+        "required" if api_key else "not required",
+    )
+    exit_code = run_server(build_app(state), state, args.host, args.port,
+                           args.shutdown_timeout, access_log=args.access_log,
+                           ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+    logger.info("Pagoda server stopped")
+    return exit_code
+
+
+def build_server_state(args: argparse.Namespace):
+    """The ServerState of checked `pagoda serve` flags: every --model's engine built (slow)
+    and started on its engine thread; what run_serve serves, and what each Ray Serve replica
+    serves (pagoda/deploy/engine_replica.py)."""
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    from pagoda.entrypoints.openai.model_registry import ServedModel
+    from pagoda.entrypoints.openai.responses_api.store import ResponseStore
+    from pagoda.entrypoints.openai.server import ServerState
+
     configs = model_configs(args)
     lora_modules = check_lora_args(args, configs)  # (before anything slow)
     chat_template = read_chat_template(args.chat_template)
@@ -250,15 +281,4 @@ def run_serve(args: argparse.Namespace) -> int:
         record_traffic=args.record_traffic, record_redact=args.record_redact,
         responses_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
     )
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    scheme = "https" if args.ssl_certfile else "http"
-    logger.info(
-        "Pagoda %s serving %s on %s://%s:%d (API key %s)", pagoda.__version__,
-        ", ".join(repr(m.name) for m in models), scheme, host, args.port,
-        "required" if api_key else "not required",
-    )
-    exit_code = run_server(build_app(state), state, args.host, args.port,
-                           args.shutdown_timeout, access_log=args.access_log,
-                           ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
-    logger.info("Pagoda server stopped")
-    return exit_code
+    return state

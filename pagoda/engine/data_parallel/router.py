@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagoda.engine.block_manager import hash_block_tokens, root_hash
@@ -132,13 +133,26 @@ class Router:
         adapter only. Raises NoHealthyReplicaError when none is healthy."""
         hashes = prefix_block_hashes(prompt_token_ids, self.block_size, lora_int_id)
         replica = self.choose(prompt_token_ids, hashes)
+        self.record(request_id, replica, prompt_token_ids, num_seqs, hashes)
+        return replica
+
+    def record(self, request_id: str, replica: int, prompt_token_ids: list[int],
+               num_seqs: int = 1, hashes: list[int] | None = None) -> None:
+        """Count a request on `replica` (chosen by `choose`, or by a caller that may override
+        it: Ray Serve's router, pagoda/deploy/prefix_router.py) until `finish(request_id)`."""
+        if hashes is None:
+            hashes = prefix_block_hashes(prompt_token_ids, self.block_size)
         record = self._replicas[replica]
         record.num_seqs += num_seqs
         record.num_prompt_tokens += len(prompt_token_ids)
         record.last_chosen = next(self._dispatches)
         self._in_flight[request_id] = _InFlight(replica, num_seqs, len(prompt_token_ids))
         self._remember(record, hashes)
-        return replica
+
+    def add_replica(self) -> int:
+        """One more replica slot (healthy, empty); returns its index."""
+        self._replicas.append(_ReplicaRecord())
+        return len(self._replicas) - 1
 
     def finish(self, request_id: str) -> None:
         """The request ended (finished, failed or aborted); a no-op for unknown ids."""
@@ -149,11 +163,14 @@ class Router:
         record.num_seqs -= entry.num_seqs
         record.num_prompt_tokens -= entry.num_prompt_tokens
 
-    def choose(self, prompt_token_ids: list[int], hashes: list[int] | None = None) -> int:
-        """The replica `route` would pick, recording nothing."""
+    def choose(self, prompt_token_ids: list[int], hashes: list[int] | None = None,
+               among: Iterable[int] | None = None) -> int:
+        """The replica `route` would pick, recording nothing; `among`: only these (healthy)
+        replicas are candidates (default: all)."""
         if hashes is None:
             hashes = prefix_block_hashes(prompt_token_ids, self.block_size)
-        healthy = [i for i, r in enumerate(self._replicas) if r.healthy]
+        candidates = range(len(self._replicas)) if among is None else among
+        healthy = [i for i in candidates if self._replicas[i].healthy]
         if not healthy:
             raise NoHealthyReplicaError("no engine replica is healthy")
         min_load = min(self._replicas[i].num_seqs for i in healthy)

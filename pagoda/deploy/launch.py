@@ -1,0 +1,100 @@
+"""`pagoda serve --ray-serve`: deploy the application (app.py) on Ray Serve and hold it until
+SIGTERM/SIGINT.
+
+    --ray-address ADDR|auto   join that cluster (an error naming it if unreachable)
+    (none)                    join a cluster running here, else start a local one (for trying
+                              it: it stops when this command does)
+
+Ray Serve's HTTP proxy listens on --host/--port on every node. On SIGTERM/SIGINT the
+application is deleted, each replica first finishing its in-flight requests for up to
+--shutdown-timeout seconds; a Ray this command started is stopped too. Exit code 0. (Ctrl-C
+in a terminal reaches a local Ray's processes too, so that try-it mode may skip the drain.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+
+def connect(address: str | None) -> bool:
+    """ray.init for --ray-address; True when it started a local Ray (ours to stop)."""
+    import ray
+
+    if address is not None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError) as e:
+            raise ValueError(f"--ray-address {address}: cannot join that Ray cluster "
+                             f"({e})") from None
+        return False
+    try:
+        ray.init(address="auto", logging_level=logging.WARNING)
+        return False
+    except (ConnectionError, RuntimeError):
+        ray.init(logging_level=logging.WARNING)
+        logger.info("no Ray cluster running here: started a local one")
+        return True
+
+
+def deploy(args: argparse.Namespace, build_state: Callable) -> None:
+    """Start Serve's proxy on --host/--port and run the application; returns once it is
+    RUNNING (every initial replica up), raises RuntimeError if it failed."""
+    from ray import serve
+
+    from pagoda.deploy.application import application
+
+    serve.start(proxy_location=args.proxy_location,
+                http_options={"host": args.host, "port": args.port})
+    serve.run(application(args, build_state), name=args.app_name, route_prefix="/",
+              blocking=False)
+
+
+DELETE_MARGIN_S = 30.0
+"""Seconds beyond --shutdown-timeout the app's deletion may take before we stop waiting."""
+
+
+def delete_app(name: str, timeout: float) -> None:
+    """serve.delete, waited for at most `timeout` seconds: a local Ray started by us shares
+    this terminal's process group, so Ctrl-C may have stopped it already, and a delete on a
+    dead cluster would wait forever."""
+    from ray import serve
+
+    done = threading.Thread(target=serve.delete, args=(name,), daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        logger.warning("the application %r was not deleted within %.0f s (is the Ray cluster "
+                       "still up?); exiting anyway", name, timeout)
+
+
+def run_ray_serve(args: argparse.Namespace, build_state: Callable) -> int:
+    """`build_state`: cli/serve.build_server_state (each replica's engines and state)."""
+    import ray
+    from ray import serve
+
+    started_local = connect(args.ray_address)
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        deploy(args, build_state)
+        logger.info("Pagoda on Ray Serve: app %r at http://%s:%d (replicas %d..%d, Ray "
+                    "cluster at %s)", args.app_name, args.host, args.port, args.min_replicas,
+                    args.max_replicas, ray.get_runtime_context().gcs_address)
+        stop.wait()
+        logger.info("stopping: replicas finish their in-flight requests (up to %ss)",
+                    args.shutdown_timeout)
+        delete_app(args.app_name, args.shutdown_timeout + DELETE_MARGIN_S)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if started_local:
+            serve.shutdown()
+        ray.shutdown()
+    return 0
