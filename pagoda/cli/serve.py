@@ -88,6 +88,10 @@ def register(subparsers) -> None:
                              "default: %(default)s)")
     server.add_argument("--responses-store-ttl", type=float, default=DEFAULT_STORE_TTL_S,
                         help="seconds a stored response is kept (default: %(default)s)")
+    server.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
+                        help="what an hour of this server costs: /metrics then exports "
+                             "pagoda:cost_usd_total, replica hours and cost per million "
+                             "input and output tokens (default: no cost series)")
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
@@ -125,6 +129,10 @@ def check_server_args(args: argparse.Namespace) -> None:
     if not args.responses_store_ttl > 0:
         raise ValueError(f"--responses-store-ttl must be > 0 seconds, got "
                          f"{args.responses_store_ttl}")
+    if args.cost_per_hour is not None:
+        from pagoda.engine.cost import check_cost_per_hour
+
+        check_cost_per_hour(args.cost_per_hour)
 
 
 def check_record_args(path: str | None, redact: bool) -> None:
@@ -242,6 +250,11 @@ def run_serve(args: argparse.Namespace) -> int:
         record_traffic=args.record_traffic, record_redact=args.record_redact,
         responses_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
     )
+    if args.cost_per_hour is not None:
+        from pagoda.entrypoints.openai.cost_metrics import CostCollector, served_model_registries
+
+        server_registry.register(
+            CostCollector(args.cost_per_hour, lambda: served_model_registries(state)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if args.ssl_certfile else "http"
     logger.info(
