@@ -122,12 +122,17 @@ class ScalingLedger:
                 self._record(key, view, now)
 
     def _record(self, key: str, view: DeploymentView, now: float) -> None:
-        labels = key.split("/", 1)
+        application, _, deployment = key.partition("/")
+        labels = (application, deployment)
         ledger = self.deployments.get(key)
         if ledger is None:
             ledger = self.deployments[key] = DeploymentLedger(last_seen=now)
+            # every series exported (at 0) from the first observation on
             for direction in ("up", "down"):
-                self._decisions.labels(*labels, direction)  # exported as 0 from the start
+                self._decisions.labels(*labels, direction)
+            self._hours.labels(*labels)
+            if self._cost is not None:
+                self._cost.labels(*labels)
             logger.info("autoscaler: %s starts with %d replicas", key, view.running)
         hours = ledger.running * max(now - ledger.last_seen, 0.0) / 3600.0
         if hours > 0:
@@ -135,8 +140,6 @@ class ScalingLedger:
             self._hours.labels(*labels).inc(hours)
             if self._cost is not None:
                 self._cost.labels(*labels).inc(hours * self.cost_per_hour)
-        else:
-            self._hours.labels(*labels)  # the series exists from the first observation
         ledger.last_seen = now
         direction = _SCALING.get(view.status)
         if direction is not None and view.status != ledger.status:

@@ -76,7 +76,7 @@ def test_a_ramp_up_and_down_is_logged_counted_and_integrated(caplog):
     assert sample(ledger, "autoscaler_decisions_total", direction="down") == 1
 
     summary = ledger.summary()[KEY]
-    assert summary["timeline"] == [[0.0, 1], [1.1 * HOUR, 3], [2.5 * HOUR, 1]]
+    assert summary["timeline"] == [[0.0, 1], [3960.0, 3], [9000.0, 1]]  # seconds
     assert summary["peak_replicas"] == 3 and summary["replicas"] == 1
     assert summary["decisions"] == {"up": 1, "down": 1}
     assert summary["cost_usd"] == pytest.approx(2.0 * hours)
