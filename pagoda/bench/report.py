@@ -131,6 +131,14 @@ def format_serve_summary(summary: dict, title: str) -> str:
         row(f"Goodput (req/s) [{bounds}]:", f"{summary['goodput']:.2f}")
     if summary.get("num_missing_usage"):
         row("Responses without usage (counted 0 tokens):", summary["num_missing_usage"])
+    if "cost" in summary:
+        cost = summary["cost"]
+        row(f"Cost per hour (USD, {cost['source']}):", f"{cost['cost_per_hour']:.4g}")
+        row("Cost of the run (USD):", f"{cost['cost_usd']:.4g}")
+        for name, key in (("input", "per_million_input_tokens"),
+                          ("output", "per_million_output_tokens")):
+            if cost[key] is not None:
+                row(f"Cost per million {name} tokens (USD):", f"{cost[key]:.4g}")
     if "spec_decode" in summary:
         row("Spec decode acceptance rate:", f"{summary['spec_decode']['acceptance_rate']:.1%}")
         row("Mean accepted length:", f"{summary['spec_decode']['mean_accepted_length']:.2f}")

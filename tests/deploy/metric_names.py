@@ -58,10 +58,13 @@ def ray_serve_metric_names() -> set[str]:
     """What Ray's metrics agent exports for every ray.util.metrics metric Ray Serve defines:
     `ray_` + name, counters with `_total` (ray/_private/metrics_agent.py), histograms as
     _bucket, _sum and _count. f-string names are expanded for HTTP and gRPC."""
-    import ray.serve
+    import importlib.util
 
+    spec = importlib.util.find_spec("ray")  # its files only: importing ray.serve is slow
+    assert spec is not None and spec.submodule_search_locations, "ray is not installed"
+    serve = Path(spec.submodule_search_locations[0]) / "serve"
     names = set()
-    for path in Path(ray.serve.__file__).parent.rglob("*.py"):
+    for path in serve.rglob("*.py"):
         for kind, name in _RAY_METRIC.findall(path.read_text(encoding="utf-8")):
             for protocol in ("http", "grpc"):
                 base = "ray_" + name.replace("{protocol_name}", protocol)
