@@ -198,7 +198,7 @@ class LedgerPoller:
         while not self._stop.is_set():
             try:
                 self.ledger.observe_status(self._read_status())
-            except Exception as e:  # a monitor must outlive a bad read
+            except Exception as e:  # noqa: BLE001 -- a monitor must outlive a bad read
                 logger.warning("autoscaler ledger: reading the Serve status failed (%s: %s)",
                                type(e).__name__, e)
             self._stop.wait(self._interval_s)
