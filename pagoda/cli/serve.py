@@ -239,6 +239,11 @@ def run_serve(args: argparse.Namespace) -> int:
     server_registry = CollectorRegistry()
     # process_resident_memory_bytes, CPU seconds, open fds (as vLLM): what a soak watches
     ProcessCollector(registry=server_registry)
+    if args.cost_per_hour is not None:  # cost series (`state` is read at scrape time)
+        from pagoda.entrypoints.openai.cost_metrics import CostCollector, served_model_registries
+
+        server_registry.register(
+            CostCollector(args.cost_per_hour, lambda: served_model_registries(state)))
     state = ServerState(
         engine=first.engine, metrics=first.metrics, model_name=first.name,
         model_root=first.root, more_models=models[1:], model_builder=build_loaded_model,
@@ -250,11 +255,6 @@ def run_serve(args: argparse.Namespace) -> int:
         record_traffic=args.record_traffic, record_redact=args.record_redact,
         responses_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
     )
-    if args.cost_per_hour is not None:
-        from pagoda.entrypoints.openai.cost_metrics import CostCollector, served_model_registries
-
-        server_registry.register(
-            CostCollector(args.cost_per_hour, lambda: served_model_registries(state)))
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if args.ssl_certfile else "http"
     logger.info(
