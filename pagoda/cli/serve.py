@@ -64,6 +64,10 @@ def register(subparsers) -> None:
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="do not log every HTTP request")
+    server.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
+                        help="what an hour of this server costs: /metrics then exports "
+                             "pagoda:cost_usd_total, replica hours and cost per million "
+                             "input and output tokens (default: no cost series)")
     server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413 (default: 16 MiB)")
     server.add_argument("--request-timeout", type=float, default=None,
@@ -88,10 +92,6 @@ def register(subparsers) -> None:
                              "default: %(default)s)")
     server.add_argument("--responses-store-ttl", type=float, default=DEFAULT_STORE_TTL_S,
                         help="seconds a stored response is kept (default: %(default)s)")
-    server.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
-                        help="what an hour of this server costs: /metrics then exports "
-                             "pagoda:cost_usd_total, replica hours and cost per million "
-                             "input and output tokens (default: no cost series)")
     add_engine_args(parser, repeatable=("model",))
     parser.set_defaults(func=run_serve)
 
