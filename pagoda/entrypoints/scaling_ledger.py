@@ -2,8 +2,11 @@
 each Ray Serve deployment, logged and exported as Prometheus series.
 
 Whoever holds the Serve application (the `pagoda serve --ray-serve` driver) polls
-`serve.status()` every few seconds and hands it to `ScalingLedger.observe_status` (or
-`LedgerPoller` does it on a thread). The ledger keeps, per deployment "application/name":
+`serve.status()` every few seconds and hands it to `ScalingLedger.observe_status`:
+`start_ledger(cost_per_hour, serve.status, metrics_port)` does it on a thread and serves the
+series on http://0.0.0.0:metrics_port/metrics for Prometheus (LedgerPoller.stop() ends both;
+`poller.ledger.summary()` is the record to log at the end). The ledger keeps, per deployment
+"application/name":
 
     timeline        [(seconds since the ledger began, running replicas)], a point per change
     replica-hours   the integral of running replicas over time (each interval counted at
@@ -186,6 +189,9 @@ class LedgerPoller:
         self._thread = threading.Thread(target=self._run, name="pagoda-scaling-ledger",
                                         daemon=True)
 
+        self.http_server = None
+        """The WSGI server of start_ledger's metrics_port (None: not serving)."""
+
     def start(self) -> LedgerPoller:
         self._thread.start()
         return self
@@ -193,6 +199,9 @@ class LedgerPoller:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self._interval_s + 5)
+        if self.http_server is not None:
+            self.http_server.shutdown()
+            self.http_server.server_close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -202,3 +211,19 @@ class LedgerPoller:
                 logger.warning("autoscaler ledger: reading the Serve status failed (%s: %s)",
                                type(e).__name__, e)
             self._stop.wait(self._interval_s)
+
+
+def start_ledger(cost_per_hour: float | None, read_status: Callable[[], object],
+                 metrics_port: int | None = None, host: str = "0.0.0.0",
+                 interval_s: float = 5.0) -> LedgerPoller:
+    """A started LedgerPoller over a new ScalingLedger; with `metrics_port`, its registry is
+    served at http://host:metrics_port/metrics (0: a free port, in poller.http_server)."""
+    from prometheus_client import start_http_server
+
+    poller = LedgerPoller(ScalingLedger(cost_per_hour), read_status, interval_s)
+    if metrics_port is not None:
+        poller.http_server, _ = start_http_server(metrics_port, addr=host,
+                                                  registry=poller.ledger.registry)
+        logger.info("autoscaler ledger: series at http://%s:%d/metrics", host,
+                    poller.http_server.server_port)
+    return poller.start()

@@ -13,6 +13,7 @@ from pagoda.entrypoints.scaling_ledger import (
     LedgerPoller,
     ScalingLedger,
     deployment_views,
+    start_ledger,
 )
 
 serve_schema = pytest.importorskip("ray.serve.schema")
@@ -122,3 +123,25 @@ def test_the_poller_survives_a_failed_read_and_stops():
 def test_a_bad_cost_is_refused_naming_the_flag():
     with pytest.raises(ValueError, match="--cost-per-hour must be a finite number"):
         ScalingLedger(cost_per_hour=-1.0)
+
+
+def test_start_ledger_serves_the_series_for_prometheus():
+    import httpx
+
+    poller = start_ledger(1.5, lambda: serve_status("HEALTHY", 2), metrics_port=0,
+                          host="127.0.0.1", interval_s=0.01)
+    try:
+        url = f"http://127.0.0.1:{poller.http_server.server_port}/metrics"
+        for _ in range(500):
+            text = httpx.get(url, timeout=5).text
+            if 'pagoda:serve_replicas{application="pagoda",deployment="PagodaDeployment"} 2.0' in text:
+                break
+            threading.Event().wait(0.01)
+        else:
+            raise AssertionError(text)
+        assert "pagoda:serve_cost_usd_total" in text
+        assert "pagoda:autoscaler_decisions_total" in text
+    finally:
+        poller.stop()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url, timeout=2)
