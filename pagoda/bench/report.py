@@ -220,6 +220,8 @@ COMPARE_ROWS: list[tuple[str, tuple[str, ...], int]] = [
     ("decode tokens/s", ("decode_tokens_per_s", "mean"), 1),
     ("spec acceptance rate", ("spec_decode", "acceptance_rate"), 3),
     ("mean accepted length", ("spec_decode", "mean_accepted_length"), 2),
+    ("USD per 1M input tokens", ("cost", "per_million_input_tokens"), 4),
+    ("USD per 1M output tokens", ("cost", "per_million_output_tokens"), 4),
 ]
 _MS_ROWS = {"ttft_s", "tpot_s", "itl_s", "e2el_s"}
 

@@ -64,6 +64,20 @@ def test_the_flag_prices_the_run(tmp_path, capsys):
     assert "Cost per million output tokens (USD):" in printed
 
 
+def test_bench_compare_shows_the_cost_rows():
+    from pagoda.bench import report
+
+    cheap = {"kind": "serve", "runs": [{"request_rate": "inf", "max_concurrency": None,
+                                         "summary": {"cost": {"per_million_input_tokens": 1.0,
+                                                              "per_million_output_tokens": 4.0}}}]}
+    dear = {"kind": "serve", "runs": [{"request_rate": "inf", "max_concurrency": None,
+                                        "summary": {"cost": {"per_million_input_tokens": 2.0,
+                                                             "per_million_output_tokens": 6.0}}}]}
+    table = report.compare_table([("cheap", cheap), ("dear", dear)])
+    assert "| USD per 1M input tokens  | 1.0000 | 2.0000 (×2.00) |" in table
+    assert "| USD per 1M output tokens | 4.0000 | 6.0000 (×1.50) |" in table
+
+
 def test_without_the_flag_the_servers_own_price_is_used(tmp_path, capsys):
     summary = run(tmp_path, metrics_texts=[SERVER_PAGE])
     check_cost(summary, 7.2, "server")
