@@ -133,6 +133,14 @@ def format_serve_summary(summary: dict, title: str) -> str:
         row("Responses without usage (counted 0 tokens):", summary["num_missing_usage"])
     for model, counts in summary.get("requests_by_model", {}).items():
         row(f"  model {model}:", f"{counts['completed']}/{counts['requests']} req")
+    if "cost" in summary:
+        cost = summary["cost"]
+        row(f"Cost per hour (USD, {cost['source']}):", f"{cost['cost_per_hour']:.4g}")
+        row("Cost of the run (USD):", f"{cost['cost_usd']:.4g}")
+        for name, key in (("input", "per_million_input_tokens"),
+                          ("output", "per_million_output_tokens")):
+            if cost[key] is not None:
+                row(f"Cost per million {name} tokens (USD):", f"{cost[key]:.4g}")
     if "spec_decode" in summary:
         row("Spec decode acceptance rate:", f"{summary['spec_decode']['acceptance_rate']:.1%}")
         row("Mean accepted length:", f"{summary['spec_decode']['mean_accepted_length']:.2f}")
@@ -214,6 +222,8 @@ COMPARE_ROWS: list[tuple[str, tuple[str, ...], int]] = [
     ("decode tokens/s", ("decode_tokens_per_s", "mean"), 1),
     ("spec acceptance rate", ("spec_decode", "acceptance_rate"), 3),
     ("mean accepted length", ("spec_decode", "mean_accepted_length"), 2),
+    ("USD per 1M input tokens", ("cost", "per_million_input_tokens"), 4),
+    ("USD per 1M output tokens", ("cost", "per_million_output_tokens"), 4),
 ]
 _MS_ROWS = {"ttft_s", "tpot_s", "itl_s", "e2el_s"}
 

@@ -98,6 +98,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--output", default=None,
                    help="write config, per-request records and summary (JSON) here")
     r.add_argument("--plot", default=None, help="write latency CDFs (and sweep curves) as PNG")
+    r.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
+                   help="what an hour of the servers under test costs: the summary adds the "
+                        "run's cost and cost per million input and output tokens (default: "
+                        "the server's own pagoda:cost_per_hour from `pagoda serve "
+                        "--cost-per-hour`, if it reports one)")
     r.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
 
@@ -157,6 +162,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 
     # Every check a user can fail comes before anything slow.
     slo = parse_slo(args.slo) if args.slo is not None else None
+    if args.cost_per_hour is not None:
+        from pagoda.engine.cost import check_cost_per_hour
+
+        check_cost_per_hour(args.cost_per_hour)
     sweep = traffic_sweep(args)
     check_workload_args(args)
     if args.input_len is None:
@@ -201,11 +210,13 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 async def _serve_runs(args, base_url, workloads, options, sweep, slo, lora_names=None) -> dict:
     from pagoda.bench import report
     from pagoda.bench.serve import spread_models, warm_up
+    from pagoda.bench.server_cost import run_cost, scrape_cost_per_hour
 
     if args.num_warmups > 0:
         for model in lora_names or [options.model]:  # (each adapter loads on first use)
             await warm_up(base_url, dataclasses.replace(options, model=model),
                           args.num_warmups, args.api_key)
+    cost_per_hour, cost_source = args.cost_per_hour, "flag"
     result = report.envelope("serve", args.label or "server", {})
     if args.label:
         result["label"] = args.label
@@ -217,6 +228,12 @@ async def _serve_runs(args, base_url, workloads, options, sweep, slo, lora_names
         run["summary"], run["requests"] = await _measured_run(
             args, base_url, conversations, options, traffic, slo, report.run_label(run),
             lora_names and spread_models(len(conversations), lora_names, args.seed + i))
+        if cost_source == "flag" and cost_per_hour is None:
+            # the server's own price, read once (after the first run's scrapes)
+            cost_per_hour = await scrape_cost_per_hour(base_url, args.api_key)
+            cost_source = "server"
+        if cost_per_hour is not None:
+            run["summary"]["cost"] = run_cost(run["summary"], cost_per_hour, cost_source)
         result["runs"].append(run)
         print(report.format_serve_summary(run["summary"], f"{report.run_label(run)}"))
         if run["summary"]["failed"]:

@@ -66,6 +66,10 @@ def register(subparsers) -> None:
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     server.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="do not log every HTTP request")
+    server.add_argument("--cost-per-hour", type=float, default=None, metavar="USD",
+                        help="what an hour of this server costs: /metrics then exports "
+                             "pagoda:cost_usd_total, replica hours and cost per million "
+                             "input and output tokens (default: no cost series)")
     server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413 (default: 16 MiB)")
     server.add_argument("--request-timeout", type=float, default=None,
@@ -130,6 +134,10 @@ def check_server_args(args: argparse.Namespace) -> None:
     if not args.responses_store_ttl > 0:
         raise ValueError(f"--responses-store-ttl must be > 0 seconds, got "
                          f"{args.responses_store_ttl}")
+    if args.cost_per_hour is not None:
+        from pagoda.engine.cost import check_cost_per_hour
+
+        check_cost_per_hour(args.cost_per_hour)
 
 
 def check_record_args(path: str | None, redact: bool) -> None:
@@ -267,6 +275,11 @@ def build_server_state(args: argparse.Namespace):
     server_registry = CollectorRegistry()
     # process_resident_memory_bytes, CPU seconds, open fds (as vLLM): what a soak watches
     ProcessCollector(registry=server_registry)
+    if args.cost_per_hour is not None:  # cost series (`state` is read at scrape time)
+        from pagoda.entrypoints.openai.cost_metrics import CostCollector, served_model_registries
+
+        server_registry.register(
+            CostCollector(args.cost_per_hour, lambda: served_model_registries(state)))
     state = ServerState(
         engine=first.engine, metrics=first.metrics, model_name=first.name,
         model_root=first.root, more_models=models[1:], model_builder=build_loaded_model,

@@ -21,7 +21,9 @@ follow its running totals, so nothing is counted twice however often `update` ru
                 ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total{position}
                 (speculative decoding, as vLLM's)
     histograms  pagoda:time_to_first_token_seconds, pagoda:inter_token_latency_seconds,
-                pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds
+                pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds,
+                pagoda:request_time_per_output_token_seconds (TPOT: per finished sequence
+                of 2+ tokens, (last token - first token) / (tokens - 1), as vLLM's)
 """
 
 from __future__ import annotations
@@ -138,12 +140,19 @@ class EngineMetrics:
             registry=self.registry,
         )
         self._lora_info_labels: tuple[str, ...] | None = None
+        self.time_per_output_token = histogram(
+            "request_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per finished sequence.",
+            _TOKEN_GAP_BUCKETS,
+        )
         # Engine totals at the previous update (counters advance by the difference).
         self._totals: dict[str, float] = {}
         self._finished_by_reason: dict[str, int] = {}
         # Per request / sequence state for the latency histograms.
         self._first_token_seen: set[str] = set()
         self._last_token_time: dict[tuple[str, int], float] = {}
+        # (first token time, tokens so far) per sequence, for TPOT.
+        self._seq_tokens: dict[tuple[str, int], tuple[float, int]] = {}
 
     # ---- per step ------------------------------------------------------------------------------
 
@@ -174,7 +183,14 @@ class EngineMetrics:
                 # One token per sequence per step: the gap is the time since its last token.
                 self.inter_token_latency.observe(max(now - last, 0.0))
             self._last_token_time[key] = now
+            first, count = self._seq_tokens.get(key, (now, 0))
+            self._seq_tokens[key] = (first, count + len(completion.delta_token_ids))
         if output.finished:
+            for completion in output.outputs:
+                first, count = self._seq_tokens.get((request_id, completion.index), (0.0, 0))
+                if count > 1:
+                    last = self._last_token_time[(request_id, completion.index)]
+                    self.time_per_output_token.observe(max(last - first, 0.0) / (count - 1))
             if metrics is not None:
                 end = metrics.finished_time or now
                 self.e2e_request_latency.observe(max(end - metrics.arrival_time, 0.0))
@@ -189,6 +205,7 @@ class EngineMetrics:
             keys = [(request_id, i) for i in range(num_seqs)]
         for key in keys:
             self._last_token_time.pop(key, None)
+            self._seq_tokens.pop(key, None)
 
     # ---- engine totals --------------------------------------------------------------------------
 
