@@ -86,51 +86,10 @@ def llama_cpp_source() -> Path:
     return target
 
 
-# Runs the converter once per (folder, outtype, outfile) triple in one Python process (the
-# imports of torch and transformers cost more than converting a tiny model); a failed
-# conversion leaves its traceback in outfile + ".failed" and the others go on.
+# Runs a converter script once per (argv, outfile) job in one Python process (the imports of
+# torch and transformers cost more than converting a tiny model); a failed conversion leaves
+# its traceback in outfile + ".failed" and the others go on.
 _CONVERT_DRIVER = r"""
-import runpy, sys, traceback
-script, jobs = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, script.rsplit("/", 1)[0])  # its `conversion` package
-for i in range(0, len(jobs), 3):
-    folder, outtype, outfile = jobs[i:i + 3]
-    sys.argv = [script, folder, "--outtype", outtype, "--outfile", outfile]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        if e.code:
-            open(outfile + ".failed", "w").write(f"exit status {e.code}")
-    except Exception:
-        open(outfile + ".failed", "w").write(traceback.format_exc())
-"""
-
-
-def convert(jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
-    """Run llama.cpp's convert_hf_to_gguf.py on each (Hugging Face folder, outtype (f32, f16,
-    bf16, q8_0), output path), all in one subprocess of this Python, with the sdist's own
-    gguf-py first on the path (the converter goes with its own gguf package). Returns
-    {output path: the converter's error} for those that failed."""
-    source = llama_cpp_source()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    args = [part for job in jobs for part in job]
-    result = subprocess.run(
-        [sys.executable, "-c", _CONVERT_DRIVER, str(source / "convert_hf_to_gguf.py"), *args],
-        env=env, capture_output=True, text=True, check=False)
-    failures = {}
-    for _, _, outfile in jobs:
-        failed = Path(outfile + ".failed")
-        if failed.is_file():
-            failures[outfile] = failed.read_text()[-6000:]
-        elif not os.path.isfile(outfile):
-            failures[outfile] = (f"no output (exit status {result.returncode}):\n"
-                                 f"{result.stderr[-6000:]}")
-    return failures
-
-
-# Runs convert_lora_to_gguf.py once per (argv, outfile) job, as _CONVERT_DRIVER does.
-_LORA_DRIVER = r"""
 import json, runpy, sys, traceback
 script, jobs = sys.argv[1], json.loads(sys.argv[2])
 sys.path.insert(0, script.rsplit("/", 1)[0])  # its `conversion` package
@@ -146,21 +105,19 @@ for argv, outfile in jobs:
 """
 
 
-def convert_lora(jobs: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
-    """Run llama.cpp's convert_lora_to_gguf.py on each (PEFT adapter folder, the base's
-    Hugging Face folder (its config.json is read), outtype (f32, f16, bf16, q8_0), output
-    path), all in one subprocess, as `convert` does. Returns {output path: the converter's
+def _run_converter(script: str, jobs: list[tuple[list[str], str]]) -> dict[str, str]:
+    """Run llama.cpp's `script` (in its tree) on each (argv, output path) job, all in one
+    subprocess of this Python, with the sdist's own gguf-py first on the path (the
+    converters go with their own gguf package). Returns {output path: the converter's
     error} for those that failed."""
     source = llama_cpp_source()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    argvs = [([adapter, "--base", base, "--outtype", outtype, "--outfile", outfile], outfile)
-             for adapter, base, outtype, outfile in jobs]
     result = subprocess.run(
-        [sys.executable, "-c", _LORA_DRIVER, str(source / "convert_lora_to_gguf.py"),
-         json.dumps(argvs)], env=env, capture_output=True, text=True, check=False)
+        [sys.executable, "-c", _CONVERT_DRIVER, str(source / script), json.dumps(jobs)],
+        env=env, capture_output=True, text=True, check=False)
     failures = {}
-    for _, _, _, outfile in jobs:
+    for _, outfile in jobs:
         failed = Path(outfile + ".failed")
         if failed.is_file():
             failures[outfile] = failed.read_text()[-6000:]
@@ -168,6 +125,24 @@ def convert_lora(jobs: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
             failures[outfile] = (f"no output (exit status {result.returncode}):\n"
                                  f"{result.stderr[-6000:]}")
     return failures
+
+
+def convert(jobs: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+    """Run llama.cpp's convert_hf_to_gguf.py on each (Hugging Face folder, outtype (f32, f16,
+    bf16, q8_0), output path). Returns {output path: the converter's error} for those that
+    failed."""
+    return _run_converter("convert_hf_to_gguf.py", [
+        ([folder, "--outtype", outtype, "--outfile", outfile], outfile)
+        for folder, outtype, outfile in jobs])
+
+
+def convert_lora(jobs: Sequence[tuple[str, str, str, str]]) -> dict[str, str]:
+    """Run llama.cpp's convert_lora_to_gguf.py on each (PEFT adapter folder, the base's
+    Hugging Face folder (its config.json is read), outtype (f32, f16, bf16, q8_0), output
+    path). Returns {output path: the converter's error} for those that failed."""
+    return _run_converter("convert_lora_to_gguf.py", [
+        ([adapter, "--base", base, "--outtype", outtype, "--outfile", outfile], outfile)
+        for adapter, base, outtype, outfile in jobs])
 
 
 def llama_quantize(build: bool = True) -> Path:

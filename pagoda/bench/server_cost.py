@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagoda.bench.server_metrics import scrape_metrics_text
 from pagoda.engine.cost import cost_figures
 
 COST_PER_HOUR = "pagoda:cost_per_hour"
@@ -36,13 +36,9 @@ def parse_cost_per_hour(text: str) -> float | None:
 
 async def scrape_cost_per_hour(base_url: str, api_key: str | None = None,
                                timeout: float = 10.0) -> float | None:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
-            response = await client.get(base_url + "/metrics")
-    except httpx.HTTPError:
-        return None
-    return parse_cost_per_hour(response.text) if response.status_code == 200 else None
+    """The server's pagoda:cost_per_hour (summed over its models), or None."""
+    text = await scrape_metrics_text(base_url, api_key, timeout)
+    return None if text is None else parse_cost_per_hour(text)
 
 
 def run_cost(summary: dict, cost_per_hour: float, source: str) -> dict:

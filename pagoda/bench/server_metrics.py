@@ -103,19 +103,24 @@ def parse_spec_decode_counters(text: str) -> SpecDecodeCounters | None:
     return None
 
 
-async def scrape_spec_decode_counters(
-    base_url: str, api_key: str | None = None, timeout: float = 10.0
-) -> SpecDecodeCounters | None:
-    """GET {base_url}/metrics and parse it; None on any failure (see the module docstring)."""
+async def scrape_metrics_text(base_url: str, api_key: str | None = None,
+                              timeout: float = 10.0) -> str | None:
+    """GET {base_url}/metrics: its Prometheus text, or None on any failure."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
             response = await client.get(base_url + "/metrics")
     except httpx.HTTPError:
         return None
-    if response.status_code != 200:
-        return None
-    return parse_spec_decode_counters(response.text)
+    return response.text if response.status_code == 200 else None
+
+
+async def scrape_spec_decode_counters(
+    base_url: str, api_key: str | None = None, timeout: float = 10.0
+) -> SpecDecodeCounters | None:
+    """GET {base_url}/metrics and parse it; None on any failure (see the module docstring)."""
+    text = await scrape_metrics_text(base_url, api_key, timeout)
+    return None if text is None else parse_spec_decode_counters(text)
 
 
 def spec_decode_figures(
