@@ -179,3 +179,31 @@ def test_the_web_page_picker_lists_the_adapter_and_chats_with_it(server, expecte
         assert [e for e in page.console_errors(driver) if "401" not in e["message"]] == []
     finally:
         driver.quit()
+
+
+def test_data_parallel_replicas_serve_the_adapter_and_metrics_name_it(files, expected):
+    """--data-parallel-size 2: every replica runs the adapter's requests as offline (several
+    at once, so both replicas get some); /metrics has vLLM's lora_requests_info gauge with
+    --max-loras as its max_lora label; an unloaded adapter is refused on every replica."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with RemoteServer(["--model", files["base"], "--served-model-name", "base",
+                       "--data-parallel-size", "2", "--enable-lora", "--max-loras", "2",
+                       "--lora-modules", f"a={files['a']}", f"b={files['b']}",
+                       "--api-key", KEY, "--no-access-log"]) as server:
+        with ThreadPoolExecutor(6) as pool:
+            names = ["a", "b", "base"] * 2
+            answers = list(pool.map(lambda name: complete(server, name), names))
+        for name, response in zip(names, answers):
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] == expected[name], name
+        metrics = httpx.get(server.url + "/metrics").text
+        gauge = [line for line in metrics.splitlines()
+                 if line.startswith("pagoda:lora_requests_info{")]
+        assert gauge and all('max_lora="2"' in line for line in gauge), gauge
+        unloaded = httpx.post(server.url + "/v1/unload_lora_adapter", headers=AUTH,
+                              json={"lora_name": "b"})
+        assert unloaded.status_code == 200, unloaded.text
+        assert all(complete(server, "b").status_code == 404 for _ in range(4))
+        assert complete(server, "a").json()["choices"][0]["text"] == expected["a"]
+        assert "Traceback" not in server.log_text()
