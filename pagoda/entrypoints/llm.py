@@ -48,6 +48,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def llm_engine(self):
+        """The LLMEngine (vLLM's name for it): add_lora / remove_lora / list_loras, ..."""
+        return self.engine
+
     def generate(
         self,
         prompts: str | list[int] | Sequence[str | list[int]],
