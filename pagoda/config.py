@@ -28,6 +28,8 @@ QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 """`quantization` values: auto (a GGUF file's own types, run packed, where Pagoda's kernels
 build: pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+LORA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""--lora-dtype: the numbers loaded adapters are stored in (auto: the adapter file's own)."""
 """`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
 KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}
 DISTRIBUTED_BACKENDS = ("mp", "ray")
@@ -342,12 +344,20 @@ class LoRAConfig:
     max_cpu_loras: int | None = None
     """Adapters kept loaded in memory, least recently used dropped first; None: max_loras.
     At least max_loras."""
+    lora_dtype: str = field(default="auto", metadata={"choices": LORA_DTYPES})
+    """The numbers a loaded adapter is stored in: auto keeps the adapter file's own
+    (float32, bfloat16, float16; a quantized GGUF adapter becomes float32), so an adapter
+    holds its file's size; the products are float32 for float32 activations whatever the
+    storage."""
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"lora_dtype must be one of {', '.join(LORA_DTYPES)}, "
+                             f"got {self.lora_dtype!r}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least "
                              f"max_loras ({self.max_loras})")

@@ -148,7 +148,7 @@ def test_from_kwargs_names_an_unknown_keyword_and_lists_the_valid_ones() -> None
 
 def test_option_names_are_unique_across_sections() -> None:
     names = [option.name for option in config_options(EngineConfig)]
-    assert len(names) == len(set(names)) == 34
+    assert len(names) == len(set(names)) == 35
 
 
 # ---- the mechanism on a config of its own: a flag is added in one place -------------------------

@@ -7,11 +7,12 @@ decode step whose rows run adapters still takes the one C call.
         (a NULL: the slot is free, or its adapter has none of that linear's targets);
         NULL for a linear no slotted adapter touches (the C step skips it outright)
 
-The tables point into the FusedLoRAs' own A (R, in) and into B^T copies (rank, out_size)
-made here (the C expand loop reads whole vectors of outputs), kept while the adapter stays
-in a slot. They are rebuilt only when ModelLoRA.version changes (any slot or adapter
-change bumps it) and written into a plan's linears once per (plan, version): a step pays a
-version comparison.
+The tables point straight into the FusedLoRAs' own tensors, A (R, in) and each part's
+b_t (rank, out_size), in their storage dtype (float32, bfloat16 or float16: the slot's
+LoRADtype; C widens each element to float32 as it loads it): nothing is copied, an adapter's
+numbers are held once. The tables keep the FusedLoRAs they point into alive. They are
+rebuilt only when ModelLoRA.version changes (any slot or adapter change bumps it) and
+written into a plan's linears once per (plan, version): a step pays a version comparison.
 """
 
 from __future__ import annotations
@@ -21,26 +22,37 @@ import ctypes
 import torch
 from torch import nn
 
-from pagoda.executor.kernels.abi import MAX_LORA_PARTS, Decoder, LoRASlot
+from pagoda.executor.kernels.abi import MAX_LORA_PARTS, Decoder, LoRADtype, LoRASlot
 
 LINEARS = ("qkv", "o", "gate_up", "down")
 """DecoderLayer's linears, in ModelLoRA.hooked[layer]'s order."""
 
 
-def fill_slot(slot: LoRASlot, fused, b_ts: list[torch.Tensor], module: nn.Module) -> None:
-    """Describe one FusedLoRA over `module` in `slot`; ValueError where it does not fit the
-    module (the C step would read past its buffers)."""
+SLOT_DTYPES = {torch.float32: LoRADtype.F32, torch.bfloat16: LoRADtype.BF16,
+               torch.float16: LoRADtype.F16}
+"""A FusedLoRA's storage dtype -> the slot's LORA_* code."""
+
+
+def fill_slot(slot: LoRASlot, fused, module: nn.Module) -> None:
+    """Describe one FusedLoRA (A (R, in), parts' b_t (rank, out_size), one storage dtype)
+    over `module` in `slot`, pointing at its own tensors; ValueError where it does not fit
+    the module (the C step would read past its buffers or misread its numbers)."""
     a = fused.a
-    if (a.dtype != torch.float32 or not a.is_contiguous() or a.dim() != 2
-            or a.shape[1] != module.in_features or len(fused.parts) > MAX_LORA_PARTS
+    if (a.dtype not in SLOT_DTYPES or a.device.type != "cpu" or not a.is_contiguous()
+            or a.dim() != 2 or a.shape[1] != module.in_features
+            or len(fused.parts) > MAX_LORA_PARTS
             or any(p.out_offset + p.out_size > module.out_features
-                   or p.rank_offset + p.rank > a.shape[0] for p in fused.parts)):
-        raise ValueError(f"a LoRA adapter's A {tuple(a.shape)} with {len(fused.parts)} parts "
-                         f"does not fit {type(module).__name__}({module.in_features}, "
+                   or p.rank_offset + p.rank > a.shape[0]
+                   or p.b_t.dtype != a.dtype or not p.b_t.is_contiguous()
+                   or tuple(p.b_t.shape) != (p.rank, p.out_size) for p in fused.parts)):
+        raise ValueError(f"a LoRA adapter's A {tuple(a.shape)} ({a.dtype}) with "
+                         f"{len(fused.parts)} parts does not fit "
+                         f"{type(module).__name__}({module.in_features}, "
                          f"{module.out_features}) in the whole-stack decode step")
-    slot.a, slot.total_rank, slot.num_parts = a.data_ptr(), a.shape[0], len(fused.parts)
-    for described, part, b_t in zip(slot.parts, fused.parts, b_ts):
-        described.b_t, described.out_offset = b_t.data_ptr(), part.out_offset
+    slot.a, slot.dtype = a.data_ptr(), SLOT_DTYPES[a.dtype]
+    slot.total_rank, slot.num_parts = a.shape[0], len(fused.parts)
+    for described, part in zip(slot.parts, fused.parts):
+        described.b_t, described.out_offset = part.b_t.data_ptr(), part.out_offset
         described.out_size, described.rank_offset = part.out_size, part.rank_offset
         described.rank = part.rank
 
@@ -53,8 +65,8 @@ class LoRATables:
         self.model_lora = model_lora
         self._version: int | None = None
         self._tables: list[list[ctypes.Array | None]] = []
-        self._transposed: dict[tuple[int, int, int], tuple[object, list[torch.Tensor]]] = {}
-        """(layer, linear, lora_int_id) -> (its FusedLoRA, its parts' B^T): slotted ones"""
+        self._pointed: list = []
+        """The FusedLoRAs the tables point into (held while they do)."""
         self._installed: tuple[Decoder, int] | None = None
 
     def install(self, plan: Decoder) -> None:
@@ -77,7 +89,7 @@ class LoRATables:
 
     def _rebuild(self) -> None:
         lora = self.model_lora
-        slots, kept, tables = list(lora.slots), {}, []
+        slots, pointed, tables = list(lora.slots), [], []
         for layer in range(lora.num_layers):
             per_layer = []
             for linear, module in enumerate(lora.hooked[layer]):
@@ -87,14 +99,10 @@ class LoRATables:
                                                                          lora_int_id)
                     if fused is None:
                         continue
-                    key = (layer, linear, lora_int_id)
-                    cached = self._transposed.get(key)
-                    if cached is None or cached[0] is not fused:
-                        cached = (fused, [part.b.t().contiguous() for part in fused.parts])
-                    kept[key] = cached
-                    fill_slot(table[index], fused, cached[1], module)
+                    fill_slot(table[index], fused, module)
+                    pointed.append(fused)
                     used = True
                 per_layer.append(table if used else None)
             tables.append(per_layer)
-        self._transposed, self._tables, self._version = kept, tables, lora.version
+        self._pointed, self._tables, self._version = pointed, tables, lora.version
         self._installed = None

@@ -2,8 +2,9 @@
 whole_stack_decode.py's slot tables): decode steps whose rows run adapters stay one C call,
 and give the eager forward's tokens and logprobs (its hooks add the same adapters) within
 float32 rounding: rows of several adapters, rows of the base model and adapters of a few
-targets side by side in one batch, over packed weights of several formats; a change of the
-slotted adapters is seen at the next step."""
+targets side by side in one batch, over packed weights of several formats, adapters stored
+in float32, bfloat16 and float16; a change of the slotted adapters is seen at the next
+step."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ pytestmark = pytest.mark.slow  # (make test-fast skips it)
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def random_pairs(config, seed: int, rank: int, targets=ALL, scale: float = 0.05) -> dict:
-    """{(layer, target): pair (a (rank, in), b (out, rank) pre-scaled)}, as the files
-    helper's load_lora_weights gives them, random."""
+def random_pairs(config, seed: int, rank: int, targets=ALL, scale: float = 0.05,
+                 dtype: torch.dtype = torch.float32) -> dict:
+    """{(layer, target): pair (a (rank, in), b (out, rank) pre-scaled)} in `dtype`, as the
+    files helper's load_lora_weights gives them, random."""
     head_dim = head_dim_of(config)
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     hidden, inter = config.hidden_size, config.intermediate_size
@@ -41,9 +43,16 @@ def random_pairs(config, seed: int, rank: int, targets=ALL, scale: float = 0.05)
              "down_proj": (hidden, inter)}
     generator = torch.Generator().manual_seed(seed)
     return {(layer, target): SimpleNamespace(
-                a=torch.randn(rank, sizes[target][1], generator=generator) * scale,
-                b=torch.randn(sizes[target][0], rank, generator=generator) * scale)
+                a=(torch.randn(rank, sizes[target][1], generator=generator) * scale).to(dtype),
+                b=(torch.randn(sizes[target][0], rank, generator=generator) * scale).to(dtype))
             for layer in range(config.num_hidden_layers) for target in targets}
+
+
+@pytest.fixture(autouse=True)
+def hand_made_adapters_pass_the_front_checks(monkeypatch) -> None:
+    """LLM.generate reads an adapter's files before the engine sees it (adapter_checks.py);
+    these adapters have none (the runner's manager is handed their pairs)."""
+    monkeypatch.setattr("pagoda.entrypoints.llm.check_lora_request", lambda *args: None)
 
 
 def with_adapters(llm, adapters: dict[int, dict]) -> dict[int, LoRARequest]:
@@ -104,6 +113,38 @@ def test_decode_steps_with_adapters_run_in_c_as_the_eager_forward(arch, types, o
     for ours in (fused[0], fused[3]):
         assert any(abs(a[t].logprob - b[t].logprob) > 1e-3 for a, b in
                    zip(ours.logprobs, base[0].logprobs) for t in a.keys() & b.keys())
+
+
+def test_bfloat16_and_float16_adapters_run_in_c_as_the_eager_forward(tmp_path) -> None:
+    """Adapters stored in bfloat16 and float16 (--lora-dtype, or a bf16 file under auto) next
+    to a float32 one in one batch: C widens their numbers as it loads them, the eager hooks
+    widen them per call, so both sum the same float32 products: the same tokens and
+    logprobs (1e-4). The C tables point at the adapters' own half-width tensors."""
+    llm = engine_of(tiny_gguf(tmp_path, "llama", mixed_type), enable_lora=True, max_loras=3)
+    config = llm.engine.runner.lora.hf_config
+    requests = with_adapters(llm, {
+        1: random_pairs(config, 1, rank=8, dtype=torch.bfloat16),
+        2: random_pairs(config, 2, rank=4, targets=("q_proj", "v_proj"), dtype=torch.float16),
+        3: random_pairs(config, 3, rank=16, targets=("o_proj", "down_proj", "up_proj")),
+    })
+    prompts = [*PROMPTS, PROMPTS[0]]
+    loras = [requests[1], None, requests[2], requests[3]]
+    fused, calls = generate(llm, prompts, loras, enabled=True)
+    model_lora = llm.engine.runner.lora.model_lora
+    assert model_lora.fused(0, 0, 1).a.dtype == torch.bfloat16
+    assert model_lora.fused(0, 0, 2).parts[0].b_t.dtype == torch.float16
+    assert model_lora.fused(0, 1, 3).a.dtype == torch.float32
+    table = llm.engine.runner.whole_stack._lora._tables[0][0]  # layer 0's qkv: slots 0..2
+    pointers = {table[s].a for s in range(3)}
+    assert model_lora.fused(0, 0, 1).a.data_ptr() in pointers  # no copy: its own tensor
+    eager, eager_calls = generate(llm, prompts, loras, enabled=False)
+    assert calls >= 8 and eager_calls == 0
+    assert_same_completions(fused, eager)
+    base, _ = generate(llm, prompts, None, enabled=True)
+    for ours in (fused[0], fused[2]):  # the bf16 and f16 adapters act
+        assert any(abs(a[t].logprob - b[t].logprob) > 1e-3 for a, b in
+                   zip(ours.logprobs, base[0 if ours is fused[0] else 2].logprobs)
+                   for t in a.keys() & b.keys())
 
 
 def test_new_slot_contents_reach_the_next_c_step(tmp_path) -> None:

@@ -108,11 +108,13 @@ def test_every_prototype_has_its_signature_and_only_those() -> None:
 
 
 def test_the_format_codes_are_the_headers() -> None:
-    defines = dict(re.findall(r"#define\s+(FORMAT_\w+|KV_\w+)\s+(\d+)", header()))
+    defines = dict(re.findall(r"#define\s+(FORMAT_\w+|KV_\w+|LORA_\w+)\s+(\d+)", header()))
     assert {f"FORMAT_{f.name}": f.value for f in abi.WeightFormat} == {
         k: int(v) for k, v in defines.items() if k.startswith("FORMAT_")}
     assert {f"KV_{f.name}": f.value for f in abi.KVCacheFormat} == {
         k: int(v) for k, v in defines.items() if k.startswith("KV_")}
+    assert {f"LORA_{f.name}": f.value for f in abi.LoRADtype} == {
+        k: int(v) for k, v in defines.items() if k.startswith("LORA_")}
     assert abi.weight_format("q6k") == 5 and abi.kv_cache_format("fp8_e5m2") == 2
 
 

@@ -136,7 +136,9 @@ def test_half_precision_files_are_read(adapters, tmp_path):
     save_file({k: v.half() for k, v in tensors.items()}, str(folder / "adapter_model.safetensors"))
     adapter = read_adapter(str(folder))
     assert adapter.size_bytes == read_adapter(source).size_bytes // 2
-    pairs = load_lora_weights(adapter)
+    pairs = load_lora_weights(adapter)  # auto: the file's float16 kept (--lora-dtype)
+    assert pairs[(0, "q_proj")].a.dtype == pairs[(0, "q_proj")].b.dtype == torch.float16
+    pairs = load_lora_weights(adapter, torch.float32)
     assert pairs[(0, "q_proj")].a.dtype == torch.float32
     torch.testing.assert_close(pairs[(0, "q_proj")].b @ pairs[(0, "q_proj")].a,
                                deltas[(0, "q_proj")], rtol=0.01, atol=0.01)

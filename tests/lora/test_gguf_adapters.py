@@ -102,16 +102,19 @@ def test_the_llama_files_q_k_rows_were_permuted(converted):
                        load_lora_weights(read_adapter(qwen3_folder))[(1, "q_proj")].b)
 
 
-@pytest.mark.parametrize(("outtype", "tolerance"), [("f16", 1e-3), ("q8_0", 2e-2)])
-def test_rounded_files(converted, outtype, tolerance):
+@pytest.mark.parametrize(("outtype", "tolerance", "dtype"), [
+    ("f16", 1e-3, torch.float16),  # --lora-dtype auto keeps an F16 file's numbers
+    ("q8_0", 2e-2, torch.float32),  # a quantized file becomes float32
+])
+def test_rounded_files(converted, outtype, tolerance, dtype):
     folder, config, paths = converted["llama"]
     adapter = read_adapter(paths[outtype])
     assert adapter.size_bytes < read_adapter(folder).size_bytes / 1.8
     expected = load_lora_weights(read_adapter(folder))
     got = load_lora_weights(adapter, base_config=config)
     for key, pair in expected.items():
-        delta, got_delta = pair.b @ pair.a, got[key].b @ got[key].a
-        assert got[key].a.dtype == torch.float32
+        delta, got_delta = pair.b @ pair.a, got[key].b.float() @ got[key].a.float()
+        assert got[key].a.dtype == got[key].b.dtype == dtype
         assert (got_delta - delta).norm() / delta.norm() < tolerance, key
 
 

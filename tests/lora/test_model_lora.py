@@ -163,12 +163,38 @@ def test_a_model_without_the_four_projections_is_refused(tmp_path) -> None:
         ModelLoRA(pagoda_runner(str(tmp_path)).model, max_loras=1)
 
 
-def test_a_loaded_adapter_holds_its_own_size(tiny) -> None:
-    """Each adapter's fused tensors are its pairs' float32 numbers, once (no merged copy)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_loaded_adapter_holds_its_own_size(tiny, dtype) -> None:
+    """Each adapter's fused tensors are its pairs' numbers in their own dtype, once (no
+    merged copy; B held transposed, (rank, out_size), and nowhere else)."""
     _, _, lora = tiny
-    pairs = random_pairs(4, targets=("q_proj", "k_proj", "o_proj", "up_proj", "down_proj"))
+    pairs = {key: SimpleNamespace(a=p.a.to(dtype), b=p.b.to(dtype)) for key, p in random_pairs(
+        4, targets=("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")).items()}
     lora.add_adapter(4, pairs)
-    assert lora.loaded[4] == 4 * sum(p.a.numel() + p.b.numel() for p in pairs.values())
+    assert lora.loaded[4] == dtype.itemsize * sum(p.a.numel() + p.b.numel()
+                                                  for p in pairs.values())
     assert lora.fused(0, 2, 4).parts[0].out_offset == 96  # up's rows follow gate's
-    assert len(lora.fused(1, 0, 4).parts) == 2 and lora.fused(1, 0, 4).rank == 8
+    qkv = lora.fused(1, 0, 4)
+    assert len(qkv.parts) == 2 and qkv.rank == 8 and qkv.dtype == dtype
+    k_part = qkv.parts[1]
+    assert k_part.b_t.shape == (4, 32) and k_part.b_t.is_contiguous()
+    assert torch.equal(k_part.b_t, pairs[1, "k_proj"].b.T)
     lora.remove_adapter(4)
+
+
+def test_half_width_adapters_compute_in_float32(tiny) -> None:
+    """A bfloat16 adapter's rows in the float32 model are the float32 sums of its numbers
+    widened (the merged model of the widened pairs), and its tensors stay bfloat16."""
+    reference, runner, lora = tiny
+    pairs = {key: SimpleNamespace(a=p.a.bfloat16(), b=p.b.bfloat16())
+             for key, p in random_pairs(5).items()}
+    lora.add_adapter(5, pairs)
+    lora.set_slot(0, 5)
+    step = LoRAStep.from_rows(np.zeros(len(PROMPTS[0]), np.int32), lora.slots)
+    with lora_step(step):
+        ours = runner.prompt_logits([PROMPTS[0]])[0]
+    widened = {key: SimpleNamespace(a=p.a.float(), b=p.b.float()) for key, p in pairs.items()}
+    assert ours.dtype == torch.float32 and lora.fused(0, 0, 5).a.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, merged_logits(reference, widened, PROMPTS[0]),
+                               atol=1e-4, rtol=1e-4)
+    lora.remove_adapter(5)

@@ -76,17 +76,26 @@ MAX_LORA_PARTS = 3
 
 class LoRAPart(ctypes.Structure):
     """struct pagoda_lora_part: one adapted projection of a fused linear, its B transposed
-    (rank, out_size), pre-scaled."""
+    (rank, out_size), pre-scaled, in its slot's dtype."""
 
     _fields_ = [("b_t", _ptr), ("out_offset", _i64), ("out_size", _i64),
                 ("rank_offset", _i64), ("rank", _i64)]
 
 
+class LoRADtype(IntEnum):
+    """LORA_* of kernels.h: the numbers a LoRASlot's A and B^T are stored in (the kernel
+    widens each to float32 as it loads it)."""
+
+    F32 = 0
+    BF16 = 1
+    F16 = 2
+
+
 class LoRASlot(ctypes.Structure):
     """struct pagoda_lora_slot: one adapter over one linear (a NULL: none); A (total_rank,
-    in_features) stacks its parts' A."""
+    in_features) stacks its parts' A; `dtype` a LoRADtype, of A and every part's B^T."""
 
-    _fields_ = [("a", _ptr), ("total_rank", _i64), ("num_parts", _i64),
+    _fields_ = [("a", _ptr), ("dtype", _i64), ("total_rank", _i64), ("num_parts", _i64),
                 ("parts", LoRAPart * MAX_LORA_PARTS)]
 
 

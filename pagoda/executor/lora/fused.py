@@ -8,12 +8,20 @@ matrix and one expand block per target.
 
     FusedLoRA.a   (R, in)   every present target's A stacked (R = the sum of their ranks):
                             one product x @ a^T shrinks a row for all of them at once
-    LoRAPart.b    (out_size, rank)  that target's B, pre-multiplied by its scale; its rows
-                            land at out_offset..out_offset+out_size of the module's output,
-                            its rank at rank_offset..rank_offset+rank of the shrunk row
+    LoRAPart.b_t  (rank, out_size)  that target's B transposed (B^T, contiguous), pre-multiplied
+                            by its scale; its columns land at out_offset..out_offset+out_size
+                            of the module's output, its rows take rank_offset..+rank of the
+                            shrunk row
 
-So delta(x)[:, part.out_offset + o] = sum_k part.b[o, k] * (x @ a^T)[:, part.rank_offset + k].
-A target the adapter lacks is a missing part (its rows get nothing).
+So delta(x)[:, part.out_offset + o] = sum_k (x @ a^T)[:, part.rank_offset + k] * part.b_t[k, o].
+A target the adapter lacks is a missing part (its rows get nothing). B^T is the layout the
+whole-stack C decode step reads (whole-vector loads over outputs), so it points at these
+tensors themselves: an adapter's numbers are held once.
+
+Storage dtype (LoRAConfig.lora_dtype): a and every b_t are one of STORAGE_DTYPES (float32,
+bfloat16, float16), the same for all of an adapter's tensors. The products are computed in
+torch.promote_types(activations, storage): float32 activations always multiply in float32
+(a bf16 / f16 adapter is widened per call, the numbers C widens as it loads them).
 
 Tensor parallelism cuts an adapter like its base layer (parallel/sharding.py): a
 column-parallel module (qkv, gate_up) keeps A whole and takes this rank's rows of each B;
@@ -39,20 +47,25 @@ MODULE_TARGETS: dict[str, tuple[str, ...]] = {
 """Pagoda's hooked modules, in a layer's order, and the PEFT targets each fuses (row order)."""
 
 
+STORAGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The numbers an adapter's fused tensors may be stored in (the C kernel's LORA_* dtypes)."""
+
+
 @dataclass
 class LoRAPart:
     out_offset: int
     out_size: int
     rank_offset: int
     rank: int
-    b: torch.Tensor
-    """(out_size, rank), contiguous float32, scale folded in."""
+    b_t: torch.Tensor
+    """(rank, out_size), contiguous, B^T with the scale folded in; the adapter's dtype."""
 
 
 @dataclass
 class FusedLoRA:
     a: torch.Tensor
-    """(R, in), contiguous float32: the parts' A matrices stacked in part order."""
+    """(R, in), contiguous: the parts' A matrices stacked in part order (one of
+    STORAGE_DTYPES, shared by every part's b_t)."""
     parts: list[LoRAPart]
 
     @property
@@ -60,30 +73,38 @@ class FusedLoRA:
         return self.a.shape[0]
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.a.dtype
+
+    @property
     def nbytes(self) -> int:
-        return self.a.nbytes + sum(part.b.nbytes for part in self.parts)
+        return self.a.nbytes + sum(part.b_t.nbytes for part in self.parts)
 
     def to(self, device: torch.device) -> FusedLoRA:
         """This adapter with its tensors on `device` (itself where they are there)."""
         if self.a.device == device:
             return self
         return FusedLoRA(self.a.to(device), [
-            LoRAPart(p.out_offset, p.out_size, p.rank_offset, p.rank, p.b.to(device))
+            LoRAPart(p.out_offset, p.out_size, p.rank_offset, p.rank, p.b_t.to(device))
             for p in self.parts])
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, row_wise: bool = False) -> None:
-        """out (n, out_features) += this adapter's delta for x (n, in), in place.
-        `row_wise`: each row's products computed alone (--deterministic: a row's bits then
-        do not depend on the other rows, see executor/batch_invariant.py)."""
+        """out (n, out_features) += this adapter's delta for x (n, in), in place, computed in
+        promote_types(x, storage) (float32 activations: float32). `row_wise`: each row's
+        products computed alone (--deterministic: a row's bits then do not depend on the
+        other rows, see executor/batch_invariant.py)."""
         product = linear_rows if row_wise else F.linear
-        shrunk = product(x.to(self.a.dtype), self.a)  # (n, R)
+        compute = torch.promote_types(x.dtype, self.a.dtype)
+        shrunk = product(x.to(compute), self.a.to(compute))  # (n, R)
         for part in self.parts:
-            delta = product(shrunk[:, part.rank_offset:part.rank_offset + part.rank], part.b)
+            delta = product(shrunk[:, part.rank_offset:part.rank_offset + part.rank],
+                            part.b_t.to(compute).T)
             out[:, part.out_offset:part.out_offset + part.out_size] += delta.to(out.dtype)
 
     def delta(self, x: torch.Tensor, out_features: int, row_wise: bool = False) -> torch.Tensor:
-        """The (n, out_features) float32 delta for x (n, in)."""
-        out = torch.zeros(x.shape[0], out_features, dtype=self.a.dtype, device=self.a.device)
+        """The (n, out_features) delta for x (n, in), in promote_types(x, storage)."""
+        out = torch.zeros(x.shape[0], out_features,
+                          dtype=torch.promote_types(x.dtype, self.a.dtype), device=self.a.device)
         self.add_to(out, x, row_wise)
         return out
 
@@ -105,10 +126,21 @@ class ModuleShape:
     columns: tuple[int, int] | None = None
 
 
-def fuse(shape: ModuleShape, pairs: dict, layer: int) -> FusedLoRA | None:
-    """The FusedLoRA of one adapter's `pairs` ({(layer, target): LoRAPair}, B pre-scaled) for
-    the module `shape` describes at `layer`; None where the adapter has none of its targets.
-    ValueError where a pair's shapes disagree with the base's."""
+def storage_dtype(pairs: dict) -> torch.dtype:
+    """The dtype an adapter's `pairs` are fused in: theirs where all share one of
+    STORAGE_DTYPES, else float32 (exactly, for float16 and bfloat16 alike)."""
+    dtypes = {t.dtype for pair in pairs.values() for t in (pair.a, pair.b)}
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= set(STORAGE_DTYPES) else torch.float32
+
+
+def fuse(shape: ModuleShape, pairs: dict, layer: int,
+         dtype: torch.dtype = torch.float32) -> FusedLoRA | None:
+    """The FusedLoRA of one adapter's `pairs` ({(layer, target): LoRAPair}, B (out, rank)
+    pre-scaled) for the module `shape` describes at `layer`, its tensors in `dtype` (one of
+    STORAGE_DTYPES; B transposed once, here); None where the adapter has none of its
+    targets. ValueError where a pair's shapes disagree with the base's."""
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"LoRA adapters are stored in float32, bfloat16 or float16, not {dtype}")
     a_blocks, parts, rank_offset, out_offset = [], [], 0, 0
     for target, out_size, (start, stop) in zip(shape.targets, shape.out_sizes, shape.rows,
                                                strict=True):
@@ -122,9 +154,9 @@ def fuse(shape: ModuleShape, pairs: dict, layer: int) -> FusedLoRA | None:
                     f"{tuple(pair.b.shape)} do not fit the base's ({out_size}, "
                     f"{shape.in_features}) projection")
             a = pair.a if shape.columns is None else pair.a[:, shape.columns[0]:shape.columns[1]]
-            a_blocks.append(a.to(torch.float32))
+            a_blocks.append(a.to(dtype))
             parts.append(LoRAPart(out_offset, stop - start, rank_offset, rank,
-                                  pair.b[start:stop].to(torch.float32).contiguous()))
+                                  pair.b[start:stop].to(dtype).T.contiguous()))
             rank_offset += rank
         out_offset += stop - start
     if not parts:

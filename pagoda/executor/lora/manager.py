@@ -13,6 +13,7 @@ requests remain) frees them here.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -29,22 +30,27 @@ from pagoda.lora.request import LoRARequest
 logger = logging.getLogger(__name__)
 
 
-def load_adapter_pairs(request: LoRARequest, hf_config, max_lora_rank: int) -> dict:
+def load_adapter_pairs(request: LoRARequest, hf_config, max_lora_rank: int,
+                       lora_dtype: str = "auto") -> dict:
     """{(layer, target): LoRAPair} of the adapter at request.lora_path, checked against the
-    base model's HF config; LoRAAdapterError (a ValueError) naming what is wrong."""
+    base model's HF config, in `lora_dtype` (LoRAConfig's: auto keeps the file's);
+    LoRAAdapterError (a ValueError) naming what is wrong."""
     adapter = read_adapter(request.lora_path)
     check_adapter(adapter, hf_config, max_lora_rank)
-    return load_lora_weights(adapter, base_config=hf_config)
+    return load_lora_weights(adapter, lora_dtype, base_config=hf_config)
 
 
 class LoRAManager:
     def __init__(self, model_lora: ModelLoRA, config: LoRAConfig, hf_config,
-                 load: Callable[[LoRARequest, object, int], dict] = load_adapter_pairs) -> None:
+                 load: Callable[[LoRARequest, object, int], dict] | None = None) -> None:
+        """`load` (request, hf_config, max_lora_rank) -> pairs; default load_adapter_pairs in
+        config.lora_dtype."""
         self.model_lora = model_lora
         self.max_loaded = config.max_loaded
         self.max_lora_rank = config.max_lora_rank
         self.hf_config = hf_config
-        self._load = load
+        self._load = load or functools.partial(load_adapter_pairs,
+                                               lora_dtype=config.lora_dtype)
         self.lru: OrderedDict[int, LoRARequest] = OrderedDict()
         """Loaded adapters, least recently used first."""
 

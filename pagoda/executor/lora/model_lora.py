@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagoda.executor.lora.fused import MODULE_TARGETS, FusedLoRA, ModuleShape, fuse
+from pagoda.executor.lora.fused import MODULE_TARGETS, FusedLoRA, ModuleShape, fuse, storage_dtype
 from pagoda.executor.lora.step import current_lora_step
 from pagoda.executor.models.llama import head_dim_of
 
@@ -65,14 +65,16 @@ class ModelLoRA:
 
     def add_adapter(self, lora_int_id: int, pairs: dict) -> None:
         """Fuse an adapter's pairs ({(layer, target): LoRAPair}, B pre-scaled: the files'
-        load_lora_weights) into every hooked module. ValueError naming what does not fit
+        load_lora_weights) into every hooked module, kept in the pairs' own dtype (fused.py's
+        storage_dtype: the loader applied --lora-dtype). ValueError naming what does not fit
         (a layer the model lacks, an unknown target, shapes), before anything is added."""
         targets = {t for names in MODULE_TARGETS.values() for t in names}
         for layer, target in pairs:
             if target not in targets or not 0 <= layer < self.num_layers:
                 raise ValueError(f"LoRA adapter {lora_int_id}: layer {layer} {target} is not "
                                  f"one of this model's {self.num_layers} layers' projections")
-        fused = [[_on(fuse(shape, pairs, layer), self.device) for shape in shapes]
+        dtype = storage_dtype(pairs)
+        fused = [[_on(fuse(shape, pairs, layer, dtype), self.device) for shape in shapes]
                  for layer, shapes in enumerate(self.shapes)]
         self.remove_adapter(lora_int_id)
         size = 0

@@ -172,17 +172,26 @@ void pagoda_silu_and_mul_f32(const float *gate_up, int64_t T, int64_t I, float *
 /* One adapted projection of a fused linear (q_proj of qkv_proj, ...): its outputs
  * out_offset .. out_offset + out_size of the linear get u[rank_offset .. + rank] B^T. */
 struct pagoda_lora_part {
-    const float *b_t;           /* (rank, out_size) row-major: B^T, B pre-scaled (alpha / r) */
+    const void *b_t;            /* (rank, out_size) row-major: B^T, B pre-scaled (alpha / r),
+                                   in the slot's dtype */
     int64_t out_offset;
     int64_t out_size;
     int64_t rank_offset;        /* its rows of the slot's A */
     int64_t rank;
 };
 
+/* An adapter's stored numbers (LoRAConfig.lora_dtype), each widened to float32 exactly as
+ * it is loaded (bf16: the 16 bits shifted up; f16: vec_f32.h's load_f16), so every build
+ * sums the same float32 products. */
+#define LORA_F32 0
+#define LORA_BF16 1
+#define LORA_F16 2
+
 /* One adapter over one linear: y_i += sum over parts of (A x_i)[part's ranks] B_part^T.
  * a NULL: no adapter in this slot, or it does not adapt this linear. */
 struct pagoda_lora_slot {
-    const float *a;             /* (total_rank, in_features) row-major, the parts' A stacked */
+    const void *a;              /* (total_rank, in_features) row-major, the parts' A stacked */
+    int64_t dtype;              /* LORA_*: of a and of every part's b_t */
     int64_t total_rank;
     int64_t num_parts;
     struct pagoda_lora_part parts[MAX_LORA_PARTS];
