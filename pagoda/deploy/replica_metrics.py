@@ -111,7 +111,8 @@ class ReplicaMetricsServer:
 
 def serve_replica_metrics(collector) -> ReplicaMetricsServer | None:
     """Inside a Ray Serve replica: serve `collector` on a free port of this node's IP and
-    publish it; None outside a replica (nothing to discover)."""
+    publish it; None outside a replica (nothing to discover) or when that failed (logged:
+    metrics are no reason to refuse serving)."""
     import ray
     from ray import serve
     from ray.serve.exceptions import RayServeException
@@ -122,9 +123,14 @@ def serve_replica_metrics(collector) -> ReplicaMetricsServer | None:
         return None
     app, deployment = context.app_name, context.deployment
     replica = context.replica_id.unique_id
-    return ReplicaMetricsServer(
-        collector, lambda address: ReplicaEndpoint(app, deployment, replica, address),
-        host=ray.util.get_node_ip_address())
+    try:
+        return ReplicaMetricsServer(
+            collector, lambda address: ReplicaEndpoint(app, deployment, replica, address),
+            host=ray.util.get_node_ip_address())
+    except Exception as e:  # noqa: BLE001 - a port or the KV: serve anyway, say so
+        logger.warning("replica %s: its metrics port could not be published (%s: %s); "
+                       "Prometheus will not find it", replica, type(e).__name__, e)
+        return None
 
 
 def _url_host(host: str) -> str:
