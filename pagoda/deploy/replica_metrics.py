@@ -94,7 +94,12 @@ class ReplicaMetricsServer:
         self.endpoint = endpoint_of(f"{_url_host(host)}:{self._server.server_port}")
         self._kv_put = kv_put or _ray_kv_put
         self._kv_del = kv_del or _ray_kv_del
-        self._kv_put(self.endpoint.key, self.endpoint.to_json())
+        try:
+            self._kv_put(self.endpoint.key, self.endpoint.to_json())
+        except BaseException:
+            self._server.shutdown()
+            self._server.server_close()
+            raise
         logger.info("replica %s: metrics at http://%s/metrics", self.endpoint.replica,
                     self.endpoint.address)
 
