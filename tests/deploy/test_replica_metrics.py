@@ -151,7 +151,7 @@ def test_prometheus_reads_the_targets_file_with_the_shipped_job(tmp_path):
     TargetsFileWriter(tmp_path / sd["files"][0], lambda: list(kv.values()),
                       lambda: details(a="RUNNING", b="RUNNING"), kv.pop).sync()
     result = subprocess.run([PROMTOOL, "check", "service-discovery", "prometheus.yml",
-                             "pagoda", "--timeout=5s"], cwd=tmp_path, capture_output=True,
+                             "pagoda", "--timeout=1s"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     discovered = json.loads(result.stdout)
