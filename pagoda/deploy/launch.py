@@ -115,6 +115,9 @@ def run_ray_serve(args: argparse.Namespace, build_state: Callable) -> int:
     import ray
     from ray import serve
 
+    pagoda_logger = logging.getLogger("pagoda")
+    if pagoda_logger.getEffectiveLevel() > logging.INFO:
+        pagoda_logger.setLevel(logging.INFO)  # the deployment, the ledger, the shutdown
     started_local = connect(args.ray_address)
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set())

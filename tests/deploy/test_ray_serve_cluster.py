@@ -114,6 +114,8 @@ def deployment(tiny_folder, offline_texts, tmp_path_factory):
                                "--metrics-targets-file", targets_file,
                                "--ledger-port", str(ledger_port)], startup_timeout=300)
         ray.init(address=cluster.address)
+        # the driver's monitors start once serve.run returned, maybe after the proxy answered
+        wait_until(lambda: os.path.exists(targets_file), 60, "the targets file written")
         yield Deployment(server, cluster, tiny_folder, flags, targets_file, ledger_port)
         assert server.stop(timeout=120) == 0, server.log_text()[-3000:]
         with open(targets_file) as f:
