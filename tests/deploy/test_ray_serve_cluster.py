@@ -58,7 +58,7 @@ SERVE_FLAGS = [
 
 class Deployment:
     def __init__(self, server: RemoteServer, cluster, folder: str, flags: list[str],
-                 targets_file: str, ledger_port: int) -> None:
+                 targets_file: str = "", ledger_port: int = 0) -> None:
         self.server, self.cluster, self.folder, self.flags = server, cluster, folder, flags
         self.url = server.url
         self.targets_file, self.ledger_port = targets_file, ledger_port
