@@ -8,10 +8,14 @@ Lifecycle (Ray Serve drives it):
   serving) and enter the app's lifespan (the model registry starts).
 - handle: one request; yields ACCEPTED first, then what the app sends. Every response
   carries `x-pagoda-replica: <replica id>`.
+- metrics: the page GET /metrics gives is also served on a port of its own, published for
+  the driver's Prometheus targets file (replica_metrics.py): through the proxy, GET /metrics
+  reaches one replica only.
 - check_health (every --health-check-period s): raises once an engine loop died, so Ray
   Serve replaces the replica (its in-flight streams already ended with an error event).
 - __del__ (graceful shutdown, after Ray Serve let in-flight requests finish for up to
-  graceful_shutdown_timeout_s): refuse new work, leave the lifespan (engines stop).
+  graceful_shutdown_timeout_s): refuse new work, withdraw the metrics port, leave the
+  lifespan (engines stop).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class PagodaEngine:
                        build_state: Callable[[argparse.Namespace], ServerState]) -> None:
         """`build_state`: cli/serve.build_server_state (passed in, by reference, rather than
         imported: the CLI imports this package, so importing it back would be a cycle)."""
-        from pagoda.entrypoints.openai.server import build_app
+        from pagoda.deploy.replica_metrics import serve_replica_metrics
+        from pagoda.entrypoints.openai.server import build_app, metrics_page
 
         logging.getLogger("pagoda").setLevel(logging.INFO)
         args = argparse.Namespace(**serve_args)
@@ -57,6 +62,7 @@ class PagodaEngine:
         self.tag = replica_tag().encode()
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
+        self.metrics_server = serve_replica_metrics(metrics_page(self.state))
         logger.info("replica %s serving %r", self.tag.decode(), self.state.model_name)
 
     async def handle(self, request: ForwardedRequest) -> AsyncIterator[object]:
@@ -83,4 +89,6 @@ class PagodaEngine:
         if not hasattr(self, "_lifespan"):
             return  # __init__ failed: nothing started that a lifespan would stop
         self.state.draining = True
+        if getattr(self, "metrics_server", None) is not None:
+            self.metrics_server.close()
         await self._lifespan.__aexit__(None, None, None)

@@ -13,6 +13,7 @@ No Ray import here (the flags are parsed by every `pagoda serve`): app.py turns
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 2
@@ -76,6 +77,16 @@ def add_ray_serve_args(parser: argparse.ArgumentParser) -> None:
                             "(default: %(default)s)")
     group.add_argument("--app-name", default=DEFAULT_APP_NAME,
                        help="the Ray Serve application's name (default: %(default)s)")
+    group.add_argument("--ledger-port", type=int, default=None, metavar="PORT",
+                       help="serve the autoscaler ledger's series (replicas, replica-hours, "
+                            "scaling decisions, cost) on http://0.0.0.0:PORT/metrics for "
+                            "Prometheus; 0: a free port, logged (default: none; the ledger "
+                            "is logged either way)")
+    group.add_argument("--metrics-targets-file", default=None, metavar="PATH",
+                       help="keep PATH a Prometheus file_sd targets file listing every engine "
+                            "replica's own metrics address (GET /metrics through the proxy "
+                            "reaches one replica only); rewritten atomically as replicas come "
+                            "and go (default: none)")
 
 
 def check_ray_serve_args(args: argparse.Namespace) -> None:
@@ -102,6 +113,14 @@ def check_ray_serve_args(args: argparse.Namespace) -> None:
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0 seconds, got "
                              f"{getattr(args, flag)}")
+    if args.ledger_port is not None and not 0 <= args.ledger_port <= 65535:
+        raise ValueError(f"--ledger-port must be a port number (0..65535; 0: a free one), "
+                         f"got {args.ledger_port}")
+    if args.metrics_targets_file is not None:
+        folder = Path(args.metrics_targets_file).parent
+        if not folder.is_dir():
+            raise ValueError(f"--metrics-targets-file {args.metrics_targets_file}: no folder "
+                             f"{folder} to write it in")
     if args.ray_serve and (args.ssl_keyfile or args.ssl_certfile):
         raise ValueError("--ray-serve serves plain HTTP on Ray Serve's proxy: terminate TLS in "
                          "front of it (drop --ssl-keyfile/--ssl-certfile)")

@@ -5,6 +5,9 @@ a head and one added node, two CPUs each; each engine replica reserves one): `pa
 - the OpenAI routes answer through Ray Serve's proxy, streaming included, greedy answers
   equal to the offline engine's;
 - a burst scales the engines 1 -> 2 and idleness back to 1, every answer greedy-equal;
+- each engine replica's own metrics port is in the --metrics-targets-file (both replicas
+  at 2, one again at 1), each page its replica's pagoda:* series; the autoscaler ledger's
+  series on --ledger-port, its summary logged at exit;
 - a replica killed under load costs only streams it was running, then capacity returns;
 - a rolling upgrade (another engine setting) under load fails no request;
 - a bad upgrade (a model that fails to load) stops, the old version still serving;
@@ -32,7 +35,7 @@ from tests.deploy.serve_load import (
     stream_one,
     wait_until,
 )
-from tests.entrypoints.server_helpers import RemoteServer
+from tests.entrypoints.server_helpers import RemoteServer, free_port
 
 ray = pytest.importorskip("ray", reason="make test installs Ray (the [ray] extra)")
 pytest.importorskip("ray.serve", reason="make test installs Ray Serve (ray[serve])")
@@ -54,9 +57,11 @@ SERVE_FLAGS = [
 
 
 class Deployment:
-    def __init__(self, server: RemoteServer, cluster, folder: str, flags: list[str]) -> None:
+    def __init__(self, server: RemoteServer, cluster, folder: str, flags: list[str],
+                 targets_file: str = "", ledger_port: int = 0) -> None:
         self.server, self.cluster, self.folder, self.flags = server, cluster, folder, flags
         self.url = server.url
+        self.targets_file, self.ledger_port = targets_file, ledger_port
 
     def redeploy(self, extra: list[str]) -> None:
         """A deployment update of the app with these flags added (a rolling upgrade)."""
@@ -91,7 +96,7 @@ def tiny_folder(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(tiny_folder, offline_texts):
+def deployment(tiny_folder, offline_texts, tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     from tests.ray_cluster import wait_for_free_cpus
@@ -102,12 +107,20 @@ def deployment(tiny_folder, offline_texts):
     cluster.add_node(num_cpus=2)
     flags = ["--model", tiny_folder, *SERVE_FLAGS]
     server = None
+    targets_file = str(tmp_path_factory.mktemp("prometheus") / "pagoda_targets.json")
+    ledger_port = free_port()
     try:
-        server = RemoteServer([*flags, "--ray-address", cluster.address],
-                              startup_timeout=300)
+        server = RemoteServer([*flags, "--ray-address", cluster.address,
+                               "--metrics-targets-file", targets_file,
+                               "--ledger-port", str(ledger_port)], startup_timeout=300)
         ray.init(address=cluster.address)
-        yield Deployment(server, cluster, tiny_folder, flags)
+        # the driver's monitors start once serve.run returned, maybe after the proxy answered
+        wait_until(lambda: os.path.exists(targets_file), 60, "the targets file written")
+        yield Deployment(server, cluster, tiny_folder, flags, targets_file, ledger_port)
         assert server.stop(timeout=120) == 0, server.log_text()[-3000:]
+        with open(targets_file) as f:
+            assert json.load(f) == []  # the app is gone: no targets left
+        assert "autoscaler ledger: {" in server.log_text()
         # the app was deleted: its replicas' CPUs are free again
         assert wait_for_free_cpus(ray, ray.cluster_resources()["CPU"], 60) == \
             ray.cluster_resources()["CPU"]
@@ -168,6 +181,53 @@ def test_autoscales_up_under_a_burst_and_down_when_idle(deployment, offline_text
     assert_greedy(outcomes, offline_texts)
     assert len({o.replica for o in outcomes}) >= 2  # the new replica served too
     wait_until(lambda: running_replicas() == 1, 120, "scaled back down to 1 replica")
+
+
+def metrics_targets(deployment) -> dict[str, str]:
+    """{serve_replica: "ip:port"} of the targets file."""
+    with open(deployment.targets_file) as f:
+        return {g["labels"]["serve_replica"]: g["targets"][0] for g in json.load(f)}
+
+
+def sample(page: str, name: str, **labels: str) -> float:
+    """Sum of the samples named `name` (with these labels) on a metrics page, without a
+    data-parallel `replica` label (the totals the alert rules read)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(page)
+               for s in family.samples if s.name == name and not s.labels.get("replica")
+               and labels.items() <= s.labels.items())
+
+
+def ledger_replicas(deployment) -> float:
+    page = httpx.get(f"http://127.0.0.1:{deployment.ledger_port}/metrics", timeout=30).text
+    return sample(page, "pagoda:serve_replicas", deployment="PagodaEngine")
+
+
+def test_every_replica_is_scraped_on_its_own_from_the_targets_file(deployment) -> None:
+    wait_until(lambda: len(metrics_targets(deployment)) == 1, 30, "the targets file lists 1")
+    with Load(deployment.url, concurrency=8) as load:
+        wait_until(lambda: running_replicas() == 2, 120, "scaled up to 2 replicas")
+        wait_until(lambda: len(metrics_targets(deployment)) == 2, 30,
+                   "the targets file lists both replicas")
+        targets = metrics_targets(deployment)
+        wait_until(lambda: len({o.replica for o in load.outcomes if o.error is None}) == 2,
+                   60, "answers from both replicas")
+        wait_until(lambda: ledger_replicas(deployment) == 2, 30, "the ledger counts 2")
+        outcomes = load.stop()
+    served = {o.replica for o in outcomes if o.error is None}
+    assert served <= set(targets), (served, targets)  # labelled with Serve's replica id
+    pages = {rid: httpx.get(f"http://{address}/metrics", timeout=30).text
+             for rid, address in targets.items()}
+    for rid, page in pages.items():
+        assert 'pagoda:prompt_tokens_total{model_name="tiny"}' in page, rid
+        answered = sum(1 for o in outcomes if o.replica == rid and o.error is None)
+        assert sample(page, "pagoda:request_success_total") >= answered > 0, rid
+    wait_until(lambda: running_replicas() == 1, 120, "scaled back down to 1 replica")
+    wait_until(lambda: len(metrics_targets(deployment)) == 1, 30, "the targets file lists 1")
+    (gone,) = set(targets) - set(metrics_targets(deployment))
+    with pytest.raises(httpx.HTTPError):  # the removed replica's port closed with it
+        httpx.get(f"http://{targets[gone]}/metrics", timeout=5)
 
 
 def test_a_replica_killed_under_load_costs_only_its_streams(deployment, offline_texts) -> None:

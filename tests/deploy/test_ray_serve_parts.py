@@ -166,6 +166,9 @@ def test_flags_make_the_deployment_options() -> None:
     (["--target-ongoing-requests", "0"], "--target-ongoing-requests must be > 0"),
     (["--ingress-replicas", "0"], "--ingress-replicas must be >= 1"),
     (["--assign-timeout", "0"], "--assign-timeout must be > 0"),
+    (["--ledger-port", "70000"], "--ledger-port must be a port number"),
+    (["--metrics-targets-file", "/no/such/folder/t.json"],
+     "--metrics-targets-file /no/such/folder/t.json: no folder /no/such/folder"),
 ])
 def test_bad_ray_serve_flags_are_usage_errors(argv, message, capsys) -> None:
     assert main(["serve", "--ray-serve", *argv]) == 2

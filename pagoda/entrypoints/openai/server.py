@@ -525,15 +525,21 @@ async def version(registry: Registry) -> JSONResponse:
     return JSONResponse(VersionResponse(version=pagoda.__version__, models=models).model_dump())
 
 
-async def metrics(state: State, registry: Registry) -> Response:
-    """The server process's registry and each served model's, as one page."""
+def metrics_page(state: ServerState) -> MergedRegistries:
+    """The server process's registry and each served model's, as one collector (read at
+    each scrape: models come and go); GET /metrics and a Ray Serve replica's own metrics
+    port (deploy/replica_metrics.py) serve it."""
     def registries() -> list[CollectorRegistry]:
         own = [state.server_registry] if state.server_registry is not None else []
-        return own + [model.metrics.registry for model in registry.all_models()
-                      if model.metrics is not None]
+        models = state.registry.all_models() if state.registry is not None else ()
+        return own + [model.metrics.registry for model in models if model.metrics is not None]
 
-    return Response(generate_latest(MergedRegistries(registries)),
-                    media_type=CONTENT_TYPE_LATEST)
+    return MergedRegistries(registries)
+
+
+async def metrics(state: State) -> Response:
+    """The server process's registry and each served model's, as one page."""
+    return Response(generate_latest(metrics_page(state)), media_type=CONTENT_TYPE_LATEST)
 
 
 ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
