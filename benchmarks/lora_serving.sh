@@ -6,8 +6,10 @@
 #   - 1 stream: base alone, then every request through one adapter;
 # and the resident memory each server holds after loading its adapters.
 #
-#   benchmarks/lora_serving.sh OUT_DIR
+#   [ADAPTER_DTYPE=bfloat16|float32] benchmarks/lora_serving.sh OUT_DIR
 #
+# (adapters saved in ADAPTER_DTYPE, default bfloat16 as adapters trained in bf16 are saved;
+# `--lora-dtype auto` serves each in its file's dtype)
 # Every figure lands in OUT_DIR (one JSON per bench run; rss.txt). Runs wait for the 1-minute
 # load average to fall below 1.0 first.
 set -euo pipefail
@@ -20,7 +22,8 @@ URL=http://127.0.0.1:$PORT
 
 source "$(dirname "$0")/lib.sh"  # quiet, start_server
 
-[ -d "$OUT/adapters/adapter-3" ] || $PY benchmarks/lora_adapters.py "$OUT/adapters" --count 4 --rank 16
+[ -d "$OUT/adapters/adapter-3" ] || $PY benchmarks/lora_adapters.py "$OUT/adapters" --count 4 --rank 16 \
+  --dtype "${ADAPTER_DTYPE:-bfloat16}"
 MODULES=()
 for i in 0 1 2 3; do MODULES+=("a$i=$OUT/adapters/adapter-$i"); done
 
