@@ -244,11 +244,9 @@ def test_a_replica_killed_under_load_costs_only_its_streams(deployment, offline_
         outcomes = load.stop()
     failed = [o for o in outcomes if o.error is not None]
     assert all(o.replica in (victim, None) for o in failed), failed
-    # its streams (a few more may have started in the moment before the kill landed), and
-    # requests it had accepted but not yet answered: at most its --max-ongoing-requests
-    assert len(failed) <= 6
-    mid_stream = [o for o in failed if o.replica == victim]
-    assert len(mid_stream) <= victim_open + 2, (mid_stream, victim_open)
+    # only its streams (a few more may have started in the moment before the kill landed):
+    # requests it had accepted but not yet answered went on to the living replica
+    assert len(failed) <= victim_open + 2, (failed, victim_open)
     for o in failed:
         assert o.error in ("replica_died", "http 503"), o
         if o.status == 503:
