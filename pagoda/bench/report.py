@@ -185,6 +185,9 @@ def format_sweep(runs: Sequence[dict]) -> str:
     has_spec_decode = any("spec_decode" in r["summary"] for r in runs)
     if has_spec_decode:
         header.append("accepted len")
+    has_turns = any("ttft_later_turns_s" in r["summary"] for r in runs)
+    if has_turns:
+        header.append("TTFT p95 turns>=2 ms")
     rows = []
     for run in runs:
         s = run["summary"]
@@ -197,6 +200,8 @@ def format_sweep(runs: Sequence[dict]) -> str:
         if has_spec_decode:
             row.append(f"{s['spec_decode']['mean_accepted_length']:.2f}"
                        if "spec_decode" in s else "-")
+        if has_turns:
+            row.append(_ms((s.get("ttft_later_turns_s") or {}).get("p95")))
         rows.append(row)
     return markdown_table(header, rows)
 

@@ -148,6 +148,10 @@ def test_per_turn_figures_use_only_that_turns_successful_requests():
     assert summary["ttft_later_turns_s"]["p95"] == pytest.approx(np.percentile(turn2, 95))
     text = report.format_serve_summary(summary, "t")
     assert "turn 3" in text and "turns >= 2" in text
+    sweep = report.format_sweep([{"request_rate": "inf", "max_concurrency": 2,
+                                  "summary": summary}]).splitlines()
+    assert sweep[0].rstrip(" |").endswith("TTFT p95 turns>=2 ms")
+    assert sweep[2].rstrip(" |").endswith(f"{np.percentile(turn2, 95) * 1000:.1f}")
     # single-turn workloads carry no per-turn figures
     assert "ttft_by_turn_s" not in summarize([record(0, 0.1)], duration=1.0)
 
