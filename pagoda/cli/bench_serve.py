@@ -60,7 +60,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"{', '.join(BUILTIN_DATASETS)}, or a JSON/JSONL file of prompts "
                         "(prompt, messages or ShareGPT conversations)")
     w.add_argument("--num-requests", type=int, default=None,
-                   help=f"requests (turns) in all (default {DEFAULT_NUM_REQUESTS}; multi-turn "
+                   help=f"requests (turns) in all (default: {DEFAULT_NUM_REQUESTS}; multi-turn "
                         "with --num-users: users x turns)")
     w.add_argument("--input-len", type=int, default=None,
                    help=f"prompt tokens (random); question / user-turn tokens (shared-prefix, "
@@ -83,7 +83,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "/ --num-turns)")
     w.add_argument("--system-prompt-len", type=int, default=None,
                    help="multi-turn: tokens of a system prompt every user's conversation "
-                        "starts with (default 0: none)")
+                        "starts with (default: 0, none)")
     w.add_argument("--tokenizer", default=None,
                    help="GGUF file or HF folder whose tokenizer builds the prompts "
                         "(default: the bundled model's)")
