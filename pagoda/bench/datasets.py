@@ -10,7 +10,10 @@ really gave to them. A single-turn workload is conversations of one turn.
 - shared-prefix: a few long system prompts, each shared by many users with short questions:
                  the server's prefix cache should make all but the first prefill of a prefix
                  cheap.
-- multi-turn:    conversations of `num_turns` turns that grow turn by turn.
+- multi-turn:    users (conversations) of `num_turns` turns that grow turn by turn, each
+                 turn re-sending the whole history (a shared system prompt of
+                 `system_prompt_len` tokens, earlier user turns, the server's own replies)
+                 and a new user message of `input_len` tokens.
 - grounded:      a passage of `input_len` tokens of English prose (pagoda/bench/prose.py),
                  different for every request, then an instruction to copy from it (repeat
                  it, quote its first sentences, copy it with a word replaced): the output
@@ -160,18 +163,28 @@ def shared_prefix_dataset(
 
 
 def multi_turn_dataset(
-    tokenizer, num_requests: int, num_turns: int, input_len: int, output_len: int, seed: int
+    tokenizer, num_requests: int, num_turns: int, input_len: int, output_len: int, seed: int,
+    system_prompt_len: int = 0,
 ) -> list[Conversation]:
-    """Conversations of `num_turns` user turns of `input_len` tokens (the last one shorter if
-    num_requests is not a multiple), `num_requests` turns in all."""
+    """Conversations (users) of `num_turns` user turns of `input_len` tokens (the last one
+    shorter if num_requests is not a multiple), `num_requests` turns in all. With
+    `system_prompt_len` > 0 every conversation starts with the same system prompt of that
+    many tokens (drawn first from `seed`). Turn t's request then carries the system prompt,
+    turns 0..t-1 with the server's real replies, and turn t (client.conversation_messages)."""
     rng = np.random.default_rng(seed)
     vocab_ids = sampleable_token_ids(tokenizer)
+    history = []
+    if system_prompt_len > 0:
+        history = [{"role": "system",
+                    "content": random_text(tokenizer, rng, vocab_ids, system_prompt_len)}]
     conversations = []
     remaining = num_requests
     while remaining > 0:
         count = min(num_turns, remaining)
         turns = [random_text(tokenizer, rng, vocab_ids, input_len) for _ in range(count)]
-        conversations.append(Conversation(turns=turns, output_lens=[output_len] * count))
+        conversations.append(Conversation(
+            turns=turns, output_lens=[output_len] * count, history=list(history),
+            prompt_lens=[system_prompt_len + input_len] + [None] * (count - 1)))
         remaining -= count
     return conversations
 

@@ -15,6 +15,9 @@ sent         first token            token k       last token / [DONE]
   not the number of chunks (a chunk can carry several tokens, or none while a multi-byte
   character is incomplete).
 - Goodput: successful requests per second that meet every bound of the SLO.
+- TTFT by turn (multi-turn workloads): the TTFT statistics of the successful requests of
+  each turn number (1 = a conversation's first turn), and of every turn from the second on
+  ("later turns": the ones a prefix cache can serve from the history).
 """
 
 from __future__ import annotations
@@ -177,6 +180,19 @@ def requests_by_model(records: Sequence[RequestRecord]) -> dict[str, dict[str, i
     return dict(sorted(counts.items()))
 
 
+def ttft_by_turn(records: Sequence[RequestRecord]) -> list[dict]:
+    """One entry per turn number, in order: {"turn": n (1 = first), "requests": successful
+    requests of that turn with a TTFT, **describe(their TTFTs)}. A turn with no such request
+    (all failed) is listed with requests 0 and None statistics."""
+    last = max((r.turn for r in records if r.turn is not None), default=-1)
+    by_turn: list[list[float]] = [[] for _ in range(last + 1)]
+    for r in records:
+        if r.success and r.turn is not None and r.ttft is not None:
+            by_turn[r.turn].append(r.ttft)
+    return [{"turn": t + 1, "requests": len(values), **describe(values)}
+            for t, values in enumerate(by_turn)]
+
+
 def summarize(
     records: Sequence[RequestRecord], duration: float, slo: dict[str, float] | None = None
 ) -> dict:
@@ -208,6 +224,10 @@ def summarize(
         "itl_s": describe([gap for r in ok for gap in r.itl]),
         "e2el_s": describe([r.latency for r in ok if r.latency is not None]),
     }
+    if any(r.turn for r in records):  # some conversation has a second turn
+        summary["ttft_by_turn_s"] = ttft_by_turn(records)
+        summary["ttft_later_turns_s"] = describe(
+            [r.ttft for r in ok if r.turn and r.ttft is not None])
     if any(r.model is not None for r in records):
         summary["requests_by_model"] = requests_by_model(records)
     if slo:

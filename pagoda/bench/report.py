@@ -4,7 +4,9 @@ Result files share one envelope: {"kind": "serve" | "throughput" | "latency", "e
 "date", "host", "config", ...}; a serve result holds "runs" (one per request rate or
 concurrency of a sweep), each with its "summary" and raw "requests"; the offline kinds hold
 one "summary". `bench compare` reads any mix of them. A serve run's summary has
-"spec_decode" (pagoda/bench/server_metrics.py) only when the server reported drafts.
+"spec_decode" (pagoda/bench/server_metrics.py) only when the server reported drafts, and
+"ttft_by_turn_s" / "ttft_later_turns_s" (pagoda/bench/metrics.py) only for conversations of
+more than one turn.
 """
 
 from __future__ import annotations
@@ -149,8 +151,29 @@ def format_serve_summary(summary: dict, title: str) -> str:
     for name, key in LATENCY_ROWS:
         stats = summary[key]
         lines.append(f"{name:<12}" + "".join(f"{_ms(stats[k]):>9}" for k in STAT_KEYS))
+    if "ttft_by_turn_s" in summary:
+        lines.append("-" * width)
+        lines.extend(format_ttft_by_turn(summary))
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+TURN_STAT_KEYS = ("mean", "median", "p95")
+
+
+def format_ttft_by_turn(summary: dict) -> list[str]:
+    """Lines of the per-turn TTFT table (multi-turn workloads): a row per turn number, then
+    one for every turn from the second on."""
+    lines = [f"{'TTFT by turn (ms)':<24}{'n':>9}" + "".join(f"{k:>9}" for k in TURN_STAT_KEYS)]
+    rows = [(f"turn {t['turn']}", t) for t in summary["ttft_by_turn_s"]]
+    later = summary.get("ttft_later_turns_s")
+    if later is not None:
+        count = sum(t["requests"] for t in summary["ttft_by_turn_s"][1:])
+        rows.append(("turns >= 2", {"requests": count, **later}))
+    for name, stats in rows:
+        lines.append(f"{name:<24}{stats['requests']:>9}"
+                     + "".join(f"{_ms(stats[k]):>9}" for k in TURN_STAT_KEYS))
+    return lines
 
 
 def format_sweep(runs: Sequence[dict]) -> str:
@@ -162,6 +185,9 @@ def format_sweep(runs: Sequence[dict]) -> str:
     has_spec_decode = any("spec_decode" in r["summary"] for r in runs)
     if has_spec_decode:
         header.append("accepted len")
+    has_turns = any("ttft_later_turns_s" in r["summary"] for r in runs)
+    if has_turns:
+        header.append("TTFT p95 turns>=2 ms")
     rows = []
     for run in runs:
         s = run["summary"]
@@ -174,6 +200,8 @@ def format_sweep(runs: Sequence[dict]) -> str:
         if has_spec_decode:
             row.append(f"{s['spec_decode']['mean_accepted_length']:.2f}"
                        if "spec_decode" in s else "-")
+        if has_turns:
+            row.append(_ms((s.get("ttft_later_turns_s") or {}).get("p95")))
         rows.append(row)
     return markdown_table(header, rows)
 
@@ -260,23 +288,46 @@ def _lookup(summary: dict, path: tuple[str, ...]) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
+def turn_compare_rows(summaries: Sequence[dict]) -> list[tuple[str, list[float | None]]]:
+    """(row name, value in seconds per summary) of the per-turn TTFT rows: mean, median and
+    P95 of every turn number any summary has, then the P95 of the turns from the second on.
+    Empty when no summary has per-turn figures."""
+    turns = max((len(s.get("ttft_by_turn_s") or []) for s in summaries), default=0)
+    rows = []
+    for t in range(turns):
+        for key, label in (("mean", "mean"), ("median", "median"), ("p95", "P95")):
+            values = []
+            for s in summaries:
+                by_turn = s.get("ttft_by_turn_s") or []
+                values.append(by_turn[t][key] if t < len(by_turn) else None)
+            rows.append((f"TTFT turn {t + 1} {label} ms", values))
+    if turns:
+        rows.append(("TTFT turns>=2 P95 ms", [_lookup(s, ("ttft_later_turns_s", "p95"))
+                                               for s in summaries]))
+    return rows
+
+
 def compare_table(results: Sequence[tuple[str, dict]]) -> str:
     """Markdown: a row per metric any run has, a column per run, each value with its ratio to
     its reference: the first column of the same run key (the same concurrency or rate, so
     that a sweep is compared point by point), or the first column where there is none.
-    Reference columns show no ratio. ×1.00 = the same; for latencies lower is better."""
+    Reference columns show no ratio. ×1.00 = the same; for latencies lower is better.
+    Multi-turn runs add their per-turn TTFT rows (turn_compare_rows) after the others."""
     cols = columns(results)
     references = []
     for i, (_, _, key) in enumerate(cols):
         same_key = next(j for j, col in enumerate(cols) if col[2] == key)
         references.append(same_key if same_key != i else (0 if key is None and i else None))
     header = ["metric"] + [label for label, _, _ in cols]
+    summaries = [summary for _, summary, _ in cols]
+    metrics = [(name, [_lookup(summary, path) for summary in summaries], digits,
+                1000.0 if path[0] in _MS_ROWS else 1.0)
+               for name, path, digits in COMPARE_ROWS]
+    metrics += [(name, values, 1, 1000.0) for name, values in turn_compare_rows(summaries)]
     rows = []
-    for name, path, digits in COMPARE_ROWS:
-        values = [_lookup(summary, path) for _, summary, _ in cols]
+    for name, values, digits, scale in metrics:
         if all(v is None for v in values):
             continue
-        scale = 1000.0 if path[0] in _MS_ROWS else 1.0
         cells = [name]
         for v, ref in zip(values, references):
             if v is None:

@@ -27,6 +27,9 @@ from pagoda.cli.bench_args import (
 )
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DEFAULT_NUM_REQUESTS = 64
+DEFAULT_NUM_TURNS = 4
+"""--num-turns of the multi-turn workload when not given."""
 
 
 def register(bench_subparsers) -> None:
@@ -56,7 +59,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--dataset", default="random",
                    help=f"{', '.join(BUILTIN_DATASETS)}, or a JSON/JSONL file of prompts "
                         "(prompt, messages or ShareGPT conversations)")
-    w.add_argument("--num-requests", type=int, default=64, help="requests (turns) in all")
+    w.add_argument("--num-requests", type=int, default=None,
+                   help=f"requests (turns) in all (default: {DEFAULT_NUM_REQUESTS}; multi-turn "
+                        "with --num-users: users x turns)")
     w.add_argument("--input-len", type=int, default=None,
                    help=f"prompt tokens (random); question / user-turn tokens (shared-prefix, "
                         f"multi-turn); default {DEFAULT_INPUT_LEN}. grounded: tokens of the "
@@ -72,6 +77,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--num-turns", type=int, default=None,
                    help="multi-turn: turns per conversation (default 4); file: most user turns "
                         "taken from each ShareGPT conversation (default 1)")
+    w.add_argument("--num-users", type=int, default=None,
+                   help="multi-turn: conversations, each of --num-turns turns sent one after "
+                        "the other while the users run side by side (default: --num-requests "
+                        "/ --num-turns)")
+    w.add_argument("--system-prompt-len", type=int, default=None,
+                   help="multi-turn: tokens of a system prompt every user's conversation "
+                        "starts with (default: 0, none)")
     w.add_argument("--tokenizer", default=None,
                    help="GGUF file or HF folder whose tokenizer builds the prompts "
                         "(default: the bundled model's)")
@@ -130,13 +142,41 @@ def build_workload(args: argparse.Namespace, tokenizer, seed: int):
         return datasets.shared_prefix_dataset(tokenizer, args.num_requests, args.num_prefixes,
                                               args.prefix_len, args.input_len, output_len, seed)
     if args.dataset == "multi-turn":
-        return datasets.multi_turn_dataset(tokenizer, args.num_requests, args.num_turns or 4,
-                                           args.input_len, output_len, seed)
+        return datasets.multi_turn_dataset(tokenizer, args.num_requests, args.num_turns,
+                                           args.input_len, output_len, seed,
+                                           args.system_prompt_len or 0)
     if args.dataset == "grounded":
         return datasets.grounded_dataset(tokenizer, args.num_requests, args.input_len,
                                          output_len, args.range_ratio, seed)
     return datasets.load_file_dataset(args.dataset, args.num_requests, args.output_len,
                                       args.num_turns or 1, seed, tokenizer)
+
+
+def resolve_conversation_args(args: argparse.Namespace) -> None:
+    """Check the multi-turn flags and fill in the defaults they imply (recorded in the
+    result's config): --num-users U with --num-turns T sends U x T requests. ValueError
+    naming the flag for a bad combination."""
+    multi_turn = args.dataset == "multi-turn"
+    for flag, value in (("--num-users", args.num_users),
+                        ("--system-prompt-len", args.system_prompt_len)):
+        if value is not None and not multi_turn:
+            raise ValueError(f"{flag} applies to --dataset multi-turn only (got --dataset "
+                             f"{args.dataset})")
+    if args.num_users is not None and args.num_users < 1:
+        raise ValueError(f"--num-users must be >= 1, got {args.num_users}")
+    if args.system_prompt_len is not None and args.system_prompt_len < 0:
+        raise ValueError(f"--system-prompt-len must be >= 0, got {args.system_prompt_len}")
+    if multi_turn and args.num_turns is None:
+        args.num_turns = DEFAULT_NUM_TURNS
+    if args.num_users is not None:
+        total = args.num_users * args.num_turns
+        if args.num_requests is not None and args.num_requests != total:
+            raise ValueError(f"--num-requests {args.num_requests} disagrees with --num-users "
+                             f"{args.num_users} x --num-turns {args.num_turns} = {total}; "
+                             "give one or the other")
+        args.num_requests = total
+    if args.num_requests is None:
+        args.num_requests = DEFAULT_NUM_REQUESTS
 
 
 def serve_config(args: argparse.Namespace, base_url: str, model: str | None) -> dict:
@@ -168,6 +208,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         check_cost_per_hour(args.cost_per_hour)
     sweep = traffic_sweep(args)
     check_workload_args(args)
+    resolve_conversation_args(args)
     if args.input_len is None:
         args.input_len = default_input_len(args.dataset)  # recorded in the result's config
     extra_body = parse_extra_body(args.extra_body)

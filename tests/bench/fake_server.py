@@ -6,7 +6,10 @@ What it does is steered by markers in the prompt (the last user message for chat
     [[hang]]       one chunk, then nothing (for --timeout)
     [[nodone]]     all chunks and usage, but no `data: [DONE]`
     [[error]]      one chunk, then an error event
-otherwise it streams `max_tokens` one-word chunks, `delay` seconds apart, then usage.
+otherwise it streams `max_tokens` one-word chunks, `delay` seconds apart, then usage. With
+`unique_replies` the words name the request (" r{n}w{i}", n counting requests from 0), so
+that every reply differs; `spans` holds (body, start, end) of each finished stream
+(time.monotonic(): start when its body begins, end just before its last piece is sent).
 
 GET /metrics exists only when `metrics_texts` is given: it answers them in order, the last
 one for every later call (e.g. spec-decode counters before and after a run).
@@ -27,9 +30,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 MODEL = "fake-model"
 
 
-def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None) -> FastAPI:
+def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None,
+              unique_replies: bool = False) -> FastAPI:
     app = FastAPI()
     app.state.requests = []
+    app.state.spans = []
     app.state.in_flight = 0
     app.state.max_in_flight = 0
     app.state.metrics_scrapes = 0
@@ -47,7 +52,9 @@ def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None) -> Fas
 
     async def handle(request: Request, chat: bool):
         body = await request.json()
+        number = len(app.state.requests)
         app.state.requests.append(body)
+        word = f" r{number}w" if unique_replies else " w"
         if chat:
             prompt = body["messages"][-1]["content"]
         else:
@@ -68,17 +75,20 @@ def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None) -> Fas
         async def stream():
             app.state.in_flight += 1
             app.state.max_in_flight = max(app.state.max_in_flight, app.state.in_flight)
+            start = end = time.monotonic()
             try:
                 async for piece in tokens():
+                    end = time.monotonic()  # before the client can have this piece
                     yield piece
             finally:
                 app.state.in_flight -= 1
+                app.state.spans.append((body, start, end))
 
         async def tokens():
             for i in range(num_tokens):
                 if i and delay:
                     await asyncio.sleep(delay)
-                yield chunk(f" w{i}", "length" if i == num_tokens - 1 else None)
+                yield chunk(f"{word}{i}", "length" if i == num_tokens - 1 else None)
                 if "[[drop]]" in prompt and i == 1:
                     raise RuntimeError("connection cut on purpose")
                 if "[[hang]]" in prompt:
@@ -106,12 +116,13 @@ def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None) -> Fas
 
 
 class FakeServer:
-    def __init__(self, delay: float = 0.0, metrics_texts: list[str] | None = None) -> None:
+    def __init__(self, delay: float = 0.0, metrics_texts: list[str] | None = None,
+                 unique_replies: bool = False) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = build_app(delay, metrics_texts)
+        self.app = build_app(delay, metrics_texts, unique_replies)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
