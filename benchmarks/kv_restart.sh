@@ -41,21 +41,7 @@ trap '[ -n "$SERVER" ] && kill $SERVER 2>/dev/null || true' EXIT
 
 # Sizes: the pool holds every conversation (so that the shutdown flush has them all), the host
 # tier and the disk quota twice that.
-read -r BYTES_PER_TOKEN CONTEXT < <($PY - "$GGUF" "$DTYPE" <<'EOF'
-import sys
-
-import torch
-
-from pagoda.executor.kv_cache_allocation import kv_bytes_per_token
-from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
-from pagoda.executor.loader.model_loader import resolve_dtype
-
-c = GGUFCheckpoint(sys.argv[1]).hf_config
-dtype = resolve_dtype(sys.argv[2], torch.device("cpu"))
-print(kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype, "auto"),
-      c.max_position_embeddings)
-EOF
-)
+read -r BYTES_PER_TOKEN CONTEXT < <($PY "$(dirname "$0")/kv_bytes_per_token.py" "$GGUF" "$DTYPE")
 MAX_MODEL_LEN=$(( (PROMPT_LEN + OUTPUT_LEN + 64 + 255) / 256 * 256 ))
 [ "$MAX_MODEL_LEN" -le "$CONTEXT" ] \
   || { echo "kv_restart.sh: $PROMPT_LEN tokens exceed the model's context ($CONTEXT)" >&2; exit 2; }

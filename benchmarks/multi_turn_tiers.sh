@@ -55,21 +55,7 @@ SERVER=
 trap '[ -n "$SERVER" ] && kill $SERVER 2>/dev/null || true' EXIT
 
 # ---- the arithmetic: KV bytes per token, the histories' tokens, the pool a quarter of them ----
-read -r BYTES_PER_TOKEN CONTEXT < <($PY - "$GGUF" "$DTYPE" <<'EOF'
-import sys
-
-import torch
-
-from pagoda.executor.kv_cache_allocation import kv_bytes_per_token
-from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
-from pagoda.executor.loader.model_loader import resolve_dtype
-
-c = GGUFCheckpoint(sys.argv[1]).hf_config
-dtype = resolve_dtype(sys.argv[2], torch.device("cpu"))
-print(kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype, "auto"),
-      c.max_position_embeddings)
-EOF
-)
+read -r BYTES_PER_TOKEN CONTEXT < <($PY "$(dirname "$0")/kv_bytes_per_token.py" "$GGUF" "$DTYPE")
 TURN_TOKENS=$((INPUT_LEN + OUTPUT_LEN))
 # the longest request: the system prompt, every turn with its reply (the last reply generated),
 # and a little room for a BOS and the re-tokenized replies
