@@ -173,3 +173,17 @@ def test_dynamic_ntk_greedy_decoding_matches_transformers_at_the_scaled_length(
     ours = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
     theirs = [predicting[i, token].item() for i, token in enumerate(tokens)]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_engine_takes_the_scaled_context_and_refuses_more(tmp_path) -> None:
+    """A YaRN Llama whose max_position_embeddings is its original 64 tokens: the engine's
+    context is 256 by default and a longer max_model_len is refused by name."""
+    from pagoda.executor.loader.model_files import bundled_model_path
+
+    scaled_checkpoint("llama", "yarn", str(tmp_path))
+    llm = LLM(model=str(tmp_path), tokenizer=bundled_model_path(), dtype="float32",
+              kv_cache_memory=1 << 20, block_size=4)
+    assert llm.engine.max_model_len == 4 * ORIGINAL
+    with pytest.raises(ValueError, match="max_model_len 257 is longer than the model's "
+                                         "context length 256"):
+        engine(str(tmp_path), 4 * ORIGINAL + 1)
