@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16",
                         help="the 2-D weights' type (K-quants: llama-quantize this file)")
     parser.add_argument("--layers", type=int, help="override the layer count (a quick file)")
+    parser.add_argument("--context", type=int,
+                        help="override the context length written (a long-context run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer-from", default=None,
                         help="a GGUF file whose tokenizer to copy (default: the bundled model)")
@@ -207,9 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.layers < 1:
             parser.error("--layers must be at least 1")
         shape = dataclasses.replace(shape, layers=args.layers)
+    if args.context is not None:
+        if args.context < 1:
+            parser.error("--context must be at least 1")
+        shape = dataclasses.replace(shape, context=args.context)
     write(args.model, shape, args.output, args.tokenizer_from or bundled_model(),
           args.outtype, args.seed)
-    print(f"wrote {args.output}: {args.model}, {shape.layers} layers, {args.outtype}")
+    print(f"wrote {args.output}: {args.model}, {shape.layers} layers, context "
+          f"{shape.context}, {args.outtype}")
     return 0
 
 

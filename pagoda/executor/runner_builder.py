@@ -21,6 +21,8 @@ from pagoda.executor.kernels.arithmetic import (
 from pagoda.executor.kernels.cpu_info import describe_run, run_info
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
+from pagoda.executor.layers.rope_scaling import scaled_context_length
+from pagoda.executor.layers.rotary import rope_parameters
 from pagoda.executor.loader.heap import release_freed_memory
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import (
@@ -76,7 +78,8 @@ def build_runner(
     dtype = resolve_dtype(config.model.dtype, device)
     if device.type == "cpu":
         logger.info("%d CPU threads", set_cpu_threads(world_size))
-    context_len = int(getattr(hf_config, "max_position_embeddings", 2048))
+    # YaRN and dynamic NTK extend it past max_position_embeddings (rope_scaling.py)
+    context_len = scaled_context_length(hf_config, rope_parameters(hf_config))
     max_model_len = config.model.max_model_len or context_len
     if max_model_len > context_len:
         raise ValueError(

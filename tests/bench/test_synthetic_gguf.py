@@ -66,3 +66,18 @@ def test_bad_arguments_exit_2(capsys) -> None:
         synthetic_gguf.main(["llama-3.2-1b", "/tmp/never.gguf", "--layers", "0"])
     assert exit_info.value.code == 2
     assert "--layers must be at least 1" in capsys.readouterr().err
+
+
+def test_the_context_length_can_be_set(tmp_path) -> None:
+    """benchmarks/long_context_decode.sh writes a file whose context covers a 16k depth."""
+    import gguf
+
+    path = tmp_path / "long.gguf"
+    synthetic_gguf.main(["llama-3.2-1b", str(path), "--layers", "1", "--outtype", "q8_0",
+                         "--context", "32768"])
+    assert gguf.GGUFReader(str(path)).fields["llama.context_length"].contents() == 32768
+    config = open_checkpoint(resolve_model_files(str(path))).hf_config
+    assert config.max_position_embeddings == 32768
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic_gguf.main(["llama-3.2-1b", str(path), "--context", "0"])
+    assert exit_info.value.code == 2

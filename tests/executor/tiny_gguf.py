@@ -128,6 +128,17 @@ def write_metadata(writer: gguf.GGUFWriter, cfg) -> None:
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":  # as the converter's base.py, and mscale_all_dim as
+        # its mistral3.py writes it (yarn_log_multiplier)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add_field in (("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                               ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+                               ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                               ("mscale_all_dim", writer.add_rope_scaling_yarn_log_mul)):
+            if rope.get(key) is not None:
+                add_field(rope[key])
     kind = cfg.model_type
     if kind in ("mixtral", "qwen3_moe"):
         writer.add_expert_count(cfg.num_local_experts)

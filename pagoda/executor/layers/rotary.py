@@ -1,9 +1,10 @@
 """Rotary position embedding, cos/sin precomputed once for every position.
 
 Hugging Face layout ("rotate_half"): a head vector's two halves form the (x, y) pairs.
-Supported scalings: default, linear, llama3 (Llama 3.1), longrope (Phi-3.5, Phi-4-mini), and
-per-frequency factors as stored in GGUF files (`rope_freqs.weight`, llama.cpp's form of llama3
-scaling). Partial rotary (`partial_rotary_factor` < 1) rotates the first dims of each head only.
+Supported scalings: default, linear, llama3 (Llama 3.1), longrope (Phi-3.5, Phi-4-mini), yarn
+and dynamic NTK (rope_scaling.py; dynamic in vLLM's static form), and per-frequency factors as
+stored in GGUF files (`rope_freqs.weight`, llama.cpp's form of llama3 scaling). Partial
+rotary (`partial_rotary_factor` < 1) rotates the first dims of each head only.
 Models with per-layer rope settings (Gemma 3: `rope_parameters` keyed by layer type) build
 one RotaryEmbedding per layer type.
 """
@@ -14,6 +15,8 @@ import math
 
 import torch
 from torch import nn
+
+from pagoda.executor.layers.rope_scaling import dynamic_ntk_inv_freq, yarn_inv_freq
 
 
 def rope_parameters(hf_config, layer_type: str | None = None) -> dict:
@@ -33,20 +36,25 @@ def rope_parameters(hf_config, layer_type: str | None = None) -> dict:
     return params
 
 
-def compute_inv_freq(params: dict, rotary_dim: int) -> torch.Tensor:
-    """(rotary_dim // 2,) float32 inverse frequencies after scaling (longrope: see
-    `longrope_tables`)."""
+def compute_inv_freq(hf_config, params: dict, rotary_dim: int) -> tuple[torch.Tensor, float]:
+    """((rotary_dim // 2,) float32 inverse frequencies after scaling, the factor cos and sin
+    are multiplied by: 1 but for yarn) (longrope: see `longrope_tables`)."""
     base = float(params["rope_theta"])
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
     rope_type = params["rope_type"]
     if rope_type == "default":
-        return inv_freq
+        return inv_freq, 1.0
     if rope_type == "linear":
-        return inv_freq / float(params["factor"])
+        return inv_freq / float(params["factor"]), 1.0
     if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, params)
+        return _llama3_inv_freq(inv_freq, params), 1.0
+    if rope_type == "yarn":
+        return yarn_inv_freq(hf_config, params, rotary_dim)
+    if rope_type == "dynamic":
+        return dynamic_ntk_inv_freq(hf_config, params, rotary_dim), 1.0
     raise ValueError(
-        f"rope type {rope_type!r} is not supported (default, linear, llama3, longrope are)"
+        f"rope type {rope_type!r} is not supported (default, linear, llama3, longrope, yarn, "
+        "dynamic are)"
     )
 
 
@@ -110,7 +118,8 @@ class RotaryEmbedding(nn.Module):
             self.inv_freq, self.long_inv_freq, self.attention_factor, self.long_from = (
                 longrope_tables(hf_config, params, self.rotary_dim, max_position))
         else:
-            self.inv_freq = compute_inv_freq(params, self.rotary_dim)
+            self.inv_freq, self.attention_factor = compute_inv_freq(
+                hf_config, params, self.rotary_dim)
         self._last_lookup: tuple | None = None
         self._build_cache()
 

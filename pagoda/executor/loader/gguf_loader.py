@@ -113,15 +113,9 @@ class GGUFCheckpoint:
             "bos_token_id": self._field("tokenizer.ggml.bos_token_id"),
             "eos_token_id": self._field("tokenizer.ggml.eos_token_id"),
         }
-        scaling_type = self._field(f"{arch}.rope.scaling.type")
-        if scaling_type == "linear":
-            factor = float(self._field(f"{arch}.rope.scaling.factor", 1.0))
-            kwargs["rope_scaling"] = {"rope_type": "linear", "factor": factor}
-        elif scaling_type not in (None, "none"):
-            raise ModelLoadError(
-                f"{self.path}: rope scaling {scaling_type!r} is not supported (linear, or llama3 "
-                "through rope_freqs, are)"
-            )
+        rope_scaling = self._rope_scaling(kwargs["max_position_embeddings"])
+        if rope_scaling is not None:
+            kwargs["rope_scaling"] = rope_scaling
         sliding_window = self._field(f"{arch}.attention.sliding_window")
         if sliding_window:
             kwargs["sliding_window"] = int(sliding_window)
@@ -130,6 +124,48 @@ class GGUFCheckpoint:
         family_config(self.family, lambda key, default=None: self._field(f"{arch}.{key}", default),
                       kwargs, self._small_tensor)
         return AutoConfig.for_model(model_type, **kwargs)
+
+    def _rope_scaling(self, context_length: int) -> dict | None:
+        """`<arch>.rope.scaling.*` as the Hugging Face rope_scaling dict llama.cpp's converter
+        wrote them from (its base.py: type, factor, original_context_length, and for yarn the
+        yarn_* fields the config had), or None. YaRN's yarn_attn_factor is the config's
+        attention_factor; yarn_log_multiplier, mscale_all_dim with mscale 1 (llama.cpp's
+        reading for all but DeepSeek); yarn_ext_factor (the config's extrapolation_factor)
+        is ignored, as transformers ignores it. llama.cpp itself reads yarn_beta_* and
+        yarn_attn_factor only for a few architectures (not llama, qwen2/3): files written by
+        the converter from a config with non-default values run differently there."""
+        arch = self.architecture
+
+        def field(key: str, default=None):
+            return self._field(f"{arch}.rope.scaling.{key}", default)
+
+        scaling_type = field("type")
+        if scaling_type in (None, "none") or (scaling_type == "longrope"
+                                              and self.family == "phi3"):
+            return None  # Phi-3's LongRoPE: its factor tensors, read by family_config
+        factor = field("factor")
+        if scaling_type == "linear":
+            return {"rope_type": "linear", "factor": float(factor or 1.0)}
+        if scaling_type != "yarn":
+            raise ModelLoadError(
+                f"{self.path}: rope scaling {scaling_type!r} is not supported (linear, yarn, or "
+                "llama3 through rope_freqs, are)"
+            )
+        if not factor:
+            raise ModelLoadError(f"{self.path}: yarn rope scaling without "
+                                 f"{arch}.rope.scaling.factor")
+        scaling = {"rope_type": "yarn", "factor": float(factor),
+                   "original_max_position_embeddings": int(
+                       field("original_context_length", context_length))}
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                          ("yarn_attn_factor", "attention_factor")):
+            value = field(key)
+            if value is not None:
+                scaling[name] = float(value)
+        log_multiplier = field("yarn_log_multiplier")
+        if log_multiplier:
+            scaling["mscale"], scaling["mscale_all_dim"] = 1.0, float(log_multiplier)
+        return scaling
 
     def _small_tensor(self, name: str) -> torch.Tensor | None:
         """A float tensor read whole (metadata kept as a tensor: LongRoPE factors)."""
