@@ -432,6 +432,10 @@ class EngineConfig:
         if self.cache.kv_offload_enabled and self.parallel.tensor_parallel_size > 1:
             raise ValueError("the KV tiers (kv_offload_memory, kv_offload_dir) run with "
                              "tensor_parallel_size 1 only for now")
+        if self.cache.kv_offload_dir is not None and self.parallel.data_parallel_size > 1:
+            raise ValueError("kv_offload_dir with data_parallel_size > 1: the replicas would "
+                             "share one disk KV tier; use one engine, or host tiers alone "
+                             "(--kv-offload-memory)")
         if self.model.deterministic and self.cache.kv_cache_dtype != "auto":
             raise ValueError(f"deterministic runs a float32 KV cache; got kv_cache_dtype "
                              f"{self.cache.kv_cache_dtype!r} (use auto)")
