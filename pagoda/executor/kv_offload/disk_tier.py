@@ -51,8 +51,9 @@ class DiskTier:
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as error:
-            self._degrade(error)
-        self._scan()
+            self._degrade(error)  # the folder is not there: nothing to scan either
+        else:
+            self._scan()
 
     # ---- paths and bookkeeping --------------------------------------------------------------
 
