@@ -36,8 +36,8 @@ STAT_NAMES = (
     "host_bytes_written", "host_bytes_read", "disk_bytes_written", "disk_bytes_read",
     "host_evictions", "disk_evictions", "corrupt_entries", "disk_errors",
 )
-CHUNK_BYTES = 64 << 20
-"""Most bytes of blocks one gather or scatter buffer holds."""
+CHUNK_BYTES = 32 << 20
+"""Most bytes of blocks the staging buffer (one gather or scatter) holds."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class KVOffloadWorker:
                      if config.disk_dir is not None else None)
         self.dropped: list[int] = []
         self.chunk_blocks = max(1, CHUNK_BYTES // self.record_bytes)
+        self.staging = torch.empty((0, self.record_bytes), dtype=torch.uint8)
+        """(rows, record_bytes) records on their way between the caches and the tiers, kept
+        (its pages stay mapped: a fresh buffer a step costs more in page faults than the
+        copies themselves); grows to chunk_blocks rows."""
         if self.disk is not None:
             logger.info("KV offload disk tier %s: %d entries (%d bytes) of this model found",
                         self.disk.folder, len(self.disk.index), self.disk.used)
@@ -141,17 +145,17 @@ class KVOffloadWorker:
         for start in range(0, len(items), self.chunk_blocks):
             found = []
             for key, block_id in items[start:start + self.chunk_blocks]:
-                payload = self._find(key)
-                if payload is None:
+                record = self._find(key)
+                if record is None:
                     failed.append(key)
                 else:
-                    found.append((block_id, payload))
+                    found.append((block_id, record))
             if found:
-                rows = torch.empty((len(found), self.payload_bytes), dtype=torch.uint8)
+                rows = self._rows(len(found))
                 array = rows.numpy()
-                for i, (_, payload) in enumerate(found):
-                    array[i] = np.frombuffer(payload, dtype=np.uint8)
-                self.copier.scatter([block_id for block_id, _ in found], rows)
+                for i, (_, record) in enumerate(found):
+                    array[i] = np.frombuffer(record, dtype=np.uint8)
+                self.copier.scatter([block_id for block_id, _ in found], rows, rec.HEADER_BYTES)
         return failed
 
     def drop(self, keys: list[int]) -> None:
@@ -200,11 +204,16 @@ class KVOffloadWorker:
         if not self._held(key):
             self.dropped.append(key)
 
+    def _rows(self, n: int) -> torch.Tensor:
+        if self.staging.shape[0] < n:
+            self.staging = torch.empty((n, self.record_bytes), dtype=torch.uint8)
+        return self.staging[:n]
+
     def _encode(self, keys: list[int], block_ids: list[int]) -> list[bytes]:
         """Records of pool blocks `block_ids` under `keys`: one gather per plane."""
-        buffer = torch.empty((len(keys), self.record_bytes), dtype=torch.uint8)
-        self.copier.gather(block_ids, buffer[:, rec.HEADER_BYTES:])
-        array = buffer.numpy()
+        rows = self._rows(len(keys))
+        self.copier.gather(block_ids, rows, rec.HEADER_BYTES)
+        array = rows.numpy()
         records = []
         for key, row in zip(keys, array):
             rec.write_header(row, key, self.digest)
@@ -239,16 +248,15 @@ class KVOffloadWorker:
             self._gone(old)
         return stored
 
-    def _find(self, key: int) -> memoryview | None:
-        """`key`'s checked payload from the nearest tier, or None (counted as misses)."""
+    def _find(self, key: int) -> bytes | None:
+        """`key`'s checked record from the nearest tier, or None (counted as misses)."""
         found = self.host.get(key)
         if found is not None:
             record, persistent = found
-            payload = rec.payload_of(record, key, self.digest, self.payload_bytes)
-            if payload is not None:
+            if rec.payload_of(record, key, self.digest, self.payload_bytes) is not None:
                 self.stats["host_hits"] += 1
                 self.stats["host_bytes_read"] += len(record)
-                return payload
+                return record
             self.stats["corrupt_entries"] += 1
             self.host.remove(key)
             if persistent:
@@ -269,5 +277,5 @@ class KVOffloadWorker:
             if stored:
                 self.stats["host_bytes_written"] += len(record)
             self._evicted(evicted)
-        return memoryview(record)[rec.HEADER_BYTES:]
+        return record
 

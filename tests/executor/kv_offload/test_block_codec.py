@@ -111,3 +111,16 @@ def test_bad_block_id_is_a_clear_error() -> None:
     w = worker(make_caches(), host_records=2)
     with pytest.raises(IndexError, match="outside the pool"):
         w.save([(1, NUM_BLOCKS, True)])
+
+
+def test_narrow_rows_copy_in_narrower_words() -> None:
+    """Block size 1 with the 8-bit cache: a scale row is 2 bytes, so copies move int16 words;
+    the round trip stays bit for bit."""
+    caches = make_caches(torch.float32, "int8", seed=4, block_size=1)
+    w = worker(caches, host_records=NUM_BLOCKS)
+    assert w.copier.unit == 2
+    assert worker(make_caches(torch.float32, "int8")).copier.unit == 8
+    saved = block_bytes(caches, 6)
+    w.save([(9, 6, True)])
+    assert w.load([(9, 1)]) == []
+    assert all(torch.equal(a, b) for a, b in zip(block_bytes(caches, 1), saved))
