@@ -50,6 +50,10 @@ def _check(tensor: torch.Tensor, what: str) -> None:
                          f"shape {tuple(tensor.shape)}")
 
 
+def _shape_but_blocks(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape[:BLOCK_AXIS] + tensor.shape[BLOCK_AXIS + 1:])
+
+
 def _word_view(tensor: torch.Tensor, unit: int) -> torch.Tensor:
     """tensor (2, H, num_blocks, ...) -> (2 * H, num_blocks, row_bytes / unit) view of the
     same memory in UNITS[unit] (writes through)."""
@@ -78,9 +82,8 @@ class BlockCopier:
                       for start, size in zip(starts, slab_bytes)]
         self.num_blocks = min(plane.shape[1] for plane in self.planes)
         self.device = self.planes[0].device
-        self.layout = ";".join(
-            f"{what}:{tensor.dtype}:{tuple(s for i, s in enumerate(tensor.shape) if i != BLOCK_AXIS)}"
-            for tensor, what in planes)
+        self.layout = ";".join(f"{what}:{tensor.dtype}:{_shape_but_blocks(tensor)}"
+                                for tensor, what in planes)
         """The payload's layout in words (dtypes and every shape but the pool's size): part
         of the fingerprint, so a payload is never read into caches of another layout."""
 

@@ -34,7 +34,8 @@ def planes(caches: list) -> list[torch.Tensor]:
 
 def block_bytes(caches: list, block_id: int) -> list[torch.Tensor]:
     """Every plane's bytes of one block (compared bit for bit, NaN patterns included)."""
-    return [plane[:, :, block_id].contiguous().view(torch.uint8).clone() for plane in planes(caches)]
+    return [plane[:, :, block_id].contiguous().view(torch.uint8).clone()
+            for plane in planes(caches)]
 
 
 def same_block(caches_a: list, block_a: int, caches_b: list, block_b: int) -> bool:
