@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from pagoda.executor.attention.kv_quant import QuantizedKVCache
+from pagoda.executor.attention.torch_backend import TorchAttentionBackend
 from pagoda.executor.kv_cache_allocation import allocate_kv_caches
 from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 
@@ -15,8 +16,10 @@ FINGERPRINT = "model.gguf|123|456|float32|auto|bs4|layers3|kv2|hd16|tp0/1|layout
 
 def make_caches(dtype: torch.dtype = torch.float32, kv_cache_dtype: str = "auto", seed: int = 0,
                 block_size: int = BLOCK_SIZE) -> list:
-    """The runner's per-layer caches (TorchAttentionBackend's shape), every byte random."""
-    shape = (2, NUM_KV_HEADS, NUM_BLOCKS, block_size, HEAD_DIM)
+    """The runner's per-layer caches (the backends' shape, the runner's allocation), every
+    byte random. (The CPU kernel backend takes the torch backend's kv_cache_shape.)"""
+    shape = TorchAttentionBackend(block_size, torch.device("cpu")).kv_cache_shape(
+        NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM)
     caches = allocate_kv_caches(shape, NUM_LAYERS, dtype, torch.device("cpu"), kv_cache_dtype)
     generator = torch.Generator().manual_seed(seed)
     for plane in planes(caches):
