@@ -2,12 +2,15 @@
 KVOffloadWorker: a prefix evicted from a small KV pool comes back from the host tier with
 exactly the tokens of an uncached run; the disk tier survives a restart (a new engine on the
 same folder reads the blocks back) and is never reused across another KV dtype or block
-size; --preemption-mode swap gives the tokens of recompute, and recomputes when the host
-tier is too small."""
+size, and a corrupt or truncated entry is recomputed; a disk quota too small for any block
+serves every request; --preemption-mode swap gives the tokens of recompute, and recomputes
+when the host tier is too small."""
 
 from __future__ import annotations
 
 import gc
+import glob
+import os
 
 import pytest
 
@@ -85,6 +88,24 @@ def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference
     del second
     gc.collect()
 
+    # a truncated file is dropped at start, a flipped byte at its read: recomputed, never used
+    files = sorted(glob.glob(os.path.join(folder, "*", "*.kv")))
+    assert len(files) >= 2
+    with open(files[0], "r+b") as f:
+        f.truncate(os.path.getsize(files[0]) // 2)
+    for name in files[1:]:
+        with open(name, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+    third = small_pool(kv_offload_dir=folder)
+    assert tokens(third, PROMPT) == reference
+    tiers = third.engine.snapshot().kv_offload
+    assert tiers.stats["corrupt_entries"] >= 2 and tiers.loaded_blocks == 0
+    del third
+    gc.collect()
+
     for mismatch in ({"kv_cache_dtype": "int8"}, {"block_size": 32}):
         other = LLM(dtype="float32", num_kv_blocks=16, max_model_len=256,
                     kv_offload_dir=folder, **mismatch)
@@ -94,6 +115,17 @@ def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference
         assert tiers.hit_tokens == 0 and tiers.stats.get("disk_hits", 0) == 0, mismatch
         del other
         gc.collect()
+
+
+def test_a_disk_tier_too_small_for_anything_serves_every_request(reference, tmp_path) -> None:
+    llm = small_pool(kv_offload_dir=str(tmp_path / "kv"), kv_offload_disk_bytes=1000)
+    assert tokens(llm, PROMPT) == reference
+    for other in OTHERS:
+        tokens(llm, other, 2)
+    assert tokens(llm, PROMPT) == reference  # (computed again: nothing fit on disk)
+    tiers = llm.engine.snapshot().kv_offload
+    assert tiers.num_keys == 0 and tiers.loaded_blocks == 0
+    llm.engine.shutdown()  # the flush within the quota: nothing, and no error
 
 
 def varied_prompts() -> list[str]:
