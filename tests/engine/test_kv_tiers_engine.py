@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -164,3 +166,13 @@ def test_swap_falls_back_to_recompute_when_the_host_tier_is_too_small(
     assert snapshot.kv_offload.swap_fallbacks == snapshot.num_preemptions
     assert snapshot.kv_offload.swapped_out_blocks == 0
     assert [list(o.outputs[0].token_ids) for o in outputs] == preemption_reference
+
+
+def test_pagoda_generate_leaves_its_prompt_on_the_disk_tier(tmp_path) -> None:
+    folder = tmp_path / "kv"
+    result = subprocess.run(
+        [sys.executable, "-m", "pagoda", "generate", "--max-tokens", "2", "--kv-offload-dir",
+         str(folder), "Tell me about the history of tea, its trade routes and its culture."],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert glob.glob(os.path.join(folder, "*", "*.kv"))  # flushed at its end
