@@ -70,6 +70,23 @@ def test_a_prefix_evicted_from_the_pool_comes_back_from_the_host_tier(reference)
     assert llm.engine.snapshot().num_free_kv_blocks == 16
 
 
+def test_an_8_bit_cache_comes_back_from_the_host_tier_unchanged() -> None:
+    """The 8-bit cache's codes and scales travel together: the tier hit gives the tokens
+    of an uncached run on the same 8-bit cache."""
+    plain = LLM(dtype="float32", num_kv_blocks=64, max_model_len=512, kv_cache_dtype="int8",
+                enable_prefix_caching=False)
+    expected = tokens(plain, PROMPT)
+    del plain
+    gc.collect()
+    llm = small_pool(kv_offload_memory=HOST_BYTES, kv_cache_dtype="int8")
+    assert tokens(llm, PROMPT) == expected
+    for other in OTHERS:
+        tokens(llm, other, 2)
+    assert tokens(llm, PROMPT) == expected
+    tiers = llm.engine.snapshot().kv_offload
+    assert tiers.hit_tokens > 0 and tiers.loaded_blocks > 0 and tiers.failed_loads == 0
+
+
 def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference,
                                                                         tmp_path) -> None:
     folder = str(tmp_path / "kv")
