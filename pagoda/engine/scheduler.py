@@ -72,6 +72,10 @@ class Scheduler:
         self.finished_request_ids: list[str] = []
         self.loading: list[Request] = []
         """Requests whose blocks this step loads from the KV tiers (empty between steps)."""
+        self.holding_ids: set[str] = set()
+        """Waiting requests that hold blocks loaded from the tiers: admitted before any other
+        waiting request, whatever the policy (they would otherwise sit on blocks the one
+        chosen may need)."""
         self.num_preemptions = 0
         self.num_computed_prompt_tokens = 0
         """Prompt tokens run through the model (cache hits excluded, recomputes included)."""
@@ -110,6 +114,7 @@ class Scheduler:
             self.block_manager.tiers.drop_swap(request.swap[0])
             request.swap = None
         request.kv_loads = None
+        self.holding_ids.discard(request.request_id)
         self.block_manager.free(request)
         self.loras.release(request)
         del self.requests[request.request_id]
@@ -142,6 +147,10 @@ class Scheduler:
             candidates = [r for r in self.waiting if r.lora_int_id not in passed_over]
             if not candidates:
                 return None
+        if self.holding_ids:  # (at the front of the queue: found at once)
+            holding = next((r for r in candidates if r.request_id in self.holding_ids), None)
+            if holding is not None:
+                return holding
         if self.config.scheduling_policy == "priority":
             return min(candidates, key=lambda r: (r.priority, r.arrival_time))
         return candidates[0]
@@ -277,6 +286,7 @@ class Scheduler:
                 break
             self.waiting.remove(request)
             self.running.append(request)
+            self.holding_ids.discard(request.request_id)
             if request.lora_int_id:
                 active_loras.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
@@ -354,6 +364,7 @@ class Scheduler:
             # into the blocks already held; the last token is never counted computed.
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_computed_blocks(request)
+            self.holding_ids.add(request.request_id)
         self.waiting.extendleft(reversed(self.loading))  # first admitted, first again
         self.loading = []
 

@@ -246,3 +246,22 @@ _next = iter(range(50_000, 10**9))
 
 def next_token() -> int:
     return next(_next)
+
+
+def test_a_request_holding_loaded_blocks_goes_first_under_the_priority_policy() -> None:
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8,
+                             scheduling_policy="priority")
+    manager = KVCacheManager([5], BS, [None])
+    manager.attach_tiers(KVTierIndex(64 * BLOCK_BYTES, BLOCK_BYTES))
+    sched = Scheduler(config, manager, max_model_len=64)
+    runner = TierRunner(sched)
+    prompt = [next_token() for _ in range(4 * BS + 2)]
+    run_alone(runner, make_request("a", prompt, max_tokens=1))
+    run_alone(runner, make_request("b", 4 * BS + 2, max_tokens=1))
+    # a2 loads its 4 blocks; then an urgent request that needs every block arrives
+    add(sched, make_request("a2", list(prompt), max_tokens=1, priority=5))
+    assert runner.step().kv_loads
+    add(sched, make_request("urgent", 4 * BS + 2, max_tokens=1, priority=0))
+    assert runner.step().request_ids == ["a2"]  # (else both would wait for ever)
+    runner.run()
+    assert not sched.holding_ids and manager.num_free_blocks == 5
