@@ -36,6 +36,9 @@ DISTRIBUTED_BACKENDS = ("mp", "ray")
 """`distributed_executor_backend` values: local processes (mp) or actors on a Ray cluster."""
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`ray_placement_strategy` values, Ray's placement group strategies."""
+PREEMPTION_MODES = ("recompute", "swap")
+"""`preemption_mode` values, vLLM's names (pagoda/engine/scheduler.py)."""
+DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 << 30
 POOLING_CHOICES = ("last", "mean", "cls")
 """`pooling` values (pagoda/pooling_params.py)."""
 
@@ -138,8 +141,32 @@ class CacheConfig:
     """KV cache storage: auto (the run dtype), or 8 bits a value with one scale per token and
     KV head, about twice the tokens of a 16-bit cache (4x float32) in the same memory: int8,
     fp8_e4m3 (fp8 is the same) or fp8_e5m2. CPU only; BENCHMARKS.md has their fidelity."""
+    kv_offload_memory: int = 0
+    """Bytes of host memory for a second KV tier (0: off): prefix blocks evicted from the KV
+    cache are kept here, keyed by their prefix hash, and loaded back instead of recomputed
+    when a prompt with that prefix returns; --preemption-mode swap keeps preempted requests'
+    blocks here too. Models with one full-attention KV group only (no sliding window)."""
+    kv_offload_dir: str | None = None
+    """Folder of a disk KV tier (None: off) below the host tier: blocks the host tier evicts
+    go here, checksummed and tagged with a fingerprint of the model, dtypes and block size;
+    it survives a restart (a graceful shutdown writes the KV cache's prefix blocks here)."""
+    kv_offload_disk_bytes: int = DEFAULT_KV_OFFLOAD_DISK_BYTES
+    """Most bytes the disk KV tier holds (least recently used entries go first)."""
+
+    @property
+    def kv_offload_enabled(self) -> bool:
+        """Whether a host or disk KV tier is configured."""
+        return self.kv_offload_memory > 0 or self.kv_offload_dir is not None
 
     def __post_init__(self) -> None:
+        if type(self.kv_offload_memory) is not int or self.kv_offload_memory < 0:
+            raise ValueError(f"kv_offload_memory must be an int >= 0 bytes, got "
+                             f"{self.kv_offload_memory!r}")
+        if type(self.kv_offload_disk_bytes) is not int or self.kv_offload_disk_bytes < 1:
+            raise ValueError(f"kv_offload_disk_bytes must be an int >= 1 bytes, got "
+                             f"{self.kv_offload_disk_bytes!r}")
+        if self.kv_offload_dir is not None and not self.kv_offload_dir.strip():
+            raise ValueError("kv_offload_dir must name a folder (or be None: no disk tier)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
@@ -170,8 +197,16 @@ class SchedulerConfig:
     """fcfs: first come first served; priority: lower `priority` value runs first."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps to fit the token budget."""
+    preemption_mode: str = field(default="recompute", metadata={"choices": PREEMPTION_MODES})
+    """What a request preempted for lack of KV blocks loses: recompute (its blocks are freed
+    and its tokens computed again when it resumes) or swap (its blocks are copied to the
+    host KV tier, --kv-offload-memory, and loaded back when it resumes; recompute when the
+    tier has no room)."""
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption_mode!r}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
@@ -391,6 +426,16 @@ class EngineConfig:
             raise ValueError("compile and enable_lora cannot be combined (the adapters are "
                              "added by forward hooks the compiled graph would not run); "
                              "drop --compile")
+        if self.scheduler.preemption_mode == "swap" and self.cache.kv_offload_memory <= 0:
+            raise ValueError("preemption_mode swap keeps preempted requests' KV blocks in the "
+                             "host KV tier: give it memory with --kv-offload-memory BYTES")
+        if self.cache.kv_offload_enabled and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("the KV tiers (kv_offload_memory, kv_offload_dir) run with "
+                             "tensor_parallel_size 1 only for now")
+        if self.cache.kv_offload_dir is not None and self.parallel.data_parallel_size > 1:
+            raise ValueError("kv_offload_dir with data_parallel_size > 1: the replicas would "
+                             "share one disk KV tier; use one engine, or host tiers alone "
+                             "(--kv-offload-memory)")
         if self.model.deterministic and self.cache.kv_cache_dtype != "auto":
             raise ValueError(f"deterministic runs a float32 KV cache; got kv_cache_dtype "
                              f"{self.cache.kv_cache_dtype!r} (use auto)")

@@ -18,6 +18,12 @@ pagoda/executor/input_batch.py):
     never
         the sampled tokens: the runner sampled them, it appends them itself.
 
+KV tiers (--kv-offload-memory, --kv-offload-dir; pagoda/engine/kv_tier_index.py): a step may
+carry copies between KV-cache blocks and the tiers, run before its forward (saves first: a
+block saved may be overwritten by this very step), even in a step with no request; the
+runner reports the keys it could not load, its tier counters and the persistent keys the
+tiers evicted entirely.
+
 Pooling (embedding) requests carry their PoolingParams in NewRequestData; they sample
 nothing (sampled_token_ids None), and the step that computes a prompt's last chunk returns
 the pooled vector in ModelRunnerOutput.pooled (the runner keeps the running sum or first
@@ -99,6 +105,19 @@ class SchedulerOutput:
     """Proposed tokens each request verifies this step (scheduled after its last token; they
     count in num_scheduled_tokens). Requests without proposals are absent."""
 
+    kv_saves: list[tuple[int, int, bool]] = field(default_factory=list)
+    """(key, block id, persistent): copy the pool block to the KV tiers under key, before
+    the forward. persistent False: a swap entry (host tier only, never on disk)."""
+    kv_loads: list[tuple[int, int]] = field(default_factory=list)
+    """(key, block id): copy the tiers' entry into the pool block, before the forward (after
+    the saves)."""
+    kv_drops: list[int] = field(default_factory=list)
+    """Keys the tiers may forget (swap entries consumed or given up)."""
+
+    @property
+    def has_kv_ops(self) -> bool:
+        return bool(self.kv_saves or self.kv_loads or self.kv_drops)
+
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(self.num_scheduled_tokens)
@@ -129,6 +148,14 @@ class ModelRunnerOutput:
     pooled: dict[str, list[float]] = field(default_factory=dict)
     """Per pooling request whose prompt was completed this step: its embedding (pooled,
     cut to its dimensions, normalised as its PoolingParams say)."""
+    kv_load_failures: list[int] = field(default_factory=list)
+    """Keys of the step's kv_loads that were missing or corrupt (their blocks left as they
+    were: the engine recomputes from the first failed block)."""
+    kv_offload_stats: dict[str, int] | None = None
+    """The KV tiers' counters since the previous step (KVOffloadWorker.take_stats); None
+    without tiers."""
+    kv_offload_dropped: list[int] = field(default_factory=list)
+    """Persistent keys the tiers evicted from every tier since the previous step."""
     step_executor: str | None = None
     """Which executor ran the step's forward (executor/model_runner.py): "whole-stack",
     "compiled" or "eager"; None for a step with no request."""

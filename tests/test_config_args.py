@@ -48,7 +48,7 @@ def plain_help(action: argparse.Action) -> str:
 def test_every_field_is_a_flag_whose_help_is_its_docstring() -> None:
     actions = engine_parser()._option_string_actions
     fields = list(option_fields())
-    assert len(fields) == 22  # a sanity floor: the sections were really walked
+    assert len(fields) == 26  # a sanity floor: the sections were really walked
     for cls, f in fields:
         flag = "--" + f.name.replace("_", "-")
         assert flag in actions, f"{cls.__name__}.{f.name} has no {flag}"
@@ -148,7 +148,7 @@ def test_from_kwargs_names_an_unknown_keyword_and_lists_the_valid_ones() -> None
 
 def test_option_names_are_unique_across_sections() -> None:
     names = [option.name for option in config_options(EngineConfig)]
-    assert len(names) == len(set(names)) == 35
+    assert len(names) == len(set(names)) == 39
 
 
 # ---- the mechanism on a config of its own: a flag is added in one place -------------------------

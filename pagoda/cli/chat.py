@@ -43,7 +43,15 @@ def run_chat(args: argparse.Namespace) -> int:
     from pagoda.entrypoints.llm import LLM
 
     params = sampling_params(args)
-    session = ChatSession(LLM(**engine_kwargs(args)), params, args.system)
+    llm = LLM(**engine_kwargs(args))
+    try:
+        return _chat_loop(ChatSession(llm, params, args.system))
+    finally:
+        if args.kv_offload_dir is not None:  # the conversation's KV blocks go to the disk tier
+            llm.engine.shutdown()
+
+
+def _chat_loop(session: ChatSession) -> int:
     print("Pagoda chat. /reset clears the history, /exit quits.", file=sys.stderr)
     while True:
         try:

@@ -28,4 +28,6 @@ def run_generate(args: argparse.Namespace) -> int:
     llm = LLM(**engine_kwargs(args))
     output = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     print(output.outputs[0].text)
+    if args.kv_offload_dir is not None:  # the prompt's KV blocks go to the disk tier
+        llm.engine.shutdown()
     return 0

@@ -26,6 +26,14 @@ Prefix hashes
     (root_hash(lora_int_id); the base model's is ROOT_HASH), so the same tokens under two
     adapters, or under an adapter and the base, never share a block; requests of one
     adapter share as base requests do.
+
+KV tiers (kv_tier_index.py, --kv-offload-memory / --kv-offload-dir)
+    With `tiers` set, a cached block taken for new content (lazy eviction) is first saved to
+    the tiers under its hash (the save runs before the step's forward overwrites it), unless
+    it belongs to a LoRA request (its chain's root is a per-process adapter id). A request
+    whose prefix goes on past the pool's hits in the tiers gets blocks for those hits
+    (`allocate_loading`), loaded before the step's forward; they are registered as cached
+    once the load is known to have succeeded (`cache_computed_blocks`).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from pagoda.engine.kv_tier_index import KVTierIndex
 from pagoda.engine.request import Request
 
 ROOT_HASH = 0
@@ -65,6 +74,8 @@ class KVBlock:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
+    lora: bool = False
+    """The hash chains from a LoRA adapter's root: never saved to the KV tiers."""
 
 
 class BlockManager:
@@ -86,6 +97,8 @@ class BlockManager:
         # Counters for metrics: prompt tokens looked up in / served from the prefix cache.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.tiers: KVTierIndex | None = None
+        """The KV tiers below this pool (None: off); evicted cached blocks are saved there."""
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -196,6 +209,7 @@ class BlockManager:
             block, block_hash = held[i], request.block_hashes[i]
             if block.block_hash is None:
                 block.block_hash = block_hash
+                block.lora = request.lora_int_id != 0
                 # Keep the first holder of a hash: an equal block stays uncached and is plain.
                 self.cached_blocks.setdefault(block_hash, block)
         self.num_cached_block_tokens[request.request_id] = max(start, end) * self.block_size
@@ -208,12 +222,66 @@ class BlockManager:
     def _pop_free_block(self) -> KVBlock:
         _, block = self.free_blocks.popitem(last=False)
         if block.block_hash is not None:
-            # Lazy eviction: the block's old content is overwritten now.
+            # Lazy eviction: the block's old content is overwritten now (after the step's
+            # saves: the tiers keep it).
+            if self.tiers is not None and not block.lora:
+                self.tiers.save_evicted(block.block_hash, block.block_id)
             if self.cached_blocks.get(block.block_hash) is block:
                 del self.cached_blocks[block.block_hash]
             block.block_hash = None
         block.ref_count = 1
         return block
+
+    # ---- KV tiers --------------------------------------------------------------------------
+
+    def get_tier_hits(self, request: Request, num_pool_hit_tokens: int) -> list[int]:
+        """Keys of the blocks after the pool's hits that the tiers hold, in order (a run;
+        never the block of the request's last token). Empty without tiers, for a LoRA
+        request, or without prefix caching."""
+        if self.tiers is None or not self.enable_prefix_caching or request.lora_int_id:
+            return []
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        keys = []
+        for block_hash in request.block_hashes[num_pool_hit_tokens // self.block_size:
+                                               max_hit_blocks]:
+            if block_hash not in self.tiers.keys:
+                break
+            keys.append(block_hash)
+        return keys
+
+    def allocate_loading(
+        self, request: Request, computed_blocks: list[KVBlock], num_load_blocks: int,
+    ) -> list[int] | None:
+        """Take the pool's hits and `num_load_blocks` fresh blocks after them, which the
+        step's loads fill (registered as cached later, by cache_computed_blocks, once the
+        request's num_computed_tokens counts them). None, changing nothing, if too few
+        blocks are free. The request holds no blocks yet."""
+        assert request.request_id not in self.request_blocks, request
+        num_hits_free = sum(1 for b in computed_blocks if b.ref_count == 0)
+        if num_load_blocks + num_hits_free > self.num_free_blocks:
+            return None
+        held = self.request_blocks.setdefault(request.request_id, [])
+        for block in computed_blocks:
+            self._take(block)
+            held.append(block)
+        new_blocks = [self._pop_free_block() for _ in range(num_load_blocks)]
+        held.extend(new_blocks)
+        self.num_cached_block_tokens[request.request_id] = len(computed_blocks) * self.block_size
+        return [b.block_id for b in new_blocks]
+
+    def holds_blocks(self, request_id: str) -> bool:
+        return bool(self.request_blocks.get(request_id))
+
+    def cached_block_items(self) -> list[tuple[int, int]]:
+        """(hash, block id) of every block the prefix cache holds, LoRA ones excepted, most
+        recently used first as far as the free list knows (what a shutdown flushes)."""
+        free_order = list(reversed(self.free_blocks))
+        free = set(free_order)
+        in_use = [b for b in self.cached_blocks.values() if b.block_id not in free]
+        ordered = in_use + [self.blocks[i] for i in free_order]
+        return [(b.block_hash, b.block_id) for b in ordered
+                if b.block_hash is not None and not b.lora
+                and self.cached_blocks.get(b.block_hash) is b]
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so tails are evicted before heads."""

@@ -67,7 +67,7 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
         num_blocks=built.num_blocks,
         vocab_size=vocab_size, model_files=files, hf_config=hf_config,
         grammar_compiler=grammar_compiler, kv_cache_windows=built.kv_cache_windows,
-        run_info=built.run_info, model_pooling=pooling,
+        run_info=built.run_info, model_pooling=pooling, kv_block_bytes=built.kv_block_bytes,
     )
     logger.info("embeddings: %s pooling (from %s), %s", pooling.pooling, pooling.source,
                 "normalised" if pooling.normalize else "not normalised")

@@ -17,6 +17,7 @@ another process (tests/engine/test_step_boundary.py runs it in one).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -26,18 +27,21 @@ from pagoda.config import EngineConfig
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.kv_cache_groups import KVCacheManager
+from pagoda.engine.kv_tier_index import KVTierIndex
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.engine.request_timeline import RequestTimelines
 from pagoda.engine.scheduler import Scheduler
-from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeStats
+from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeStats
 from pagoda.errors import InvalidRequestError
 from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 CACHED_FREE_REFRESH_S = 0.25
 
@@ -74,12 +78,16 @@ class LLMEngine:
         kv_cache_windows: Sequence[int | None] = (None,),
         run_info: dict | None = None,
         model_pooling: ModelPooling | None = None,
+        kv_block_bytes: int = 0,
     ) -> None:
         """Built by builder.build_engine. `grammar_compiler` serves structured outputs
         (None: such requests are refused). `num_blocks` and `kv_cache_windows`: the number
         of blocks and the sliding window (None: full attention) of each KV-cache group, in
         the runner's order; the default is one full-attention group. `run_info`: the
-        runner's device, CPU, dtypes and kernels (cpu_info.run_info), for GET /version."""
+        runner's device, CPU, dtypes and kernels (cpu_info.run_info), for GET /version.
+        `kv_block_bytes`: one KV block's bytes (all layers), what a swapped-out block takes
+        in the host KV tier. With KV tiers configured the runner must have created its
+        KVOffloadWorker (ModelRunner.attach_kv_offload); its known keys seed the index."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -99,6 +107,14 @@ class LLMEngine:
             list(num_blocks), config.cache.block_size, list(kv_cache_windows),
             config.cache.enable_prefix_caching,
         )
+        self._kv_tiers: KVTierIndex | None = None
+        if config.cache.kv_offload_enabled:
+            self._kv_tiers = KVTierIndex(config.cache.kv_offload_memory, kv_block_bytes)
+            self._block_manager.attach_tiers(self._kv_tiers)
+            known = runner.kv_offload_known_keys()
+            self._kv_tiers.seed(known)
+            if known:
+                logger.info("KV disk tier: %d blocks of earlier runs found", len(known))
         self._loras = LoRAAdapters(config.lora.enable_lora, config.lora.max_loras)
         self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len,
                                     self._loras)
@@ -201,7 +217,13 @@ class LLMEngine:
         return self._loras.list()
 
     def shutdown(self) -> None:
-        """Stop the runner's worker processes, if it has any (tensor parallelism)."""
+        """Write the KV cache's prefix blocks to the disk tier (if there is one), then stop
+        the runner's worker processes, if it has any (tensor parallelism)."""
+        if self._kv_tiers is not None and self.config.cache.kv_offload_dir is not None:
+            try:
+                self.runner.kv_offload_flush(self._block_manager.cached_block_items())
+            except Exception:
+                logger.exception("flushing the KV cache to the disk tier failed")
         shutdown = getattr(self.runner, "shutdown", None)
         if shutdown is not None:
             shutdown()
@@ -229,7 +251,7 @@ class LLMEngine:
         if scheduler_output.preempted_request_ids:
             self._timelines.preempted(scheduler_output.preempted_request_ids)
         if (scheduler_output.is_empty and not scheduler_output.finished_request_ids
-                and not scheduler_output.removed_lora_ids):
+                and not scheduler_output.removed_lora_ids and not scheduler_output.has_kv_ops):
             return []
         prefill = self._prefill_chunks(scheduler_output)
         if not scheduler_output.is_empty and self._lifecycle.num_grammar_sequences:
@@ -239,8 +261,12 @@ class LLMEngine:
             # frees the removed adapters.)
             runner_output = self.runner.execute_model(scheduler_output)
         except Exception as e:
+            self._scheduler.update_kv_from_output(None)  # (its loads count as failed)
             raise self._abort_batch(scheduler_output, e) from e
+        self._scheduler.update_kv_from_output(runner_output)
         if scheduler_output.is_empty:
+            if scheduler_output.has_kv_ops:  # (a step of loads and saves alone)
+                self._snapshot = self._take_snapshot()
             return []
         if runner_output.failed:
             self._fail_sequences(runner_output.failed)
@@ -334,6 +360,21 @@ class LLMEngine:
         self.abort_request(parent_ids)
         return BatchFailedError(parent_ids, error)
 
+    def _kv_offload_totals(self) -> KVOffloadTotals | None:
+        tiers, cache = self._kv_tiers, self.config.cache
+        if tiers is None:
+            return None
+        return KVOffloadTotals(
+            host_bytes=cache.kv_offload_memory,
+            disk_bytes=cache.kv_offload_disk_bytes if cache.kv_offload_dir else 0,
+            disk_dir=cache.kv_offload_dir, num_keys=len(tiers.keys),
+            swap_bytes=tiers.swap_bytes_used, hit_tokens=tiers.hit_tokens,
+            loaded_blocks=tiers.loaded_blocks, failed_loads=tiers.failed_loads,
+            swapped_out_blocks=tiers.swapped_out_blocks,
+            swapped_in_blocks=tiers.swapped_in_blocks, swap_fallbacks=tiers.swap_fallbacks,
+            stats=tiers.stats,
+        )
+
     def _count_cached_free_blocks(self) -> int:
         """Free blocks that still hold a cached prefix: a walk of the free list, so it is
         redone at most every CACHED_FREE_REFRESH_S (the snapshot's figure may lag)."""
@@ -384,6 +425,7 @@ class LLMEngine:
             finished_by_reason=self._finished_by_reason,
             steps_by_executor=self._steps_by_executor,
             spec_decode=self._spec_stats.frozen(),
+            kv_offload=self._kv_offload_totals(),
             running_lora_adapters=self._loras.names(scheduler.running),
             waiting_lora_adapters=self._loras.names(scheduler.waiting),
             max_lora=self.config.lora.max_loras if self.config.lora.enable_lora else 0,

@@ -19,7 +19,8 @@ follow its running totals, so nothing is counted twice however often `update` ru
                 choice or grammar), pagoda:grammar_compile_seconds_total (compiling them),
                 pagoda:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
                 ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total{position}
-                (speculative decoding, as vLLM's)
+                (speculative decoding, as vLLM's); with KV tiers, kv_offload_metrics.py's
+                series (per tier: hits, misses, bytes written and read, evictions; ...)
     histograms  pagoda:time_to_first_token_seconds, pagoda:inter_token_latency_seconds,
                 pagoda:e2e_request_latency_seconds, pagoda:request_queue_time_seconds,
                 pagoda:request_time_per_output_token_seconds (TPOT: per finished sequence
@@ -33,6 +34,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from pagoda.engine.kv_offload_metrics import KVOffloadMetrics
 from pagoda.engine.snapshot import EngineSnapshot
 from pagoda.outputs import RequestOutput
 
@@ -145,6 +147,9 @@ class EngineMetrics:
             "Mean time per generated token after the first, per finished sequence.",
             _TOKEN_GAP_BUCKETS,
         )
+        self._labels = labels
+        self._kv_offload: KVOffloadMetrics | None = None
+        """The KV tiers' series, registered with the first snapshot that has tiers."""
         # Engine totals at the previous update (counters advance by the difference).
         self._totals: dict[str, float] = {}
         self._finished_by_reason: dict[str, int] = {}
@@ -219,6 +224,11 @@ class EngineMetrics:
         self.num_requests_tracked.set(snapshot.num_tracked_requests)
         if snapshot.max_lora:
             self._update_lora_info(snapshot)
+        if snapshot.kv_offload is not None:
+            if self._kv_offload is None:
+                self._kv_offload = KVOffloadMetrics(self.registry, self._labels,
+                                                    self._label_values)
+            self._kv_offload.update(snapshot.kv_offload)
         self._advance(self.prompt_tokens, "prompt_tokens", snapshot.num_prompt_tokens)
         self._advance(self.generation_tokens, "generation_tokens", snapshot.num_generation_tokens)
         self._advance(self.prefix_cache_queries, "prefix_cache_queries",

@@ -76,6 +76,12 @@ class Request:
         """Proposed next tokens (speculative decoding), verified when next scheduled."""
         self.pooling_params = pooling_params
         """Set for a pooling (embedding) request: prefill only, nothing sampled."""
+        self.swap: tuple[list[int], int] | None = None
+        """(swap keys, computed tokens) of a request preempted under --preemption-mode swap
+        whose blocks wait in the host KV tier; None otherwise."""
+        self.kv_loads: tuple[list[int], int, bool] | None = None
+        """While the request's blocks are loaded from the KV tiers (one step): (keys, index
+        of the first loaded block, whether they are swap entries)."""
         self.lora_request = lora_request
         """The adapter this request runs with (None: the base model); kept through
         preemption, shared by the n children of a parallel-sampling request."""

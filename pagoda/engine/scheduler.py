@@ -26,6 +26,16 @@ A pooling (embedding) request follows the same rule: it is scheduled until its p
 computed, samples nothing, and the lifecycle finishes it in the step its vector comes back
 (mean and CLS pooling take no prefix-cache hits: Request.can_use_prefix_cache).
 
+KV tiers (kv_tier_index.py; on with --kv-offload-memory / --kv-offload-dir): a waiting
+request whose prefix goes on past the pool's hits in the tiers is admitted in two phases.
+This step it gets blocks for its pool and tier hits and the step carries loads for the
+latter; it computes nothing (it sits in `loading`, unknown to the runner). After the step
+(update_kv_from_output) its num_computed_tokens counts every block up to the first failed
+load (the rest are recomputed), those blocks are registered as cached, and it returns to
+the front of the waiting queue holding its blocks; it runs from the next step on.
+With --preemption-mode swap a victim's blocks are saved under swap keys when the host tier
+has room (else it recomputes), and loaded back the same way when it resumes.
+
 The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
 stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
 tells the scheduler which ids to finish (`finish_requests`); the scheduler frees them.
@@ -40,6 +50,7 @@ from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
 from pagoda.engine.kv_cache_groups import KVCacheManager
+from pagoda.engine.kv_tier_index import swap_key
 from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import Request, RequestStatus
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -59,6 +70,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: list[str] = []
+        self.loading: list[Request] = []
+        """Requests whose blocks this step loads from the KV tiers (empty between steps)."""
+        self.holding_ids: set[str] = set()
+        """Waiting requests that hold blocks loaded from the tiers: admitted before any other
+        waiting request, whatever the policy (they would otherwise sit on blocks the one
+        chosen may need)."""
         self.num_preemptions = 0
         self.num_computed_prompt_tokens = 0
         """Prompt tokens run through the model (cache hits excluded, recomputes included)."""
@@ -83,6 +100,8 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request in self.loading:
+                self.loading.remove(request)
             else:
                 self.waiting.remove(request)
             self._finish(request, status)
@@ -91,6 +110,11 @@ class Scheduler:
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
+        if request.swap is not None:
+            self.block_manager.tiers.drop_swap(request.swap[0])
+            request.swap = None
+        request.kv_loads = None
+        self.holding_ids.discard(request.request_id)
         self.block_manager.free(request)
         self.loras.release(request)
         del self.requests[request.request_id]
@@ -105,7 +129,7 @@ class Scheduler:
         return len(self.running)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     # ---- scheduling ------------------------------------------------------------------------
 
@@ -123,6 +147,10 @@ class Scheduler:
             candidates = [r for r in self.waiting if r.lora_int_id not in passed_over]
             if not candidates:
                 return None
+        if self.holding_ids:  # (at the front of the queue: found at once)
+            holding = next((r for r in candidates if r.request_id in self.holding_ids), None)
+            if holding is not None:
+                return holding
         if self.config.scheduling_policy == "priority":
             return min(candidates, key=lambda r: (r.priority, r.arrival_time))
         return candidates[0]
@@ -130,12 +158,45 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         request.spec_token_ids = []
+        if self.config.preemption_mode == "swap":
+            self._swap_out(request)
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+
+    def _swap_out(self, request: Request) -> None:
+        """Save the victim's computed blocks (the partial last one too) under swap keys,
+        if the host tier has room for them; else it recomputes when it resumes."""
+        tiers = self.block_manager.tiers
+        num_blocks = -(-request.num_computed_tokens // self.block_manager.block_size)
+        if tiers is None or num_blocks == 0:
+            return
+        if not tiers.swap_room(num_blocks):
+            tiers.swap_fallbacks += 1
+            return
+        block_ids = self.block_manager.block_ids(request.request_id)[0][:num_blocks]
+        tag = f"{request.request_id}#{request.num_preemptions}"
+        keys = [swap_key(tag, i) for i in range(num_blocks)]
+        tiers.save_swap(keys, block_ids)
+        request.swap = (keys, request.num_computed_tokens)
+
+    def _admit_loading(self, request: Request, computed_blocks: tuple, num_computed: int,
+                       keys: list[int], swap: bool) -> bool:
+        """Give a waiting request its pool hits and blocks for `keys`, loaded from the
+        tiers this step (see the module docstring); False, changing nothing, if too few
+        blocks are free."""
+        new_ids = self.block_manager.allocate_loading(request, computed_blocks, len(keys))
+        if new_ids is None:
+            return False
+        self.block_manager.tiers.load(list(zip(keys, new_ids)))
+        request.num_computed_tokens = num_computed
+        request.kv_loads = (keys, num_computed // self.block_manager.block_size, swap)
+        self.waiting.remove(request)
+        self.loading.append(request)
+        return True
 
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
@@ -187,7 +248,7 @@ class Scheduler:
             self.waiting
             and budget > 0
             and not output.preempted_request_ids
-            and len(self.running) < self.config.max_num_seqs
+            and len(self.running) + len(self.loading) < self.config.max_num_seqs
         ):
             request = self._next_waiting(passed_over)
             if request is None:
@@ -195,20 +256,37 @@ class Scheduler:
             if not self.loras.fits(active_loras, request.lora_int_id):
                 passed_over.add(request.lora_int_id)
                 continue
+            if request.swap is not None:  # swapped out: its blocks come back from the host tier
+                keys, _ = request.swap
+                if not self._admit_loading(request, (), 0, keys, swap=True):
+                    break
+                continue
             computed_blocks, num_computed = (), 0
-            if request.num_computed_tokens == 0 and request.can_use_prefix_cache:
+            if self.block_manager.holds_blocks(request.request_id):
+                num_computed = request.num_computed_tokens  # (its blocks were loaded)
+            elif request.num_computed_tokens == 0 and request.can_use_prefix_cache:
                 computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
+                tier_keys = self.block_manager.get_tier_hits(request, num_computed)
+                if tier_keys:
+                    if not self._admit_loading(request, computed_blocks, num_computed,
+                                               tier_keys, swap=False):
+                        break
+                    self.block_manager.tiers.hit_tokens += (
+                        len(tier_keys) * self.block_manager.block_size)
+                    continue
             num_new = request.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
+            computed_before = request.num_computed_tokens  # (not 0: blocks loaded earlier)
             request.num_computed_tokens = num_computed
             new_block_ids = self.block_manager.allocate_slots(request, num_new, computed_blocks)
             if new_block_ids is None:
-                request.num_computed_tokens = 0
+                request.num_computed_tokens = computed_before
                 break
             self.waiting.remove(request)
             self.running.append(request)
+            self.holding_ids.discard(request.request_id)
             if request.lora_int_id:
                 active_loras.add(request.lora_int_id)
             request.status = RequestStatus.RUNNING
@@ -237,6 +315,8 @@ class Scheduler:
         output.finished_request_ids = self.finished_request_ids
         self.finished_request_ids = []
         output.removed_lora_ids = self.loras.take_removed()
+        if self.block_manager.tiers is not None:
+            output.kv_saves, output.kv_loads, output.kv_drops = self.block_manager.tiers.take()
         return output
 
     def _spec_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:
@@ -251,6 +331,42 @@ class Scheduler:
         return request.spec_token_ids[: max(room, 0)]
 
     # ---- after the forward -----------------------------------------------------------------
+
+    def update_kv_from_output(self, runner_output: ModelRunnerOutput | None) -> None:
+        """After every step with tiers (before update_from_output): learn which keys the
+        tiers lost, and finish the loading requests (see the module docstring). None: the
+        step failed, so every load counts as failed."""
+        tiers = self.block_manager.tiers
+        if tiers is None:
+            return
+        if runner_output is None:
+            failures = {key for r in self.loading for key in r.kv_loads[0]}
+        else:
+            failures = set(runner_output.kv_load_failures)
+            tiers.forget(runner_output.kv_offload_dropped)
+            tiers.add_stats(runner_output.kv_offload_stats)
+        tiers.forget(failures)
+        block_size = self.block_manager.block_size
+        for request in self.loading:
+            keys, first_block, swap = request.kv_loads
+            request.kv_loads = None
+            num_loaded = next((i for i, key in enumerate(keys) if key in failures), len(keys))
+            tiers.loaded_blocks += num_loaded
+            tiers.failed_loads += len(keys) - num_loaded
+            computed = (first_block + num_loaded) * block_size
+            if swap:
+                _, swapped_computed = request.swap
+                computed = min(computed, swapped_computed)
+                tiers.drop_swap(keys)
+                tiers.swapped_in_blocks += num_loaded
+                request.swap = None
+            # The tokens past `computed` (a failed block and all after it) are recomputed
+            # into the blocks already held; the last token is never counted computed.
+            request.num_computed_tokens = min(computed, request.num_tokens - 1)
+            self.block_manager.cache_computed_blocks(request)
+            self.holding_ids.add(request.request_id)
+        self.waiting.extendleft(reversed(self.loading))  # first admitted, first again
+        self.loading = []
 
     def update_from_output(
         self, output: SchedulerOutput, runner_output: ModelRunnerOutput

@@ -67,6 +67,44 @@ class SpecDecodeStats:
 
 
 @dataclass(frozen=True)
+class KVOffloadTotals:
+    """The KV tiers (pagoda/engine/kv_tier_index.py): sizes and gauges after the step, and
+    counters since start."""
+
+    host_bytes: int = 0
+    """The host tier's size (--kv-offload-memory; 0: no host tier)."""
+    disk_bytes: int = 0
+    """The disk tier's quota (0: no disk tier)."""
+    disk_dir: str | None = None
+    num_keys: int = 0
+    """Prefix blocks the engine believes the tiers hold (gauge)."""
+    swap_bytes: int = 0
+    """Bytes of swapped-out requests' blocks waiting in the host tier (gauge)."""
+    hit_tokens: int = 0
+    """Prompt tokens found in the tiers at admission (loaded instead of computed)."""
+    loaded_blocks: int = 0
+    failed_loads: int = 0
+    """Blocks whose load failed (missing or corrupt): recomputed."""
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    swap_fallbacks: int = 0
+    """Preemptions under --preemption-mode swap that recomputed: the host tier had no room."""
+    stats: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+    """The tiers' own counters (KVOffloadWorker.take_stats names: host_hits, disk_bytes_read,
+    corrupt_entries, ...), summed since start."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stats", _frozen(self.stats))
+
+    def __getstate__(self) -> dict:  # (a read-only proxy does not pickle: a replica sends it)
+        return {**self.__dict__, "stats": dict(self.stats)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "stats", _frozen(state["stats"]))
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
     # ---- gauges: the state after the step -------------------------------------------------
     running_request_ids: tuple[str, ...] = ()
@@ -133,6 +171,8 @@ class EngineSnapshot:
     "whole-stack" (the C decode step), "compiled" or "eager"."""
     spec_decode: SpecDecodeTotals = field(default_factory=SpecDecodeTotals)
     """Speculative decoding counts (all zero when it is off)."""
+    kv_offload: KVOffloadTotals | None = None
+    """The KV tiers below the KV cache (--kv-offload-memory / --kv-offload-dir); None: off."""
 
     def __post_init__(self) -> None:
         # a read-only copy: the engine goes on counting in its own mappings

@@ -13,11 +13,19 @@ Batch layout: the scheduled tokens of every request, concatenated in schedule or
               which returns its vector in the step that computes its prompt's end.
     adapters: with --enable-lora, the forward runs under the step's row -> adapter mapping
               (executor/lora/: each request's rows get its LoRA adapter's deltas).
+
+KV tiers (--kv-offload-memory / --kv-offload-dir): the runner holds the KVOffloadWorker
+(executor/kv_offload/) over its caches, runs each step's kv_saves, kv_loads and kv_drops
+before the forward (saves first), and returns the failed loads, the tiers' counters and the
+keys they evicted; the engine asks for the disk tier's keys at start and flushes the pool's
+cached blocks to disk at shutdown. Entries carry `kv_offload_fingerprint`: never reused
+across another model file, dtype, KV dtype, block size or layout.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import types
 
@@ -30,6 +38,7 @@ from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
+from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 from pagoda.executor.kv_cache_allocation import (
     allocate_kv_caches,
     cpu_default_kv_blocks,
@@ -119,11 +128,54 @@ class ModelRunner:
         self.lora: LoRAManager | None = None
         """LoRA adapters (--enable-lora): loads them and maps each step's rows to theirs;
         set by the builder (attach_lora)."""
+        self.kv_offload: KVOffloadWorker | None = None
+        """The KV tiers below the cache (attach_kv_offload); None: off."""
 
     def attach_lora(self, manager: LoRAManager) -> None:
         self.lora = manager
         if self.whole_stack is not None:
             self.whole_stack.attach_lora(manager.model_lora)
+
+    # ---- KV tiers --------------------------------------------------------------------------
+
+    def attach_kv_offload(self, cache_config: CacheConfig, model_path: str,
+                          tp_rank: int = 0, tp_size: int = 1) -> None:
+        """Create the KV tiers' worker over the allocated cache (after initialize_kv_cache).
+        ValueError for a model with sliding-window layers (their blocks are freed out of the
+        window and carry no prefix hashes)."""
+        if self.kv_cache_windows != [None]:
+            raise ValueError("the KV tiers (kv_offload_memory, kv_offload_dir) need a model "
+                             "whose layers all attend to the whole sequence; this one has "
+                             "sliding-window layers")
+        config = KVOffloadConfig(
+            cache_config.kv_offload_memory, cache_config.kv_offload_dir,
+            cache_config.kv_offload_disk_bytes if cache_config.kv_offload_dir else 0)
+        fingerprint = kv_offload_fingerprint(
+            model_path, self.dtype, self.kv_cache_dtype, self.block_size, self.num_layers,
+            self.num_kv_heads, self.head_dim, tp_rank, tp_size)
+        self.kv_offload = KVOffloadWorker(self.kv_caches, config, fingerprint)
+
+    def kv_offload_known_keys(self) -> list[int]:
+        """Prefix keys the tiers hold now (at start: the disk tier's entries of this model)."""
+        return self.kv_offload.known_keys() if self.kv_offload is not None else []
+
+    def kv_offload_flush(self, items: list[tuple[int, int]]) -> None:
+        """Shutdown: (hash, block id) of the cache's prefix blocks -> the disk tier."""
+        if self.kv_offload is not None:
+            self.kv_offload.flush(items)
+
+    def _run_kv_ops(self, scheduler_output: SchedulerOutput, output: ModelRunnerOutput) -> None:
+        """The step's copies between the cache and the tiers, before its forward: saves
+        first (a block saved may be loaded into, or overwritten, in this very step)."""
+        worker = self.kv_offload
+        if scheduler_output.kv_saves:
+            worker.save(scheduler_output.kv_saves)
+        if scheduler_output.kv_loads:
+            output.kv_load_failures = worker.load(scheduler_output.kv_loads)
+        if scheduler_output.kv_drops:
+            worker.drop(scheduler_output.kv_drops)
+        output.kv_offload_stats = worker.take_stats()
+        output.kv_offload_dropped = worker.take_dropped()
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -351,6 +403,8 @@ class ModelRunner:
         request_ids = scheduler_output.request_ids
         output = ModelRunnerOutput(request_ids=list(request_ids),
                                    sampled_token_ids=[None] * len(request_ids))
+        if self.kv_offload is not None:
+            self._run_kv_ops(scheduler_output, output)
         if not request_ids:
             return output
         batch = self.input_batch
@@ -410,6 +464,32 @@ class ModelRunner:
                 [states[i] for i in sample_rows if states[i].request_id not in output.failed],
                 batch)
         return output
+
+
+KV_OFFLOAD_LAYOUT_VERSION = "pagoda-paged-kv-1"
+"""Bumped whenever the cache's block layout changes: older tier entries are then ignored."""
+
+
+def kv_offload_fingerprint(
+    model_path: str, dtype: torch.dtype, kv_cache_dtype: str, block_size: int,
+    num_layers: int, num_kv_heads: int, head_dim: int, tp_rank: int, tp_size: int,
+) -> str:
+    """What a KV tier entry is valid for: the model's file(s) by path, size and mtime (a
+    Hugging Face folder: each of its weight files), the dtypes, the block size, the cache's
+    shape and the tensor-parallel share."""
+    path = os.path.abspath(model_path)
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+                       if name.endswith((".safetensors", ".bin", ".json", ".gguf")))
+    stamps = []
+    for name in files:
+        stat = os.stat(name)
+        stamps.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "\n".join([
+        *stamps, f"dtype={dtype}", f"kv_cache_dtype={kv_cache_dtype}",
+        f"block_size={block_size}", f"layers={num_layers}", f"kv_heads={num_kv_heads}",
+        f"head_dim={head_dim}", f"tp={tp_rank}/{tp_size}", KV_OFFLOAD_LAYOUT_VERSION])
 
 
 def _private_forward(module: torch.nn.Module):

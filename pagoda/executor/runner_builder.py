@@ -54,6 +54,8 @@ class BuiltRunner:
     kv_cache_windows: list[int | None]
     run_info: dict = field(default_factory=dict)
     """cpu_info.run_info: the device, CPU, dtypes and kernels this runner multiplies with."""
+    kv_block_bytes: int = 0
+    """What one KV block takes in the KV tiers (0: no tiers)."""
 
 
 def build_runner(
@@ -113,6 +115,8 @@ def build_runner(
     info = run_info(dtype, weight_formats(model), runner.backend.name, arithmetic, device.type)
     max_model_len, num_blocks = _size_kv_cache(config, runner, max_model_len, group)
     runner.initialize_kv_cache(num_blocks)  # one count per KV-cache group
+    if config.cache.kv_offload_enabled:  # (tensor parallelism is refused with the tiers)
+        runner.attach_kv_offload(config.cache, files.path)
     if config.speculative is not None:
         runner.spec_decoder = build_spec_decoder(config, runner, tokenizer, max_model_len)
     if config.model.compile:
@@ -123,7 +127,7 @@ def build_runner(
     logger.info("step executors: %s", runner.describe_step_executors())
     torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
     return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows),
-                               info)
+                               info, runner.kv_offload.record_bytes if runner.kv_offload else 0)
 
 
 def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,

@@ -130,7 +130,7 @@ def test_view_json_from_snapshots() -> None:
     assert event["batch"] == {"num_seqs": 3, "num_tokens": 20, "num_prefill_tokens": 18,
                               "num_decode_tokens": 2}
     assert event["kv"] == {"num_blocks": 100, "block_size": 16, "used": 40, "cached": 60,
-                           "free": 0, "usage": 0.4}
+                           "free": 0, "usage": 0.4, "tiers": None}
     assert event["prefix_cache"]["hit_rate"] == pytest.approx(10 / 30)
     assert event["prefix_cache"]["recent_hit_rate"] == pytest.approx(5 / 20)
     assert event["throughput"] == {"generation_tokens_per_s": 100.0,

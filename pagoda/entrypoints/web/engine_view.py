@@ -63,6 +63,30 @@ def timeline_json(record: RequestTimeline, now: float) -> dict:
     }
 
 
+def tiers_json(snapshot: EngineSnapshot) -> dict | None:
+    """The KV tiers below the pool (--kv-offload-memory / --kv-offload-dir); None: off."""
+    tiers = snapshot.kv_offload
+    if tiers is None:
+        return None
+    stats = tiers.stats
+    return {
+        "host_bytes": tiers.host_bytes,
+        "disk_bytes": tiers.disk_bytes,
+        "keys": tiers.num_keys,
+        "swap_bytes": tiers.swap_bytes,
+        "hit_tokens": tiers.hit_tokens,
+        "loaded_blocks": tiers.loaded_blocks,
+        "failed_loads": tiers.failed_loads,
+        "swapped_out_blocks": tiers.swapped_out_blocks,
+        "host": {name: stats.get(f"host_{name}", 0)
+                 for name in ("hits", "misses", "bytes_written", "bytes_read", "evictions")},
+        "disk": {name: stats.get(f"disk_{name}", 0)
+                 for name in ("hits", "misses", "bytes_written", "bytes_read", "evictions")},
+        "corrupt_entries": stats.get("corrupt_entries", 0),
+        "disk_errors": stats.get("disk_errors", 0),
+    }
+
+
 def _rate(delta: float, seconds: float) -> float | None:
     return delta / seconds if seconds > 0 else None
 
@@ -119,6 +143,7 @@ class EngineView:
                 "cached": num_cached,
                 "free": snapshot.num_free_kv_blocks - num_cached,
                 "usage": snapshot.kv_cache_usage,
+                "tiers": tiers_json(snapshot),
             },
             "prefix_cache": {
                 "queries": snapshot.prefix_cache_queries,

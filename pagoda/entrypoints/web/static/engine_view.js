@@ -76,6 +76,21 @@ export function setupEngineView() {
     $("kv-free").textContent = kv.free;
     $("kv-grid").setAttribute("aria-label", `KV block pool: ${kv.used} used, ${kv.cached} ` +
       `cached, ${kv.free} free of ${kv.num_blocks} blocks of ${kv.block_size} tokens`);
+    const tiers = kv.tiers;  // (null without --kv-offload-memory / --kv-offload-dir)
+    $("kv-tiers").hidden = !tiers;
+    if (tiers) {
+      const mib = (bytes) => `${(bytes / 1048576).toFixed(1)} MiB`;
+      const tier = (name, t, size) => size > 0
+        ? `${name} ${mib(size)}: ${t.hits} hits, ${t.misses} misses, ` +
+          `${mib(t.bytes_written)} written, ${mib(t.bytes_read)} read, ${t.evictions} evicted`
+        : `${name}: off`;
+      $("kv-tiers").textContent = `Tiers: ${tiers.keys} blocks held, ` +
+        `${tiers.hit_tokens} prompt tokens loaded, ${tiers.failed_loads} failed loads · ` +
+        `${tier("host", tiers.host, tiers.host_bytes)} · ` +
+        `${tier("disk", tiers.disk, tiers.disk_bytes)}` +
+        (tiers.swap_bytes ? ` · swapped out ${mib(tiers.swap_bytes)}` : "") +
+        (tiers.corrupt_entries ? ` · ${tiers.corrupt_entries} corrupt entries` : "");
+    }
     if (event.interval > 0) {  // (the first event of a connection has no rates)
       push(history.generation, throughput.generation_tokens_per_s);
       push(history.prompt, throughput.prompt_tokens_per_s);
