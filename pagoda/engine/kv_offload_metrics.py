@@ -28,11 +28,11 @@ WHOLE = ("corrupt_entries", "disk_errors")
 ENGINE_COUNTERS = {
     "kv_offload_hit_tokens": ("hit_tokens", "Prompt tokens loaded from the KV tiers."),
     "kv_offload_failed_loads": ("failed_loads", "KV blocks whose load failed (recomputed)."),
-    "kv_swap_out_blocks": ("swapped_out_blocks", "KV blocks of preempted requests swapped "
-                           "out to the host tier."),
+    "kv_swap_out_blocks": ("swapped_out_blocks",
+                           "KV blocks of preempted requests swapped out to the host tier."),
     "kv_swap_in_blocks": ("swapped_in_blocks", "Swapped-out KV blocks loaded back."),
-    "kv_swap_fallbacks": ("swap_fallbacks", "Swap preemptions that recomputed instead: the "
-                          "host tier had no room."),
+    "kv_swap_fallbacks": ("swap_fallbacks",
+                          "Swap preemptions that recomputed instead: the host tier had no room."),
 }
 
 
@@ -52,7 +52,7 @@ class KVOffloadMetrics:
         self.swap_bytes = Gauge(PREFIX + "kv_offload_swap_bytes", "Bytes of swapped-out "
                                 "requests' KV blocks in the host tier.", labels,
                                 registry=registry).labels(*values)
-        for name, counter in self._per_tier.items():
+        for counter in self._per_tier.values():
             for tier in ("host", "disk"):
                 counter.labels(*values, tier)  # exported as 0 from the start
         self._totals: dict[str, int] = {}

@@ -38,7 +38,6 @@ from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
-from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 from pagoda.executor.kv_cache_allocation import (
     allocate_kv_caches,
     cpu_default_kv_blocks,
@@ -50,6 +49,7 @@ from pagoda.executor.kv_cache_layout import (
     split_kv_blocks,
     window_blocks_needed,
 )
+from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.lora.manager import LoRAManager
 from pagoda.executor.lora.step import lora_step
