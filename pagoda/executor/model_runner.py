@@ -25,7 +25,6 @@ across another model file, dtype, KV dtype, block size or layout.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import types
 
@@ -50,6 +49,7 @@ from pagoda.executor.kv_cache_layout import (
     window_blocks_needed,
 )
 from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
+from pagoda.executor.kv_offload.fingerprint import kv_offload_fingerprint
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.lora.manager import LoRAManager
 from pagoda.executor.lora.step import lora_step
@@ -464,32 +464,6 @@ class ModelRunner:
                 [states[i] for i in sample_rows if states[i].request_id not in output.failed],
                 batch)
         return output
-
-
-KV_OFFLOAD_LAYOUT_VERSION = "pagoda-paged-kv-1"
-"""Bumped whenever the cache's block layout changes: older tier entries are then ignored."""
-
-
-def kv_offload_fingerprint(
-    model_path: str, dtype: torch.dtype, kv_cache_dtype: str, block_size: int,
-    num_layers: int, num_kv_heads: int, head_dim: int, tp_rank: int, tp_size: int,
-) -> str:
-    """What a KV tier entry is valid for: the model's file(s) by path, size and mtime (a
-    Hugging Face folder: each of its weight files), the dtypes, the block size, the cache's
-    shape and the tensor-parallel share."""
-    path = os.path.abspath(model_path)
-    files = [path]
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, name) for name in os.listdir(path)
-                       if name.endswith((".safetensors", ".bin", ".json", ".gguf")))
-    stamps = []
-    for name in files:
-        stat = os.stat(name)
-        stamps.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "\n".join([
-        *stamps, f"dtype={dtype}", f"kv_cache_dtype={kv_cache_dtype}",
-        f"block_size={block_size}", f"layers={num_layers}", f"kv_heads={num_kv_heads}",
-        f"head_dim={head_dim}", f"tp={tp_rank}/{tp_size}", KV_OFFLOAD_LAYOUT_VERSION])
 
 
 def _private_forward(module: torch.nn.Module):
