@@ -87,20 +87,22 @@ def sample_names(text: str) -> set[str]:
 
 def pagoda_metric_names() -> set[str]:
     """Every series name Pagoda can export, from its metric classes in this process: one
-    engine's (after a speculative-decoding step, whose per-position counter appears then),
+    engine's (after a speculative-decoding step, whose per-position counter appears then, and
+    with KV tiers, whose series appear only where they are on),
     the cost collector's, a data-parallel server's and the autoscaler ledger's (with a cost).
     tests/deploy/test_scraped_metric_names.py checks a real server's /metrics against these."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from pagoda.engine.data_parallel.metrics import DataParallelMetrics
     from pagoda.engine.metrics import EngineMetrics
-    from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeTotals
+    from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
     from pagoda.entrypoints.openai.cost_metrics import CostCollector
     from pagoda.entrypoints.scaling_ledger import DeploymentView, ScalingLedger
 
     engine = EngineMetrics("m")
     engine.update(EngineSnapshot(num_prompt_tokens=8, num_generation_tokens=4,
-                                 spec_decode=SpecDecodeTotals(1, 2, 1, (1, 0))))
+                                 spec_decode=SpecDecodeTotals(1, 2, 1, (1, 0)),
+                                 kv_offload=KVOffloadTotals(host_bytes=1)))
     cost = CollectorRegistry()
     cost.register(CostCollector(1.0, lambda: [engine.registry]))
     ledger = ScalingLedger(cost_per_hour=1.0)

@@ -32,6 +32,7 @@ COVERED = {
     "queue": "pagoda:num_requests_waiting",
     "KV usage": "pagoda:kv_cache_usage_perc",
     "prefix hits": "pagoda:prefix_cache_hits_total",
+    "KV tiers": "pagoda:kv_offload_hits_total",
     "spec-decode acceptance": "pagoda:spec_decode_num_accepted_tokens_total",
     "replicas (Ray Serve's own)": "ray_serve_deployment_replica_healthy",
     "replicas over time (ledger)": "pagoda:serve_replicas",

@@ -50,7 +50,9 @@ def samples(text: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def server():
-    with RemoteServer(["--cost-per-hour", str(COST_PER_HOUR)]) as running:
+    # with a host KV tier: its series exist only where the tiers are on
+    with RemoteServer(["--cost-per-hour", str(COST_PER_HOUR),
+                       "--kv-offload-memory", str(64 << 20)]) as running:
         yield running
 
 
