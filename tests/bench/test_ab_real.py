@@ -67,8 +67,9 @@ def test_the_verdict_picks_the_server_that_batches(servers, tmp_path, capsys):
     assert comparison["winner"] == "batched" and analysis["choice"] == "batched"
     # 8 requests in flight: one at a time queues them, so the batched server's time to first
     # token is lower, with an interval that excludes zero. By how much depends on the CPU
-    # (how much cheaper a decode step is than a prefill: -20 % on a Zen 4 EPYC), so
-    # only the direction is asserted, with the significance the verdict rests on.
+    # (on how cheap a decode step is beside a prefill; the interval's bound was -20 % on a
+    # Zen 4 EPYC), so only the direction is asserted, with the significance the verdict
+    # rests on.
     ttft = next(m for m in comparison["metrics"] if m["metric"] == "ttft" and
                 m["statistic"] == "p95")
     assert ttft["excludes_zero"] and ttft["high"] < 0 and ttft["significant"]
