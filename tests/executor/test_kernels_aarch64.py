@@ -53,14 +53,12 @@ def dotprod_driver(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def emulating_driver(tmp_path_factory) -> Path:
     """The same driver for this x86 CPU, its kernels as build.ISA_BUILDS["arm64-emulated"]
-    builds them, with -fopenmp but not -march=native: on a Zen 4 EPYC -march=native let GCC
-    vectorize the portable code's scalar parts its own way, and attention's last bits moved
-    (the ARM64 build has no such freedom)."""
+    builds them (with the library's own optional flags)."""
     if not ON_X86 or "fma" not in CPU_FLAGS:
         pytest.skip("the ARM64 emulation build runs on x86 CPUs with FMA")
     target = tmp_path_factory.mktemp("arm64-emulated") / "kernel_driver"
     source = Path(__file__).with_name("kernel_driver.c")
-    subprocess.run(["cc", "-O3", "-fopenmp", *build.ISA_BUILDS["arm64-emulated"],
+    subprocess.run(["cc", "-O3", *build.OPTIONAL_FLAGS[0], *build.ISA_BUILDS["arm64-emulated"],
                     f"-I{SOURCE_DIR}", "-o", str(target), str(source),
                     *map(str, kernel_sources()), "-lm"], check=True)
     return target
