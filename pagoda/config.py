@@ -27,7 +27,7 @@ QUANTIZATION_METHODS = ("int8", "int4")
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 """`quantization` values: auto (a GGUF file's own types, run packed, where Pagoda's kernels
 build: pagoda/executor/loader/model_loader.py), none (None is the same), or a method."""
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 LORA_DTYPES = ("auto", "float32", "bfloat16", "float16")
 """--lora-dtype: the numbers loaded adapters are stored in (auto: the adapter file's own)."""
 """`kv_cache_dtype` values, as vLLM's --kv-cache-dtype (pagoda/executor/attention/kv_quant.py)."""
@@ -138,9 +138,11 @@ class CacheConfig:
     """Force the number of KV blocks instead of sizing the cache from memory (tests and
     experiments)."""
     kv_cache_dtype: str = field(default="auto", metadata={"choices": KV_CACHE_DTYPES})
-    """KV cache storage: auto (the run dtype), or 8 bits a value with one scale per token and
-    KV head, about twice the tokens of a 16-bit cache (4x float32) in the same memory: int8,
-    fp8_e4m3 (fp8 is the same) or fp8_e5m2. CPU only; BENCHMARKS.md has their fidelity."""
+    """KV cache storage: auto (the run dtype); float16 or bfloat16 under float32 activations
+    (half the bytes decode reads deep into a long context; llama.cpp's default is float16);
+    or 8 bits a value with one scale per token and KV head, about twice the tokens of a 16-bit
+    cache (4x float32) in the same memory: int8, fp8_e4m3 (fp8 is the same) or fp8_e5m2. All
+    but auto are CPU only; BENCHMARKS.md has their fidelity."""
     kv_offload_memory: int = 0
     """Bytes of host memory for a second KV tier (0: off): prefix blocks evicted from the KV
     cache are kept here, keyed by their prefix hash, and loaded back instead of recomputed

@@ -23,6 +23,7 @@ from pagoda.executor.attention.kv_quant import (
     bytes_per_token_head,
     code_dtype,
     is_quantized,
+    plain_cache_dtype,
 )
 
 CPU_KV_CACHE_FRACTION = 0.2
@@ -56,23 +57,25 @@ def cpu_default_kv_blocks(one_sequence: int, bytes_per_block: int, most_useful: 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                        kv_cache_dtype: str) -> int:
-    """K and V of one token over all layers and KV heads; an 8-bit cache counts its codes
-    and its scales (kv_quant.py)."""
+    """K and V of one token over all layers and KV heads (`dtype` the activations'); an
+    8-bit cache counts its codes and its scales (kv_quant.py)."""
     if is_quantized(kv_cache_dtype):
         row_bytes = bytes_per_token_head(kv_cache_dtype, head_dim)
     else:
-        row_bytes = head_dim * torch.empty(0, dtype=dtype).element_size()
+        row_bytes = head_dim * plain_cache_dtype(kv_cache_dtype, dtype).itemsize
     return 2 * num_layers * num_kv_heads * row_bytes
 
 
 def allocate_kv_caches(shape: tuple, num_layers: int, dtype: torch.dtype, device: torch.device,
                        kv_cache_dtype: str) -> list:
     """`num_layers` zeroed paged caches of the backend's `shape` (one KV-cache group's):
-    tensors of `dtype`, or QuantizedKVCache for an 8-bit `kv_cache_dtype` (CPU)."""
+    tensors of `dtype` (the activations') or of the 16-bit `kv_cache_dtype`, or
+    QuantizedKVCache for an 8-bit one (CPU)."""
     if num_layers == 0:
         return []
     if is_quantized(kv_cache_dtype):
         return _quantized_kv_caches(shape, num_layers, kv_cache_dtype)
+    dtype = plain_cache_dtype(kv_cache_dtype, dtype)
     if device.type == "cpu":
         element_size = torch.empty(0, dtype=dtype).element_size()
         buffer = torch.frombuffer(_lazy_zeros(num_layers * math.prod(shape) * element_size),

@@ -33,7 +33,7 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import select_backend
-from pagoda.executor.attention.kv_quant import QuantizedKVCache, is_quantized
+from pagoda.executor.attention.kv_quant import QuantizedKVCache, check_kv_cache_dtype
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
@@ -110,11 +110,7 @@ class ModelRunner:
         self.head_dim = head_dim_of(hf_config)
         self.block_size = cache_config.block_size
         self.kv_cache_dtype = cache_config.kv_cache_dtype
-        if is_quantized(self.kv_cache_dtype) and device.type != "cpu":
-            raise ValueError(
-                f"kv_cache_dtype {self.kv_cache_dtype} runs on CPU only for now; use "
-                f"--kv-cache-dtype auto on {device.type}"
-            )
+        check_kv_cache_dtype(self.kv_cache_dtype, dtype, device)
         self.set_kv_cache_groups()
         self.sampler = Sampler()
         self.generators = SeededGenerators(device)

@@ -16,8 +16,8 @@ What it covers, checked once per KV cache (`WholeStackDecode.plan`):
     - every projection packed: a PackedLinear of at most MAX_SEGMENTS parts (a GGUF file's
       own types; `--quantization int4/int8`, AWQ / GPTQ folders: a QuantizedLinear on
       Pagoda's kernel with no float weight kept);
-    - float32 activations and a float32 paged cache on the C attention backend, one
-      KV-cache group;
+    - float32 activations and a float32 (or float16 / bfloat16) paged cache on the C attention
+      backend, one KV-cache group;
 and per step (`WholeStackDecode.forward`): a decode-only batch (each sequence's one new
 token) of fewer than DEQUANTIZE_FROM_ROWS tokens. Anything else takes the eager forward.
 
@@ -43,9 +43,15 @@ from pagoda.executor.kernels.abi import (
     Decoder,
     DecoderLayer,
     DecoderLinear,
+    kv_cache_format,
     weight_format,
 )
-from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, kernels_available, load_cpu_kernels
+from pagoda.executor.kernels.ops import (
+    DEQUANTIZE_FROM_ROWS,
+    SIXTEEN_BIT_CACHES,
+    kernels_available,
+    load_cpu_kernels,
+)
 from pagoda.executor.kernels.packed_weight import PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
@@ -215,7 +221,10 @@ class WholeStackDecode:
             num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
             head_dim=attention.head_dim, intermediate=mlp.down_proj.in_features,
             rotary_dim=rotary.rotary_dim, num_blocks=kv_cache.shape[2],
-            block_size=kv_cache.shape[3], eps=model.norm.eps, cos_cache=cos.data_ptr(),
+            block_size=kv_cache.shape[3], eps=model.norm.eps,
+            kv_format=-1 if kv_cache.dtype == torch.float32 else kv_cache_format(
+                SIXTEEN_BIT_CACHES[kv_cache.dtype]),
+            cos_cache=cos.data_ptr(),
             signed_sin_cache=sin.data_ptr(), layers=layers)
 
     def _describe_layer(self, layer: nn.Module) -> DecoderLayer | None:
@@ -233,7 +242,9 @@ class WholeStackDecode:
                 or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
                 or not isinstance(attn.backend, CpuKernelAttentionBackend)
                 or attn.backend is not first.self_attn.attn.backend or attn.kv_cache_group != 0
-                or type(attn.kv_cache) is not torch.Tensor or attn.kv_cache.dtype != torch.float32
+                or type(attn.kv_cache) is not torch.Tensor
+                or attn.kv_cache.dtype not in (torch.float32, *SIXTEEN_BIT_CACHES)
+                or attn.kv_cache.dtype != first.self_attn.attn.kv_cache.dtype
                 or attn.kv_cache.shape != first.self_attn.attn.kv_cache.shape):
             return None
         linears = [_linear(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj,

@@ -13,6 +13,7 @@ import re
 
 import gguf
 import pytest
+import torch
 from prometheus_client import generate_latest
 
 from pagoda import LLM, SamplingParams
@@ -136,6 +137,18 @@ def test_an_awq_folder_takes_the_kernel(tmp_path) -> None:
     quantized_checkpoint(str(tmp_path), "awq", 32)
     llm = engine_of(str(tmp_path))
     fused, eager, calls = generate_both_ways(llm)
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_a_16_bit_cache_takes_the_kernel_as_the_eager_forward_does(kv_cache_dtype,
+                                                                   tmp_path) -> None:
+    """--kv-cache-dtype float16 / bfloat16 under float32 activations: the whole-stack step
+    reads and writes the 16-bit cache as the eager forward's attention does."""
+    llm = engine_of(tiny_gguf(tmp_path, "llama"), kv_cache_dtype=kv_cache_dtype)
+    assert llm.engine.runner.kv_caches[0].dtype == getattr(torch, kv_cache_dtype)
+    fused, eager, calls = generate_both_ways(llm, max_tokens=16)
     assert calls >= 8
     assert_same_completions(fused, eager)
 

@@ -297,7 +297,7 @@ def test_kv_cache_dtype_is_validated_and_fp8_is_e4m3() -> None:
     assert CacheConfig(kv_cache_dtype="fp8").kv_cache_dtype == "fp8_e4m3"
     for fmt in FORMATS:
         assert CacheConfig(kv_cache_dtype=fmt).kv_cache_dtype == fmt
-    with pytest.raises(ValueError, match="auto, fp8, fp8_e4m3, fp8_e5m2, int8"):
+    with pytest.raises(ValueError, match="auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, int8"):
         CacheConfig(kv_cache_dtype="q8_0")
 
 

@@ -71,7 +71,34 @@ def canonical_kv_cache_dtype(name: str) -> str:
 
 
 def is_quantized(kv_cache_dtype: str) -> bool:
-    return canonical_kv_cache_dtype(kv_cache_dtype) != "auto"
+    """An 8-bit cache: codes and scales (QuantizedKVCache)."""
+    return canonical_kv_cache_dtype(kv_cache_dtype) in QMAX
+
+
+SIXTEEN_BIT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+"""--kv-cache-dtype values that store plain 16-bit values under float32 activations."""
+
+
+def plain_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The element dtype of a cache that is not 8-bit: the 16-bit one named, else `dtype`
+    (the activations')."""
+    return SIXTEEN_BIT.get(kv_cache_dtype, dtype)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError naming the problem where this cache cannot run with these activations on
+    this device: every cache but the activations' own has CPU kernels only, and a 16-bit one
+    is read by the float32 kernel (bfloat16 activations already keep a bfloat16 cache)."""
+    own = kv_cache_dtype == "auto" or SIXTEEN_BIT.get(kv_cache_dtype) == dtype
+    if own:
+        return
+    if device.type != "cpu":
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype} runs on CPU only for now; use "
+                         f"--kv-cache-dtype auto on {device.type}")
+    if kv_cache_dtype in SIXTEEN_BIT and dtype != torch.float32:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype} needs float32 activations "
+                         f"(--dtype float32); with {str(dtype).removeprefix('torch.')} ones use "
+                         f"--kv-cache-dtype auto")
 
 
 def code_dtype(kv_cache_dtype: str) -> torch.dtype:

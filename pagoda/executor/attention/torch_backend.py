@@ -223,7 +223,8 @@ class TorchAttentionBackend(AttentionBackend):
             return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
         k = kv_cache[0].view(-1, block_size, head_dim).index_select(0, group.tile_index)
         v = kv_cache[1].view(-1, block_size, head_dim).index_select(0, group.tile_index)
-        return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
+        # a 16-bit cache under float32 activations: the gathered tiles widened
+        return k.view(rows, -1, head_dim).to(dtype), v.view(rows, -1, head_dim).to(dtype)
 
     def prefill(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
@@ -266,7 +267,8 @@ def write_kv_cache(
     """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row).
     index_put_, not index_copy_: on CPU index_copy_ wrote every page of the layer's cache
     (RSS grew by the whole cache at the first prefill), index_put_ only the rows it stores.
-    An 8-bit cache takes each row's codes and scale (kv_quant.quantize)."""
+    An 8-bit cache takes each row's codes and scale (kv_quant.quantize), a 16-bit one under
+    float32 activations the values rounded to nearest even."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     index = (slice(None), slot_mapping)
     if isinstance(kv_cache, QuantizedKVCache):
@@ -275,8 +277,8 @@ def write_kv_cache(
             kv_cache.codes[i].view(num_kv_heads, -1, head_dim)[index] = codes
             kv_cache.scales[i].view(num_kv_heads, -1)[index] = scales
         return
-    kv_cache[0].view(num_kv_heads, -1, head_dim)[index] = key.transpose(0, 1)
-    kv_cache[1].view(num_kv_heads, -1, head_dim)[index] = value.transpose(0, 1)
+    kv_cache[0].view(num_kv_heads, -1, head_dim)[index] = key.transpose(0, 1).to(kv_cache.dtype)
+    kv_cache[1].view(num_kv_heads, -1, head_dim)[index] = value.transpose(0, 1).to(kv_cache.dtype)
 
 
 def _decode_attention(

@@ -23,11 +23,14 @@ class WeightFormat(IntEnum):
 
 
 class KVCacheFormat(IntEnum):
-    """KV_* of kernels.h: the 8-bit KV cache formats (attention/kv_quant.py)."""
+    """KV_* of kernels.h: the 8-bit KV cache formats (attention/kv_quant.py) and the 16-bit
+    ones under float32 activations."""
 
     INT8 = 0
     FP8_E4M3 = 1
     FP8_E5M2 = 2
+    FLOAT16 = 3
+    BFLOAT16 = 4
 
 
 def weight_format(name: str) -> int:
@@ -36,7 +39,8 @@ def weight_format(name: str) -> int:
 
 
 def kv_cache_format(name: str) -> int:
-    """An 8-bit KV cache dtype ("int8", "fp8_e4m3", "fp8_e5m2") -> its KV_* code."""
+    """A KV cache dtype ("int8", "fp8_e4m3", "fp8_e5m2", "float16", "bfloat16") -> its KV_*
+    code."""
     return int(KVCacheFormat[name.upper()])
 
 
@@ -125,7 +129,8 @@ class Decoder(ctypes.Structure):
     _fields_ = [("num_layers", _i64), ("hidden", _i64), ("num_heads", _i64),
                 ("num_kv_heads", _i64), ("head_dim", _i64), ("intermediate", _i64),
                 ("rotary_dim", _i64), ("num_blocks", _i64), ("block_size", _i64),
-                ("eps", _f32), ("cos_cache", _ptr), ("signed_sin_cache", _ptr),
+                ("eps", _f32), ("kv_format", _int), ("cos_cache", _ptr),
+                ("signed_sin_cache", _ptr),
                 ("layers", ctypes.POINTER(DecoderLayer))]
 
 
@@ -160,6 +165,7 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     # attention_f32.c (paged attention: attention_driver.c)
     "pagoda_paged_attention_f32": (None, _ATTENTION),
     "pagoda_paged_attention_q8_f32": (None, _ATTENTION),
+    "pagoda_paged_attention_h16_f32": (None, _ATTENTION),
     "pagoda_rms_norm_f32": (None, [_ptr, _ptr, _ptr, _f32, _i64, _i64, _ptr, _ptr]),
     # decoder_f32.c (the model: a Decoder, whole_stack_decode.py fills it)
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),

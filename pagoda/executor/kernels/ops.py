@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagoda.executor.attention.kv_quant import QuantizedKVCache
+from pagoda.executor.attention.kv_quant import SIXTEEN_BIT, QuantizedKVCache
 from pagoda.executor.kernels.abi import AttentionArgs, kv_cache_format, weight_format
 from pagoda.executor.kernels.build import load_cpu_kernels
 from pagoda.executor.kernels.packing import TILE_N
@@ -180,12 +180,18 @@ def paged_attention(
     query token must be the only new token of its sequence.
 
     kv_cache may be an 8-bit QuantizedKVCache (attention/kv_quant.py), with float32 queries:
-    the kernel decodes codes and scales as it reads, and quantizes `new_keys` as it writes."""
+    the kernel decodes codes and scales as it reads, and quantizes `new_keys` as it writes.
+    Or a float16 / bfloat16 cache under float32 queries (--kv-cache-dtype float16|bfloat16):
+    widened as it is read, `new_keys` rounded to nearest even as they are written."""
     quantized = isinstance(kv_cache, QuantizedKVCache)
-    if quantized:
-        if query.dtype != torch.float32:
-            raise ValueError(f"the 8-bit KV cache kernel takes float32 queries, got {query.dtype}")
-        kernel = load_cpu_kernels().pagoda_paged_attention_q8_f32
+    narrow = not quantized and kv_cache.dtype != query.dtype  # a 16-bit cache, float32 queries
+    if quantized or narrow:
+        if query.dtype != torch.float32 or narrow and kv_cache.dtype not in SIXTEEN_BIT_CACHES:
+            raise ValueError(f"a {kv_cache_dtype_name(kv_cache)} KV cache's kernel takes "
+                             f"float32 queries, got {query.dtype}")
+        kernels = load_cpu_kernels()
+        kernel = kernels.pagoda_paged_attention_q8_f32 if quantized else (
+            kernels.pagoda_paged_attention_h16_f32)
     else:
         kernel = _kernel("paged_attention", query.dtype)
     num_tokens, num_heads, head_dim = query.shape
@@ -200,9 +206,10 @@ def paged_attention(
         table_width=block_tables.shape[1], window=window or 0, scale=scale)
     if quantized:
         args.kv_cache, args.kv_scales = kv_cache.codes.data_ptr(), kv_cache.scales.data_ptr()
-        args.kv_format = kv_cache_format(kv_cache.kv_cache_dtype)
     else:
         args.kv_cache = kv_cache.data_ptr()
+    if quantized or narrow:
+        args.kv_format = kv_cache_format(kv_cache_dtype_name(kv_cache))
     if new_keys is not None:
         # named, not temporaries: each must outlive the call that reads its pointer
         key, value = _token_rows(new_keys[0]), _token_rows(new_keys[1])
@@ -211,6 +218,16 @@ def paged_attention(
         args.k_stride, args.v_stride = key.stride(0), value.stride(0)
     kernel(ctypes.byref(args))
     return out
+
+
+SIXTEEN_BIT_CACHES = {dtype: name for name, dtype in SIXTEEN_BIT.items()}
+
+
+def kv_cache_dtype_name(kv_cache: torch.Tensor | QuantizedKVCache) -> str:
+    """The --kv-cache-dtype a cache was allocated for (an 8-bit one's, or its torch dtype's)."""
+    if isinstance(kv_cache, QuantizedKVCache):
+        return kv_cache.kv_cache_dtype
+    return SIXTEEN_BIT_CACHES.get(kv_cache.dtype, str(kv_cache.dtype).removeprefix("torch."))
 
 
 def _token_rows(t: torch.Tensor) -> torch.Tensor:

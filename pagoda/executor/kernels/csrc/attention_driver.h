@@ -54,4 +54,19 @@ ALWAYS_INLINE int64_t cache_head_offset(const struct pagoda_attention_args *a, i
            * a->head_dim;
 }
 
+/* The cache slot (block * block_size + row) of the key at position pos + ahead of a task
+ * attending positions first .. first + n - 1, `ahead` clamped to the last of them. */
+ALWAYS_INLINE int64_t key_slot(const int64_t *table, int64_t block_size, int64_t first,
+                               int64_t n, int64_t pos, int64_t ahead) {
+    const int64_t at = pos + ahead < first + n ? pos + ahead : first + n - 1;
+    return table[at / block_size] * block_size + at % block_size;
+}
+
+/* Ask for the `bytes` at p (a row of the cache, read a block from now): blocks lie anywhere
+ * in the cache, where the hardware prefetcher loses the stream at every block (measured
+ * at a 16k-token depth: 2.2x the time of the same keys in consecutive blocks without it). */
+ALWAYS_INLINE void prefetch_row(const void *p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off);
+}
+
 #endif

@@ -29,22 +29,37 @@ ALWAYS_INLINE void softmax_rows(const int64_t G, int64_t n, float *scores) {
     }
 }
 
+#define KV_FLOAT32 (-1) /* this file's name for the float32 cache, beside kernels.h's KV_* */
+
+/* Chunk c (LANES values) of a cache row of `format` (KV_FLOAT32, KV_FLOAT16, KV_BFLOAT16) as
+ * float32: 16-bit values widen exactly (load_f16 by bits; bfloat16 is float32's top half). */
+ALWAYS_INLINE vf32 load_kv(const int format, const void *row, int64_t c) {
+    if (format == KV_FLOAT16) return load_f16((const uint16_t *)row + c * LANES);
+    if (format == KV_BFLOAT16)
+        return (vf32)(load_u16_widened((const uint16_t *)row + c * LANES) << 16);
+    return load_f32((const float *)row + c * LANES);
+}
+
 /* One (query token, KV head) task: its G query heads (rows q_rows, each D wide) against keys
- * first .. first + n - 1 of the sequence whose block table is `table`. scores: G * n floats. */
-ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_rows,
-                               const float *k_head, const float *v_head, const int64_t *table,
-                               int64_t block_size, int64_t first, int64_t n, float scale,
-                               float *scores, float *out_rows) {
+ * first .. first + n - 1 of the sequence whose block table is `table`, in a cache of
+ * `format` (rows of D values of value_bytes each). scores: G * n floats. */
+ALWAYS_INLINE void attend_task(const int format, const int64_t G, const int64_t D,
+                               const float *q_rows, const char *k_head, const char *v_head,
+                               const int64_t *table, int64_t block_size, int64_t first,
+                               int64_t n, float scale, float *scores, float *out_rows) {
+    const int64_t row_bytes = D * (format == KV_FLOAT32 ? 4 : 2);
     vf32 q[MAX_GROUP][MAX_HEAD_DIM / LANES];
     for (int64_t g = 0; g < G; g++)
         for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = first + j;
-        const float *k = k_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        const char *k = k_head + key_slot(table, block_size, first, n, pos, 0) * row_bytes;
+        prefetch_row(k_head + key_slot(table, block_size, first, n, pos, block_size) * row_bytes,
+                     row_bytes);
         for (int64_t g = 0; g < G; g++) {
             vf32 acc = (vf32){0};
-            for (int64_t c = 0; c < D / LANES; c++) acc += q[g][c] * load_f32(k + c * LANES);
-            scores[g * n + j] = scale * horizontal_sum(acc);
+            for (int64_t c = 0; c < D / LANES; c++) acc += q[g][c] * load_kv(format, k, c);
+            scores[g * n + j] = scale * tree_sum(acc);
         }
     }
     softmax_rows(G, n, scores);
@@ -53,9 +68,11 @@ ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_
         for (int64_t c = 0; c < D / LANES; c++) acc[g][c] = (vf32){0};
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = first + j;
-        const float *v = v_head + (table[pos / block_size] * block_size + pos % block_size) * D;
+        const char *v = v_head + key_slot(table, block_size, first, n, pos, 0) * row_bytes;
+        prefetch_row(v_head + key_slot(table, block_size, first, n, pos, block_size) * row_bytes,
+                     row_bytes);
         for (int64_t c = 0; c < D / LANES; c++) {
-            const vf32 vc = load_f32(v + c * LANES);
+            const vf32 vc = load_kv(format, v, c);
             for (int64_t g = 0; g < G; g++) acc[g][c] += scores[g * n + j] * vc;
         }
     }
@@ -63,37 +80,82 @@ ALWAYS_INLINE void attend_task(const int64_t G, const int64_t D, const float *q_
         for (int64_t c = 0; c < D / LANES; c++) store_f32(out_rows + g * D + c * LANES, acc[g][c]);
 }
 
-#define ATTEND(GC, DC) attend_task(GC, DC, q_rows, k_head, v_head, table, block_size, first, \
-                                   n, scale, scores, out_rows)
-#define ATTEND_GROUPS(DC) switch (G) { \
-    case 1: ATTEND(1, DC); break; case 2: ATTEND(2, DC); break; case 3: ATTEND(3, DC); break; \
-    case 4: ATTEND(4, DC); break; case 8: ATTEND(8, DC); break; default: ATTEND(G, DC); }
+#define ATTEND(F, GC, DC) attend_task(F, GC, DC, q_rows, k_head, v_head, table, block_size, \
+                                      first, n, scale, scores, out_rows)
+#define ATTEND_GROUPS(F, DC) switch (G) { \
+    case 1: ATTEND(F, 1, DC); break; case 2: ATTEND(F, 2, DC); break; \
+    case 3: ATTEND(F, 3, DC); break; case 4: ATTEND(F, 4, DC); break; \
+    case 8: ATTEND(F, 8, DC); break; default: ATTEND(F, G, DC); }
+#define ATTEND_SHAPES(F) \
+    if (D == 64) { ATTEND_GROUPS(F, 64) } \
+    else if (D == 128) { ATTEND_GROUPS(F, 128) } \
+    else ATTEND(F, G, D);
 
-/* attention_driver.h's task on a float32 cache: G and D constants where the switch names
- * them, so that the query and accumulator arrays live in registers. */
-static void attend_f32(const struct pagoda_attention_args *a, const attention_task_t *task,
-                       float *scores) {
+/* attention_driver.h's task on a float32 or 16-bit cache: the format, G and D constants
+ * where the switches name them, so that the query and accumulator arrays live in
+ * registers. */
+static void attend_float(const struct pagoda_attention_args *a, const attention_task_t *task,
+                         float *scores, const int format) {
     const int64_t G = task->G, D = a->head_dim, block_size = a->block_size;
     const int64_t first = task->first, n = task->n, *table = task->table;
+    const int64_t value_bytes = format == KV_FLOAT32 ? 4 : 2;
     const float scale = a->scale;
-    const float *cache = a->kv_cache;
-    const float *k_head = cache + cache_head_offset(a, 0, task->h);
-    const float *v_head = cache + cache_head_offset(a, 1, task->h);
+    const char *cache = a->kv_cache;
+    const char *k_head = cache + cache_head_offset(a, 0, task->h) * value_bytes;
+    const char *v_head = cache + cache_head_offset(a, 1, task->h) * value_bytes;
     const float *q_rows = (const float *)a->query + task->row;
     float *out_rows = (float *)a->out + task->row;
-    if (D == 64) {
-        ATTEND_GROUPS(64)
-    } else if (D == 128) {
-        ATTEND_GROUPS(128)
+    if (format == KV_FLOAT16) {
+        ATTEND_SHAPES(KV_FLOAT16)
+    } else if (format == KV_BFLOAT16) {
+        ATTEND_SHAPES(KV_BFLOAT16)
     } else {
-        ATTEND(G, D);
+        ATTEND_SHAPES(KV_FLOAT32)
     }
+}
+
+static void attend_f32(const struct pagoda_attention_args *a, const attention_task_t *task,
+                       float *scores) {
+    attend_float(a, task, scores, KV_FLOAT32);
+}
+
+static void attend_h16(const struct pagoda_attention_args *a, const attention_task_t *task,
+                       float *scores) {
+    attend_float(a, task, scores, a->kv_format);
 }
 
 /* Attention over a float32 paged cache (attention_driver.h has the contract). */
 void pagoda_paged_attention_f32(const struct pagoda_attention_args *args) {
     paged_attention_driver(args, (attention_kind_t){.value_bytes = sizeof(float),
                                                     .attend = attend_f32});
+}
+
+/* The new key and value rows of token t, KV head h, rounded to the 16-bit cache's format
+ * (to nearest even, as torch's .to(torch.float16 / torch.bfloat16) does) into their slot. */
+static void write_new_kv_h16(const struct pagoda_attention_args *a, int64_t t, int64_t h) {
+    const int64_t D = a->head_dim, slot_row = a->slots[t] * D;
+    uint16_t *cache = a->kv_cache;
+    for (int which = 0; which < 2; which++) {
+        const float *x = (const float *)(which == 0 ? a->new_k : a->new_v)
+                         + t * (which == 0 ? a->k_stride : a->v_stride) + h * D;
+        uint16_t *row = cache + cache_head_offset(a, which, h) + slot_row;
+        if (a->kv_format == KV_BFLOAT16) {
+            for (int64_t c = 0; c < D / LANES; c++) store_bf16(row + c * LANES, load_f32(x + c * LANES));
+        } else {
+            for (int64_t i = 0; i < D; i++) {
+                const _Float16 value = (_Float16)x[i];
+                memcpy(row + i, &value, sizeof value);
+            }
+        }
+    }
+}
+
+/* pagoda_paged_attention_f32 on a 16-bit cache (kv_format KV_FLOAT16 or KV_BFLOAT16) under
+ * float32 queries: half the bytes a key of a float32 cache takes, which is what decode
+ * deep into a long context reads. */
+void pagoda_paged_attention_h16_f32(const struct pagoda_attention_args *args) {
+    paged_attention_driver(args, (attention_kind_t){.write_new_kv = write_new_kv_h16,
+                                                    .attend = attend_h16});
 }
 
 /* ---- the 8-bit KV cache (pagoda/executor/attention/kv_quant.py has the layout) ----------
@@ -185,8 +247,9 @@ ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64
         for (int64_t c = 0; c < D / LANES; c++) q[g][c] = load_f32(q_rows + g * D + c * LANES);
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = first + j;
-        const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+        const int64_t slot = key_slot(table, block_size, first, n, pos, 0);
         const uint8_t *k = k_head + slot * D;
+        prefetch_row(k_head + key_slot(table, block_size, first, n, pos, block_size) * D, D);
         const float row_scale = scale * bf16_to_float(k_scales[slot]);
         vf32 acc[MAX_GROUP];
         for (int64_t g = 0; g < G; g++) acc[g] = (vf32){0};
@@ -194,7 +257,7 @@ ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64
             const vf32 kc = decode_codes(format, k + c * LANES);
             for (int64_t g = 0; g < G; g++) acc[g] += q[g][c] * kc;
         }
-        for (int64_t g = 0; g < G; g++) scores[g * n + j] = row_scale * horizontal_sum(acc[g]);
+        for (int64_t g = 0; g < G; g++) scores[g * n + j] = row_scale * tree_sum(acc[g]);
     }
     softmax_rows(G, n, scores);
     vf32 acc[MAX_GROUP][MAX_HEAD_DIM / LANES];
@@ -202,8 +265,9 @@ ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64
         for (int64_t c = 0; c < D / LANES; c++) acc[g][c] = (vf32){0};
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = first + j;
-        const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+        const int64_t slot = key_slot(table, block_size, first, n, pos, 0);
         const uint8_t *v = v_head + slot * D;
+        prefetch_row(v_head + key_slot(table, block_size, first, n, pos, block_size) * D, D);
         const float row_scale = bf16_to_float(v_scales[slot]);
         float weight[MAX_GROUP];
         for (int64_t g = 0; g < G; g++) weight[g] = scores[g * n + j] * row_scale;

@@ -115,9 +115,13 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
             .num_tokens = T, .num_heads = H, .num_kv_heads = Hkv, .head_dim = D,
             .num_blocks = model->num_blocks, .block_size = model->block_size,
             .table_width = table_width, .window = layer->window, .k_stride = qkv_size,
-            .v_stride = qkv_size, .scale = layer->scale,
+            .v_stride = qkv_size, .scale = layer->scale, .kv_format = model->kv_format,
         };
-        pagoda_paged_attention_f32(&attention);
+        if (model->kv_format < 0) {
+            pagoda_paged_attention_f32(&attention);
+        } else {
+            pagoda_paged_attention_h16_f32(&attention);
+        }
         linear(&layer->o, attended, T, sum, row_slots);
         pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
         linear(&layer->gate_up, normed, T, gate_up, row_slots);

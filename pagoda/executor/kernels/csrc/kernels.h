@@ -70,6 +70,8 @@
 #define KV_INT8 0       /* 8-bit KV cache formats (attention_f32.c, kv_quant.py) */
 #define KV_FP8_E4M3 1
 #define KV_FP8_E5M2 2
+#define KV_FLOAT16 3    /* 16-bit KV caches under float32 activations (attention_f32.c) */
+#define KV_BFLOAT16 4
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -98,7 +100,8 @@ struct pagoda_attention_args {
     int64_t k_stride;            /* elements */
     int64_t v_stride;
     float scale;                 /* of the scores: head_dim ** -0.5 */
-    int kv_format;               /* KV_* of an 8-bit cache (pagoda_paged_attention_q8_f32) */
+    int kv_format;               /* KV_* of an 8-bit cache (pagoda_paged_attention_q8_f32)
+                                    or a 16-bit one (pagoda_paged_attention_h16_f32) */
 };
 
 /* avx512_bf16.c */
@@ -154,9 +157,10 @@ void pagoda_dequantize_rows_packed_f32(int format, int64_t K, int64_t N, const u
                                        const uint16_t *mins, const uint8_t *sub_scales,
                                        const uint8_t *sub_mins, const int64_t *rows,
                                        int64_t num_rows, float *out);
-/* attention_f32.c: the float32 and the 8-bit KV cache's paged attention */
+/* attention_f32.c: paged attention over a float32, 16-bit or 8-bit KV cache, float32 queries */
 void pagoda_paged_attention_f32(const struct pagoda_attention_args *args);
 void pagoda_paged_attention_q8_f32(const struct pagoda_attention_args *args);
+void pagoda_paged_attention_h16_f32(const struct pagoda_attention_args *args);
 void pagoda_rms_norm_f32(const float *x, const float *residual, const float *weight, float eps,
                          int64_t M, int64_t H, float *out, float *new_residual);
 
@@ -253,6 +257,7 @@ struct pagoda_decoder {
     int64_t num_blocks;
     int64_t block_size;
     float eps;
+    int kv_format;              /* the layers' KV caches: -1 float32, or KV_FLOAT16 / KV_BFLOAT16 */
     const float *cos_cache;     /* (positions, rotary_dim) */
     const float *signed_sin_cache; /* sin, its first half negated (layers/rotary.py) */
     const struct pagoda_decoder_layer *layers; /* (num_layers) */

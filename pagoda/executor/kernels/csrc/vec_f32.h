@@ -95,14 +95,21 @@ ALWAYS_INLINE vf32 load_i8_as_f32(const int8_t *p) {
 #endif
 }
 
-/* LANES float16 numbers -> float32, by bits (exact for normal and subnormal numbers; no
- * F16C or _Float16 needed): the exponent and mantissa moved into float position are 2^-112
- * times the value, which one multiply restores. */
+/* LANES float16 numbers -> float32: one conversion instruction where the target has it
+ * (AVX-512F, F16C), else by bits (no F16C or _Float16 needed): the exponent and mantissa moved
+ * into float position are 2^-112 times the value, which one multiply restores. Both exact
+ * for every finite number, subnormals included, so every build agrees bit for bit. */
 ALWAYS_INLINE vf32 load_f16(const uint16_t *p) {
+#if VECTOR_BYTES == 64 && defined(__AVX512F__)
+    return (vf32)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); /* the same, exactly */
+#elif VECTOR_BYTES == 32 && defined(__AVX2__) && defined(__F16C__)
+    return (vf32)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
     vu32 h = load_u16_widened(p);
     vu32 magnitude = (h & 0x7FFF) << 13, sign = (h & 0x8000) << 16;
     vf32 value = (vf32)magnitude * 0x1p112f;
     return (vf32)((vu32)value | sign);
+#endif
 }
 
 ALWAYS_INLINE vf32 nibble(vu32 words, int shift) {
@@ -113,6 +120,32 @@ ALWAYS_INLINE float horizontal_sum(vf32 v) {
     float sum = 0.0f;
     for (int i = 0; i < LANES; i++) sum += v[i];
     return sum;
+}
+
+/* The sum of v's lanes as a tree: the upper half added to the lower, log2(LANES) times (an
+ * extract and an add a level, where horizontal_sum's in-order chain of LANES dependent adds
+ * is what a dot product per key spends its time on in attention). Same order on every build
+ * of the same width, emulated or native. */
+typedef float vf32_half __attribute__((vector_size(VECTOR_BYTES / 2)));
+typedef float vf32_quarter __attribute__((vector_size(VECTOR_BYTES / 4)));
+ALWAYS_INLINE float tree_sum(vf32 v) {
+    vf32_half lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    lo += hi;
+#if LANES >= 8
+    vf32_quarter a, b;
+    memcpy(&a, &lo, sizeof a);
+    memcpy(&b, (const char *)&lo + sizeof a, sizeof b);
+    a += b;
+#if LANES == 16
+    return ((a[0] + a[2]) + (a[1] + a[3]));
+#else
+    return a[0] + a[1];
+#endif
+#else
+    return lo[0] + lo[1];
+#endif
 }
 
 ALWAYS_INLINE vf32 select_f32(vi32 mask, vf32 yes, vf32 no) {
