@@ -99,6 +99,7 @@ bench() {  # $1 label, $2 base URL
 # 1. Pagoda without tiers
 start_server notiers "${ENGINE[@]}"
 bench pagoda-notiers "$URL"
+curl -sf "$URL/metrics" | grep -E 'prefix_cache|prompt_tokens' > "$OUT/metrics-notiers.txt" || true
 kill -TERM $SERVER; wait $SERVER || true; SERVER=
 
 # 2. Pagoda with the host tier and a disk tier (an empty folder: no entries from earlier runs)

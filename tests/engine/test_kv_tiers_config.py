@@ -30,7 +30,7 @@ def test_tiers_are_on_with_memory_or_a_folder(tmp_path) -> None:
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"preemption_mode": "swap"}, "--kv-offload-memory"),
-    ({"preemption_mode": "page"}, "preemption_mode must be one of recompute, swap"),
+    ({"preemption_mode": "page"}, "preemption_mode must be one of auto, recompute, swap"),
     ({"kv_offload_memory": -1}, "kv_offload_memory must be an int >= 0"),
     ({"kv_offload_disk_bytes": 0}, "kv_offload_disk_bytes must be an int >= 1"),
     ({"kv_offload_dir": " "}, "kv_offload_dir must name a folder"),
@@ -44,6 +44,16 @@ def test_bad_settings_are_refused_by_name(kwargs, message) -> None:
 def test_swap_with_host_memory_is_accepted() -> None:
     config = EngineConfig.from_kwargs(kv_offload_memory=1 << 20, preemption_mode="swap")
     assert config.scheduler.preemption_mode == "swap"
+
+
+def test_auto_swaps_where_there_is_a_host_tier_and_recompute_stays_on_request(tmp_path) -> None:
+    """auto (the default): swap with --kv-offload-memory, which measured faster than
+    recompute (BENCHMARKS.md section 34); recompute with a disk tier alone or no tiers."""
+    assert EngineConfig.from_kwargs(kv_offload_memory=1 << 20).scheduler.preemption_mode == "swap"
+    assert EngineConfig.from_kwargs(kv_offload_dir=str(tmp_path)).scheduler.preemption_mode == (
+        "recompute")
+    assert EngineConfig.from_kwargs(kv_offload_memory=1 << 20, preemption_mode="recompute"
+                                    ).scheduler.preemption_mode == "recompute"
 
 
 def test_sliding_window_groups_refuse_the_tiers_by_name() -> None:

@@ -2,7 +2,8 @@
 
 The runner holds one cache a layer (kv_cache_allocation.py), each block on axis 2:
 
-    float   (2, num_kv_heads, num_blocks, block_size, head_dim)   the model's dtype
+    float   (2, num_kv_heads, num_blocks, block_size, head_dim)   the model's dtype, or the
+            16-bit --kv-cache-dtype (float16 / bfloat16) under float32 activations
     8-bit   QuantizedKVCache (kv_quant.py):
               codes   (2, num_kv_heads, num_blocks, block_size, head_dim)  int8 / uint8
               scales  (2, num_kv_heads, num_blocks, block_size)            bfloat16

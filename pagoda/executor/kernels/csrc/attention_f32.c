@@ -1,5 +1,5 @@
-/* float32 activations on any CPU: paged attention (on a float32 or an 8-bit KV cache) and
- * RMSNorm (vectors: vec_f32.h; entry points: kernels.h). */
+/* float32 activations on any CPU: paged attention (on a float32, a 16-bit or an 8-bit KV
+ * cache) and RMSNorm (vectors: vec_f32.h; entry points: kernels.h). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -10,8 +10,15 @@
 ALWAYS_INLINE void softmax_rows(const int64_t G, int64_t n, float *scores) {
     for (int64_t g = 0; g < G; g++) {
         float *row = scores + g * n, max = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) max = row[j] > max ? row[j] : max;
         int64_t j = 0;
+        vf32 vmax = (vf32){0} - INFINITY; /* the max a vector at a time: exact either way */
+        for (; j + LANES <= n; j += LANES) {
+            const vf32 x = load_f32(row + j);
+            vmax = select_f32(x > vmax, x, vmax);
+        }
+        for (int i = 0; i < LANES; i++) max = vmax[i] > max ? vmax[i] : max;
+        for (; j < n; j++) max = row[j] > max ? row[j] : max;
+        j = 0;
         vf32 vsum = (vf32){0};
         for (; j + LANES <= n; j += LANES) {
             const vf32 e = exp_nonpositive(load_f32(row + j) - max);
