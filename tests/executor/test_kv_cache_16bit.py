@@ -7,17 +7,15 @@ test_decode_kernel.py; its fidelity: test_fidelity.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend
-from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
+from pagoda.executor.attention.torch_backend import write_kv_cache
 from pagoda.executor.kernels.ops import paged_attention
 from pagoda.executor.kv_cache_allocation import allocate_kv_caches
-from tests.executor.test_attention_backend import reference_attention
-from tests.executor.test_kv_cache_quant import STEPS, fake_runner
+from tests.executor.test_kv_cache_quant import STEPS, fake_runner, reference_over, step_on_cache
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 SMOLLM_HEADS = (9, 3, 64)
@@ -58,45 +56,17 @@ def test_the_kernel_rounds_new_keys_as_torch_does_bit_for_bit(name) -> None:
 
 
 def sixteen_bit_step(seqs, name, heads, block_size=16, num_blocks=64, window=None, seed=0):
-    """One step on a 16-bit cache with scattered blocks (earlier steps' K/V written, the rest
-    stale values): (torch backend output, cache after it), (kernel backend output, cache
-    after it), and naive attention over the rounded values. seqs: (computed, scheduled)."""
-    num_heads, num_kv_heads, head_dim = heads
+    """One step (test_kv_cache_quant.step_on_cache) on a 16-bit cache whose other slots hold
+    stale values: (torch backend output, cache after it), (kernel backend output, cache
+    after it), and naive attention over the rounded values."""
+    _, num_kv_heads, head_dim = heads
     dtype = DTYPES[name]
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    cache = torch.randn((2, num_kv_heads, num_blocks, block_size, head_dim), generator=gen).to(dtype)
-    blocks_needed = [-(-(c + n) // block_size) for c, n in seqs]
-    free = rng.permutation(num_blocks)
-    tables, start = np.zeros((len(seqs), max(blocks_needed)), dtype=np.int64), 0
-    for i, count in enumerate(blocks_needed):
-        tables[i, :count] = free[start:start + count]
-        start += count
-    full_k = [3 * torch.randn(c + n, num_kv_heads, head_dim, generator=gen) for c, n in seqs]
-    full_v = [torch.randn(c + n, num_kv_heads, head_dim, generator=gen) for c, n in seqs]
-    for i, (computed, _) in enumerate(seqs):
-        pos = np.arange(computed)
-        slots = torch.from_numpy(tables[i, pos // block_size] * block_size + pos % block_size)
-        write_kv_cache(full_k[i][:computed], full_v[i][:computed], cache, slots)
-    computed = np.array([c for c, _ in seqs])
-    scheduled = np.array([n for _, n in seqs])
-    q = torch.randn(int(scheduled.sum()), num_heads, head_dim, generator=gen)
-    k = torch.cat([full_k[i][c:] for i, (c, _) in enumerate(seqs)])
-    v = torch.cat([full_v[i][c:] for i, (c, _) in enumerate(seqs)])
-    results = []
-    for backend_class in (TorchAttentionBackend, CpuKernelAttentionBackend):
-        backend = backend_class(block_size, torch.device("cpu"), window)
-        backend.kv_cache_shape(num_blocks, num_kv_heads, head_dim)
-        metadata = backend.build_metadata(computed, scheduled, tables)
-        layer_cache = cache.clone()
-        out = backend.forward(q, k, v, layer_cache, metadata, head_dim**-0.5)
-        assert out.dtype == torch.float32
-        results.append((out, layer_cache))
-    expected = torch.cat([
-        reference_attention(q_rows, full_k[i].to(dtype).float(), full_v[i].to(dtype).float(),
-                            seqs[i][0], window)
-        for i, q_rows in enumerate(q.split(scheduled.tolist()))
-    ])
+    stale = torch.randn((2, num_kv_heads, num_blocks, block_size, head_dim),
+                        generator=torch.Generator().manual_seed(seed + 1))
+    results, full_k, full_v, q, scheduled = step_on_cache(
+        stale.to(dtype), torch.clone, seqs, heads, block_size, num_blocks, window, seed)
+    expected = reference_over(q, scheduled, [k.to(dtype).float() for k in full_k],
+                              [v.to(dtype).float() for v in full_v], seqs, window)
     return results[0], results[1], expected
 
 

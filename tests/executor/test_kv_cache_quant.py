@@ -133,19 +133,15 @@ def test_the_kernel_quantizes_as_torch_does_bit_for_bit(fmt) -> None:
 # ---- attention -----------------------------------------------------------------------------
 
 
-def quantized_step(seqs, fmt, heads, block_size=16, num_blocks=64, window=None, seed=0):
-    """One step on a quantized cache with scattered blocks (earlier steps' K/V written, the
-    rest random codes): returns (torch backend output, cache after it), (kernel backend
-    output, cache after it) and naive attention over the dequantized values.
-    seqs: (num_computed, num_scheduled) per sequence."""
+def step_on_cache(cache, clone, seqs, heads, block_size, num_blocks, window, seed):
+    """One step on `cache` (num_blocks of block_size, stale contents) with scattered blocks:
+    earlier steps' K/V written with write_kv_cache, then the step run by the torch backend
+    and by the kernel backend, each on its own clone(cache). seqs: (num_computed,
+    num_scheduled) per sequence. Returns [(output, cache after it)] for the two backends,
+    every sequence's K and V (float32), the queries and the scheduled counts."""
     num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    shape = (2, num_kv_heads, num_blocks, block_size, head_dim)
-    cache = empty_cache(fmt, shape)
-    stale_codes, stale_scales = quantize(torch.randn(shape, generator=gen), fmt)
-    cache.codes.copy_(stale_codes)
-    cache.scales.copy_(stale_scales)
     blocks_needed = [-(-(c + n) // block_size) for c, n in seqs]
     free = rng.permutation(num_blocks)
     tables, start = np.zeros((len(seqs), max(blocks_needed)), dtype=np.int64), 0
@@ -170,15 +166,38 @@ def quantized_step(seqs, fmt, heads, block_size=16, num_blocks=64, window=None, 
         metadata = backend.build_metadata(computed, scheduled, tables)
         layer_cache = clone(cache)
         out = backend.forward(q, k, v, layer_cache, metadata, head_dim**-0.5)
+        assert out.dtype == torch.float32
         results.append((out, layer_cache))
-    # naive attention over what the cache holds: each sequence's K/V quantized and back
-    round_trip = [(dequantize(*quantize(fk, fmt), fmt, torch.float32),
-                   dequantize(*quantize(fv, fmt), fmt, torch.float32))
-                  for fk, fv in zip(full_k, full_v)]
-    expected = torch.cat([
-        reference_attention(q_rows, round_trip[i][0], round_trip[i][1], seqs[i][0], window)
+    return results, full_k, full_v, q, scheduled
+
+
+def reference_over(q, scheduled, keys, values, seqs, window):
+    """Naive attention of each sequence's queries over its keys / values as the cache
+    holds them (float32)."""
+    return torch.cat([
+        reference_attention(q_rows, keys[i], values[i], seqs[i][0], window)
         for i, q_rows in enumerate(q.split(scheduled.tolist()))
     ])
+
+
+def quantized_step(seqs, fmt, heads, block_size=16, num_blocks=64, window=None, seed=0):
+    """One step (step_on_cache) on a quantized cache whose other slots hold random codes:
+    (torch backend output, cache after it), (kernel backend output, cache after it) and
+    naive attention over the dequantized values."""
+    _, num_kv_heads, head_dim = heads
+    shape = (2, num_kv_heads, num_blocks, block_size, head_dim)
+    cache = empty_cache(fmt, shape)
+    stale_codes, stale_scales = quantize(torch.randn(shape, generator=torch.Generator().manual_seed(
+        seed + 1)), fmt)
+    cache.codes.copy_(stale_codes)
+    cache.scales.copy_(stale_scales)
+    results, full_k, full_v, q, scheduled = step_on_cache(cache, clone, seqs, heads, block_size,
+                                                          num_blocks, window, seed)
+    # naive attention over what the cache holds: each sequence's K/V quantized and back
+    def round_trip(x):
+        return dequantize(*quantize(x, fmt), fmt, torch.float32)
+    expected = reference_over(q, scheduled, [round_trip(k) for k in full_k],
+                              [round_trip(v) for v in full_v], seqs, window)
     return results[0], results[1], expected
 
 
