@@ -340,3 +340,17 @@ def test_rms_norm_kernel_matches_torch(with_residual) -> None:
     assert (new_residual is None) != with_residual
     if with_residual:
         assert torch.equal(new_residual, summed)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_16_bit_cache_attention_on_every_instruction_set_build(isa_build, name) -> None:
+    """--kv-cache-dtype float16 / bfloat16 (pagoda_paged_attention_h16_f32: the F16C /
+    AVX-512 conversion where the build has it, the portable bit path elsewhere, ARM64's
+    width included): decodes that write their keys rounded as torch does and attend."""
+    from tests.executor.test_kv_cache_16bit import bits, sixteen_bit_step
+
+    (torch_out, torch_cache), (kernel_out, kernel_cache), expected = sixteen_bit_step(
+        [(7, 1), (0, 1), (130, 1), (33, 1)], name, SMOLLM_HEADS)
+    assert torch.equal(bits(kernel_cache), bits(torch_cache))
+    torch.testing.assert_close(kernel_out, torch_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernel_out, expected, atol=1e-4, rtol=1e-4)
