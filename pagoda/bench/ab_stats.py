@@ -46,7 +46,11 @@ percentile bootstrap (`resamples` draws with replacement):
 2. A decisive metric *differs* when its interval at the Bonferroni level
    1 - (1 - confidence) / (number of decisive metrics) excludes zero (so that identical
    servers are called different at most 5% of the time, not once per metric) and the
-   difference is at least `NEGLIGIBLE` (2%): smaller ones do not choose an engine.
+   difference is at least `NEGLIGIBLE` (2%): smaller ones do not choose an engine. With
+   calibration (`--calibrate`, or by default when every endpoint reports the same
+   hardware) the bar is the larger of 2% and the A/A noise floor of that metric, measured
+   from each endpoint's own passes (ab_calibration.py): two processes of one configuration
+   differ by more than the bootstrap sees, and an A/A must not call a winner.
 3. An endpoint whose error rate is worse (its 95% interval excludes zero) is said so first
    and is never chosen: "B is faster but fails more requests".
 4. Every differing metric favours the candidate: *better*; all favour the baseline: *worse*;
@@ -78,6 +82,7 @@ from pagoda.bench.ab_bootstrap import (
     relative_draws,
     widened,
 )
+from pagoda.bench.ab_calibration import noise_floor
 from pagoda.bench.ab_verdict import verdict
 from pagoda.bench.metrics import RequestRecord, meets_slo, summarize
 
@@ -334,7 +339,11 @@ def _indicator_draws(base: list[_Request], cand: list[_Request], matched: list[t
 
 def _compare(base: dict, cand: dict, base_requests: list[_Request],
              cand_requests: list[_Request], slo: dict[str, float] | None, confidence: float,
-             resamples: int, rng: np.random.Generator) -> dict:
+             resamples: int, rng: np.random.Generator,
+             floors: dict[tuple[str, str], float] | None = None) -> dict:
+    """One candidate against the baseline. `floors`: the A/A noise floor of each decisive
+    (metric, statistic) (ab_calibration.py); a difference is called only at or above
+    max(NEGLIGIBLE, its floor)."""
     by_id = {r.pair_id: r for r in base_requests if r.pair_id is not None}
     matched = [(by_id[r.pair_id], r) for r in cand_requests if r.pair_id in by_id]
     ok_pairs = [(a, b) for a, b in matched if a.record.success and b.record.success]
@@ -371,11 +380,13 @@ def _compare(base: dict, cand: dict, base_requests: list[_Request],
         if r["difference"]:
             candidate_better = (r["difference"] > 0) == r["higher_is_better"]
             r["favours"] = cand["name"] if candidate_better else base["name"]
+        r["min_difference"] = max(NEGLIGIBLE, (floors or {}).get((r["metric"], r["statistic"]),
+                                                                 0.0))
         bounds = interval(draws, family) if draws is not None and r["decisive"] else None
         if bounds:
             r["family_low"], r["family_high"] = bounds
             r["significant"] = ((bounds[0] > 0 or bounds[1] < 0)
-                                and abs(r["difference"]) >= NEGLIGIBLE)
+                                and abs(r["difference"]) >= r["min_difference"])
 
     failed = _indicator_draws(base_requests, cand_requests, matched, paired,
                               lambda r: not r.success, resamples, rng)
@@ -471,9 +482,12 @@ def _round_up(x: float) -> int:
 
 
 def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float = 0.95,
-            resamples: int = 2000, seed: int = 0) -> dict:
+            resamples: int = 2000, seed: int = 0, calibrate: bool | None = None) -> dict:
     """Summaries per endpoint, each candidate against the first endpoint, and the verdict
-    (the module docstring's rules). Deterministic for a given seed; JSON-serializable."""
+    (the module docstring's rules). Deterministic for a given seed; JSON-serializable.
+    `calibrate`: measure the A/A noise floor (ab_calibration.py) and call no difference
+    below it; None: when every endpoint reports the same hardware (same engine, CPU,
+    dtypes and kernels: replicas or settings of one engine on one machine)."""
     if not 0.5 <= confidence < 1.0:
         raise BenchError(f"confidence must be in [0.5, 1), got {confidence}")
     if resamples < 100:
@@ -488,17 +502,36 @@ def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float
     summaries = [_summary(e, requests[e["name"]],
                           _duration(result, e["name"], requests[e["name"]]), slo)
                  for e in endpoints]
+    if calibrate is None:
+        calibrate = same_hardware(endpoints)
+    calibration = _calibration(requests, slo) if calibrate else None
+    floors = calibration.pop("_floors") if calibration else None
     rng = np.random.default_rng(seed)
     comparisons = [_compare(summaries[0], s, requests[names[0]], requests[s["name"]], slo,
-                            confidence, resamples, rng) for s in summaries[1:]]
+                            confidence, resamples, rng, floors) for s in summaries[1:]]
     analysis = {"baseline": names[0], "confidence": confidence, "resamples": resamples,
                 "seed": seed, "slo_s": dict(slo) if slo else None,
                 "rules": {"min_pairs": MIN_PAIRS, "min_blocks": MIN_BLOCKS,
                           "negligible": NEGLIGIBLE, "detect": DETECT},
-                "endpoints": summaries, "comparisons": comparisons}
+                "endpoints": summaries, "comparisons": comparisons,
+                "calibration": {"requested": bool(calibrate), **(calibration or {})}}
     analysis["choice"] = _choice(analysis)
     analysis["verdict"] = verdict(analysis)
     return analysis
+
+
+def same_hardware(endpoints: list[dict]) -> bool:
+    """Whether every endpoint reported what it runs on, and all the same."""
+    hardware = [e.get("hardware") for e in endpoints]
+    return all(h for h in hardware) and all(h == hardware[0] for h in hardware)
+
+
+def _calibration(requests: dict[str, list[_Request]], slo: dict[str, float] | None):
+    names = {(metric, statistic): _statistic_name(label, statistic)
+             for metric, label in COMPARED_METRICS for statistic in COMPARED_STATISTICS}
+    names[("goodput", "rate")] = "goodput at the SLO"
+    return noise_floor(requests, DECISIVE, names,
+                       (lambda record: meets_slo(record, slo)) if slo else None)
 
 
 def _choice(analysis: dict) -> str | None:

@@ -146,4 +146,20 @@ def verdict(analysis: dict) -> str:
                              "compare them with each other.")
         else:
             sentences.append("No endpoint is better than the others on this evidence.")
-    return " ".join(sentences)
+    calibration = _calibration_sentence(analysis.get("calibration") or {})
+    return " ".join(sentences + ([calibration] if calibration else []))
+
+
+def _calibration_sentence(calibration: dict) -> str:
+    """What the A/A noise floor was (ab_calibration.py), when calibration was asked for."""
+    if not calibration.get("requested"):
+        return ""
+    if calibration.get("floor") is None:
+        return ("No A/A noise floor: it needs two passes (--repeats 2) or at least two "
+                "blocks per endpoint.")
+    per_metric = calibration["per_metric"]
+    widest = max(per_metric, key=per_metric.get)
+    halves = ("passes" if calibration["method"] == "repeats" else "blocks")
+    return (f"A/A noise floor from each endpoint's own {halves}, odd against even: up to "
+            f"{_magnitude(calibration['floor'])}% ({widest}); no difference below the larger "
+            "of 2% and a metric's floor is called.")

@@ -84,6 +84,10 @@ def register(bench_subparsers) -> None:
                    help="goodput bounds, e.g. ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2el)")
     r.add_argument("--confidence", type=float, default=0.95, help="of every interval")
     r.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    r.add_argument("--calibrate", choices=("auto", "on", "off"), default="auto",
+                   help="measure the A/A noise floor from each endpoint's own passes (odd "
+                   "against even; needs --repeats 2, or two blocks) and call no difference "
+                   "below it; auto: on when every endpoint reports the same hardware")
     r.add_argument("--output", default=None, help="write the requests, analysis and verdict "
                                                   "(JSON) here")
     r.add_argument("--html", default=None, help="write the report (one offline HTML page) here")
@@ -217,7 +221,8 @@ def run_bench_ab(args: argparse.Namespace) -> int:
         result.update(endpoints=[e.to_json() for e in endpoints], requests=rows,
                       duration=duration)
     analysis = analyze(result, slo=slo, confidence=args.confidence, resamples=args.resamples,
-                       seed=args.seed)
+                       seed=args.seed,
+                       calibrate={"auto": None, "on": True, "off": False}[args.calibrate])
     result["analysis"] = analysis
     print(format_text(result, analysis))
     if args.output:

@@ -5,6 +5,8 @@ identical servers; the verdict, the intervals, the JSON and the HTML report."""
 from __future__ import annotations
 
 import json
+import shutil
+import time
 
 import pytest
 
@@ -18,22 +20,36 @@ SERVER_ARGS = ["--no-prefix-caching"]
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """(one sequence at a time, 16 at a time and recording, another 16 at a time, the
-    recorded traffic file)."""
-    traffic = tmp_path_factory.mktemp("ab") / "traffic.jsonl"
-    with RemoteServer([*SERVER_ARGS, "--max-num-seqs", "1"]) as serial, \
-            RemoteServer([*SERVER_ARGS, "--max-num-seqs", "16", "--record-traffic",
-                          str(traffic)]) as batched, \
+    """(one sequence at a time and recording, 16 at a time, another 16 at a time, the
+    recorded traffic file). The two batched servers are configured alike, recording
+    included: the serial one records, so that no difference between them is real."""
+    folder = tmp_path_factory.mktemp("ab")
+    recording, traffic = folder / "recording.jsonl", folder / "traffic.jsonl"
+    with RemoteServer([*SERVER_ARGS, "--max-num-seqs", "1", "--record-traffic",
+                       str(recording)]) as serial, \
+            RemoteServer([*SERVER_ARGS, "--max-num-seqs", "16"]) as batched, \
             RemoteServer([*SERVER_ARGS, "--max-num-seqs", "16"]) as twin:
-        # Capture: 32 concurrent greedy requests, recorded by the batched server. Its twin
-        # gets the same load, so that both have run batches of every size once (first-time
-        # costs of a shape: allocations, kernel set-up) before the comparison.
-        for server in (batched, twin):
+        # Capture: 32 concurrent greedy requests, recorded by the serial server. The batched
+        # twins get the same load, so that both have run batches of every size once
+        # (first-time costs of a shape: allocations, kernel set-up) before the comparison.
+        for server in (serial, batched, twin):
             rc = main(["bench", "serve", "--base-url", server.url, "--no-progress",
                        "--num-warmups", "0", "--num-requests", "32", "--input-len", "48",
                        "--output-len", "12", "--max-concurrency", "16"])
             assert rc == 0
+            if server is serial:  # the capture, before the replays add to the recording
+                wait_for_lines(recording, 32)  # written by the recorder's thread
+                shutil.copy(recording, traffic)
         yield serial, batched, twin, str(traffic)
+
+
+def wait_for_lines(path, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} has fewer than {count} lines after {timeout} s")
 
 
 def run_ab(tmp_path, *args: str) -> dict:
@@ -89,18 +105,30 @@ def test_the_verdict_picks_the_server_that_batches(servers, tmp_path, capsys):
 
 
 def test_identical_servers_are_called_the_same(servers, tmp_path):
+    """Two processes of one configuration differ by a few percent on some CPUs (start
+    order, warm-up, memory layout: measured on a Zen 4 EPYC, BENCHMARKS.md), which the
+    fixed 2% bar called a winner about half the time. Both report the same hardware, so the
+    A/A noise floor is measured from each one's own two passes and no difference under it
+    is called (pagoda/bench/ab_calibration.py)."""
     _, batched, twin, traffic = servers
     result = run_ab(tmp_path, "--endpoint", f"one={batched.url}", "--endpoint",
                     f"two={twin.url}", "--traffic", traffic)
     analysis = result["analysis"]
+    calibration = analysis["calibration"]
+    assert calibration["requested"] and calibration["method"] == "repeats"
+    assert set(calibration["by_endpoint"]) == {"one", "two"}
     [comparison] = analysis["comparisons"]
     assert comparison["outcome"] == "no_difference" and analysis["choice"] is None
     decisive = [m for m in comparison["metrics"] if m["decisive"]]
     assert decisive and not any(m["significant"] for m in decisive)
-    # every decisive interval includes zero, or sits within the negligible 2%
+    # every decisive interval includes zero, or its difference is under the bar: the
+    # larger of 2% and that metric's A/A floor
     for m in decisive:
-        assert m["family_low"] <= 0 <= m["family_high"] or abs(m["difference"]) < 0.02
+        assert m["min_difference"] == max(0.02, calibration["per_metric"].get(m["name"], 0))
+        assert (m["family_low"] <= 0 <= m["family_high"]
+                or abs(m["difference"]) < m["min_difference"])
     assert "no difference" in analysis["verdict"].lower()
+    assert "A/A noise floor" in analysis["verdict"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -125,6 +153,8 @@ def test_identical_servers_are_called_the_same(servers, tmp_path):
     (["--from-record", "{traffic}", "--endpoint", "A=http://x"], "--from-record"),
     (["--endpoint", "A=http://x", "--endpoint", "B=http://y", "--traffic", "{traffic}",
       "--confidence", "1.5"], "--confidence"),
+    (["--endpoint", "A=http://x", "--endpoint", "B=http://y", "--traffic", "{traffic}",
+      "--calibrate", "maybe"], "--calibrate"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, args, message):
     traffic = tmp_path / "t.jsonl"

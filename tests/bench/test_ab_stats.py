@@ -200,7 +200,8 @@ def test_the_analysis_is_json_and_deterministic_and_its_verdict_survives_a_round
     assert verdict(json.loads(text)) == first["verdict"]
     assert analyze(run, slo={"ttft": 0.3, "tpot": 0.05}, resamples=300, seed=9) == first
     assert set(first) == {"baseline", "confidence", "resamples", "seed", "slo_s", "rules",
-                          "endpoints", "comparisons", "choice", "verdict"}
+                          "endpoints", "comparisons", "choice", "verdict",
+                          "calibration"}
 
 
 def test_bad_results_are_named():
