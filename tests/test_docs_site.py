@@ -1,0 +1,81 @@
+"""The documentation site stays whole and true.
+
+- `mkdocs build --strict` passes: no broken link or anchor, no page left out of the nav
+  (mkdocs.yml's `validation` turns each into a warning, and `--strict` fails on warnings).
+  About a second of CPU, so it runs in `make test-fast` too.
+- docs/reference/cli.md is exactly what docs/gen_cli_reference.py renders from the parsers
+  now, so the command-line reference cannot drift from `--help`.
+- The README stays the first screen (about 200 lines), and every link in it points at a
+  file of the repository that exists (it is read on the repository's pages, outside the
+  site, so mkdocs does not check it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 250
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "gen_cli_reference", ROOT / "docs" / "gen_cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_reference_is_generated_from_the_parsers():
+    generator = _generator()
+    committed = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    assert committed == generator.render(), (
+        "docs/reference/cli.md is out of date with the pagoda parsers; regenerate it from "
+        f"the repository root with:\n    {generator.REGENERATE}")
+
+
+def test_cli_reference_names_every_subcommand_and_flag():
+    from pagoda.cli.main import build_parser
+
+    text = _generator().render()
+    parser = build_parser()
+    commands = [(["pagoda"], parser)]
+    while commands:
+        path, current = commands.pop()
+        assert f"`{' '.join(path)}`" in text
+        for action in current._actions:
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                commands += [(path + [name], sub) for name, sub in action.choices.items()]
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"`{flag}`" in text, f"{flag} of {' '.join(path)}"
+
+
+def test_mkdocs_build_strict(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, (
+        "mkdocs build --strict failed (mkdocs-material comes with pip install -e '.[test]'):\n"
+        + result.stdout + result.stderr)
+    assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+    assert (tmp_path / "site" / "ARCHITECTURE" / "index.html").is_file()
+
+
+def test_readme_is_the_first_screen_and_links_inside_the_repository():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert targets, "the README links into docs/"
+    for target in targets:
+        assert "://" not in target, f"the README points outside the repository: {target}"
+        path = target.split("#", 1)[0]
+        assert (ROOT / path).exists(), f"README links to a missing file: {target}"
