@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-_CODE = re.compile(r"<code>(.*?)</code>", re.S)
+_CODE = re.compile(r"<code>(.*?)</code>", re.DOTALL)
 
 
 def on_page_content(html: str, **kwargs) -> str:
