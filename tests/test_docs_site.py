@@ -103,3 +103,49 @@ def test_paths_named_in_the_docs_exist():
             if not (ROOT / path.rstrip("/.")).exists():
                 stale.add(f"{page.relative_to(ROOT)}: {path}")
     assert not stale, f"these pages name paths that no longer exist: {sorted(stale)}"
+
+
+# a dotted name a page tells users to import or run: `from pagoda.lora.request import ...`,
+# `serve run pagoda.deploy.app:build_app`, a logger's name
+_DOTTED_NAME = re.compile(r"\bpagoda((?:\.[A-Za-z_]\w*)+)(?::(\w+))?")
+
+
+def _names_exist(dotted: str) -> bool:
+    """The longest prefix that is a module exists, and the rest is one name defined at its
+    top level (read from its source: only packages are imported on the way down, never the
+    module itself, since `pagoda.deploy.app` would import Ray)."""
+    parts = dotted.split(".")
+    spec, cut = None, 0
+    while cut < len(parts):
+        found = importlib.util.find_spec(".".join(parts[:cut + 1]))
+        if found is None:
+            break
+        spec, cut = found, cut + 1
+        if found.submodule_search_locations is None:
+            break  # a module, not a package: what follows are names in it
+    rest = parts[cut:]
+    if spec is None or len(rest) > 1:
+        return False
+    if not rest:
+        return True
+    source = Path(spec.origin).read_text(encoding="utf-8")
+    definition = rf"^(?:class |def |async def )?{rest[0]}\b"
+    return re.search(definition, source, re.MULTILINE) is not None
+
+
+def test_python_names_in_the_docs_exist():
+    """Every `pagoda.x.y` a page names (an import, `serve run`'s app, a logger) exists, so
+    that a module moved elsewhere fails here until the pages follow it."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    stale = set()
+    for page in pages:
+        if page.name == "ARCHITECTURE.md":
+            continue
+        for match in _DOTTED_NAME.finditer(page.read_text(encoding="utf-8")):
+            dotted = "pagoda" + match.group(1)
+            if dotted.endswith(".json"):
+                continue  # deploy/grafana/pagoda.json, a file
+            names = [dotted + "." + match.group(2)] if match.group(2) else [dotted]
+            if not all(_names_exist(name) for name in names):
+                stale.add(f"{page.relative_to(ROOT)}: {match.group(0)}")
+    assert not stale, f"these pages name Python names that no longer exist: {sorted(stale)}"
