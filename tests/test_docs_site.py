@@ -59,7 +59,7 @@ def test_cli_reference_names_every_subcommand_and_flag():
 def test_mkdocs_build_strict(tmp_path):
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+        [sys.executable, "-m", "mkdocs", "build", "--strict",
          "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
         check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
     )
