@@ -29,8 +29,8 @@ export function timelineRows(requests, maxRows) {
       .sort((a, b) => a.arrival - b.arrival);
     const finished = recent.filter((r) => r.finish !== null)
       .sort((a, b) => b.finish - a.finish);
-    // the last line says "+N more", so one row fewer
-    rows = [...inFlight, ...finished].slice(0, Math.max(maxRows - 1, 0))
+    // the last line says "+N more", so one row fewer (but one at least)
+    rows = [...inFlight, ...finished].slice(0, Math.max(maxRows - 1, 1))
       .sort((a, b) => a.arrival - b.arrival);
   }
   const oldest = rows.length ? -Math.min(...rows.map((r) => r.arrival)) : 0;
