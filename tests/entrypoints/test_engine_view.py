@@ -210,12 +210,13 @@ def test_page_and_assets_are_served() -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/static/app.js" in page.text and "/static/style.css" in page.text
-    for asset in ["app.js", "api.js", "chat.js", "engine_view.js", "charts.js", "style.css"]:
+    for asset in ["app.js", "api.js", "chat.js", "engine_view.js", "charts.js", "timeline.js",
+                  "style.css"]:
         response = client.get(f"/static/{asset}")
         assert response.status_code == 200 and len(response.text) > 500, asset
     # nothing is fetched from outside the server
     for asset in ["index.html", "app.js", "api.js", "chat.js", "engine_view.js", "charts.js",
-                  "style.css"]:
+                  "timeline.js", "style.css"]:
         text = (routes.STATIC_DIR / asset).read_text()
         assert "http://" not in text and "https://" not in text, asset
 

@@ -1,35 +1,36 @@
 """The web page in a real browser (headless Chromium through selenium) against a real
 `pagoda serve` with an API key: it loads without console errors, takes the key, streams a
-chat answer, stops a long one (and the server frees it), and its live engine view moves
-while a background load runs; once more at phone size. Screenshots go to
-$PAGODA_TEST_ARTIFACTS (default /tmp/pagoda-test-artifacts)."""
+chat answer at the server's default temperature (and says so next to it) and the README's
+question greedily, stops a long one (and the server frees it), and its live engine view
+moves while a background load runs, its charts' headlines and timeline rows labelled;
+once more at phone size. Screenshots go to $PAGODA_TEST_ARTIFACTS (default
+/tmp/pagoda-test-artifacts). test_web_page_static.py checks the drawing in detail."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.entrypoints.server_helpers import RemoteServer
+from tests.entrypoints.web_browser import (
+    ARTIFACTS,
+    CANVAS_TEXT,
+    DESKTOP_SIZE,
+    By,
+    Keys,
+    by_id,
+    chromium,
+    console_errors,
+    drawn_text,
+    wait,
+)
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 API_KEY = "page-key"
-ARTIFACTS = Path(os.environ.get("PAGODA_TEST_ARTIFACTS", "/tmp/pagoda-test-artifacts"))
-
-if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-    pytest.skip("needs chromium and chromium-driver (Debian packages; .ci/run installs them)",
-                allow_module_level=True)
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium: pip install -e .[test]")
-from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import WebDriverWait
 
 
 @pytest.fixture(scope="module")
@@ -40,30 +41,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1400,1250"]:
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
-    driver.set_script_timeout(30)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()  # (before the server stops: an open stream would hold its shutdown)
-
-
-def by_id(driver, element_id: str):
-    return driver.find_element(By.ID, element_id)
-
-
-def wait(driver, condition, timeout: float = 60.0, message: str = ""):
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
-        lambda d: condition(d), message)
-
-
-def console_errors(driver) -> list[dict]:
-    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    with chromium(CANVAS_TEXT) as driver:
+        yield driver  # (quit before the server stops: an open stream would hold its shutdown)
 
 
 def engine_stream_event(server: RemoteServer) -> str:
@@ -109,6 +88,21 @@ def test_the_page(server: RemoteServer, browser) -> None:
     assert "tokens/s" in by_id(browser, "chat-stats").text
     by_id(browser, "message").send_keys(Keys.TAB)
     assert browser.switch_to.active_element.get_attribute("id") == "send"
+    # the temperature field is empty: the server's default, named next to the answer
+    assert by_id(browser, "temperature").get_attribute("value") == ""
+    sampling = browser.find_element(By.CSS_SELECTOR, "#conversation .message.assistant .sampling")
+    assert sampling.text.strip() == "· temperature 1 (server default)"
+
+    # The README's first question, greedy, gets the README's answer.
+    by_id(browser, "clear").click()
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    by_id(browser, "temperature").send_keys("0")
+    send(browser, "What is the capital of France?", 32)
+    wait(browser, lambda d: by_id(d, "chat").get_attribute("data-state") == "done", 90,
+         "the answer did not finish")
+    answer = browser.find_element(By.CSS_SELECTOR, "#conversation .message.assistant")
+    assert "Paris" in answer.find_element(By.CSS_SELECTOR, ".text").text, answer.text
+    assert answer.find_element(By.CSS_SELECTOR, ".sampling").text.strip() == "· temperature 0"
 
     # Stop ends a long answer early, and the server frees its request.
     send(browser, "Write a very long story about a lighthouse keeper.", 1500)
@@ -149,6 +143,15 @@ def test_the_page(server: RemoteServer, browser) -> None:
              30, "the generated-token counter does not move")
         wait(browser, lambda d: by_id(d, "kv-used").text not in ("0", "–"), 10)
         time.sleep(1.5)  # let the charts fill a little
+        # each chart's headline is the latest value; its canvas names the axis top "max"
+        assert by_id(browser, "throughput-now").text.startswith("now generated ")
+        assert drawn_text(browser, "throughput-chart")[0].startswith("max ")
+        # every timeline row drawn keeps its label (the rest counted as "+N more")
+        label = by_id(browser, "timeline").get_attribute("aria-label")
+        num_rows = int(label.removeprefix("Request timeline: ").split()[0])
+        texts = drawn_text(browser, "timeline")
+        assert num_rows >= 3 and sum(t.startswith(("cmpl-", "chatcmpl-", "…"))
+                                     for t in texts) == num_rows, (label, texts)
         browser.save_screenshot(str(ARTIFACTS / "web-page-desktop.png"))
 
         # Phone size: one column, nothing wider than the screen.
@@ -165,7 +168,7 @@ def test_the_page(server: RemoteServer, browser) -> None:
         stop_load.set()
         for thread in threads:
             thread.join(60)
-    browser.set_window_size(1400, 1250)
+    browser.set_window_size(*DESKTOP_SIZE)
     wait(browser, lambda d: by_id(d, "batch-text").text == "idle: no request running", 30,
          "the view does not say idle once the load stops")
     errors = [e for e in console_errors(browser) if "401" not in e["message"]]

@@ -1,6 +1,7 @@
-// Hand-drawn canvas charts for the live engine view (no libraries): moving line charts,
-// the KV block pool as a grid, and the per-request timeline. Each function redraws its
-// canvas from scratch at the canvas's CSS size times devicePixelRatio.
+// Hand-drawn canvas charts for the live engine view (no libraries): moving line charts
+// with their headline of current values, and the KV block pool as a grid (the request
+// timeline is timeline.js). Each function redraws its canvas from scratch at the canvas's
+// CSS size times devicePixelRatio.
 
 export const COLORS = {
   used: "#d9480f",
@@ -17,7 +18,7 @@ export const COLORS = {
 };
 
 // Sizes the backing store to the element; returns [context in CSS pixels, width, height].
-function fit(canvas) {
+export function fit(canvas) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth || 300;
   const height = canvas.clientHeight || 150;
@@ -38,14 +39,41 @@ export function formatNumber(value, digits = 1) {
   return value.toFixed(digits);
 }
 
+// The latest value of a series (null when it has none yet).
+export function latest(values) {
+  for (let i = values.length - 1; i >= 0; i--) if (values[i] !== null) return values[i];
+  return null;
+}
+
+// The chart's headline, in `element` (HTML, next to its caption): each series' current
+// value in its colour, e.g. "now generated 12.3 · prompt 40.1". The canvas carries the lines
+// and, at the top gridline, the axis maximum marked "max": two different numbers, each
+// named.
+export function chartHeadline(element, series) {
+  const parts = ["now "];
+  series.forEach((s, i) => {
+    if (i) parts.push(" · ");
+    const part = document.createElement("span");
+    part.style.color = s.color;
+    const value = document.createElement("b");
+    value.textContent = formatNumber(latest(s.values), 1);
+    part.append(`${s.label} `, value);
+    parts.push(part);
+  });
+  element.replaceChildren(...parts);
+}
+
 // series: [{label, color, values: [number|null, ...]}], oldest first, all the same length
-// (the chart's capacity); the y axis starts at 0 and ends at the largest value shown.
-export function lineChart(canvas, series, unit) {
+// (the chart's capacity); the y axis starts at 0 and ends at the largest value shown,
+// drawn as the top gridline and labelled "max <value> <unit>". `title` and `window` (the
+// time the chart covers) go into the canvas's aria-label with the current values.
+// Returns {max: that value or null, current: each series' latest value}.
+export function lineChart(canvas, series, { title, unit, window }) {
   const [ctx, width, height] = fit(canvas);
-  const top = 16, bottom = height - 4, left = 4, right = width - 4;
-  let peak = 0;
-  for (const s of series) for (const v of s.values) if (v !== null && v > peak) peak = v;
-  const max = peak > 0 ? peak * 1.1 : 1;  // (an empty chart's axis still spans 0 .. 1)
+  const top = 14, bottom = height - 4, left = 4, right = width - 4;
+  let peak = null;
+  for (const s of series) for (const v of s.values) if (v !== null && v > (peak ?? -1)) peak = v;
+  const max = peak > 0 ? peak : 1;  // (an empty or all-zero chart's axis spans 0 .. 1)
   ctx.strokeStyle = COLORS.grid;
   ctx.lineWidth = 1;
   for (const f of [0, 0.5, 1]) {
@@ -56,18 +84,13 @@ export function lineChart(canvas, series, unit) {
     ctx.stroke();
   }
   ctx.fillStyle = COLORS.text;
-  ctx.textBaseline = "top";
-  ctx.fillText(`${formatNumber(peak, 2)} ${unit}`, left, 1);
-  let x = right;
-  ctx.textAlign = "right";
-  for (const s of [...series].reverse()) {
-    const last = [...s.values].reverse().find((v) => v !== null);
-    const text = `${s.label} ${formatNumber(last ?? null, 2)}`;
-    ctx.fillStyle = s.color;
-    ctx.fillText(text, x, 1);
-    x -= ctx.measureText(text).width + 10;
-  }
-  ctx.textAlign = "left";
+  ctx.textBaseline = "bottom";
+  const axisLabel = peak === null ? "no data yet" : `max ${formatNumber(peak, 1)} ${unit}`;
+  ctx.fillText(axisLabel, left, top - 1);
+  const current = series.map((s) => latest(s.values));
+  canvas.setAttribute("aria-label", `${title}: now ` +
+    series.map((s, i) => `${s.label} ${formatNumber(current[i], 1)}`).join(", ") +
+    ` ${unit}; ${axisLabel} over ${window}`);
   for (const s of series) {
     const n = s.values.length;
     ctx.strokeStyle = s.color;
@@ -87,6 +110,7 @@ export function lineChart(canvas, series, unit) {
     });
     ctx.stroke();
   }
+  return { max: peak, current };
 }
 
 const MAX_CELLS = 2048;
@@ -110,73 +134,4 @@ export function kvGrid(canvas, kv) {
       : i < usedCells + cachedCells ? COLORS.cached : COLORS.free;
     ctx.fillRect((i % columns) * size, Math.floor(i / columns) * size, size - gap, size - gap);
   }
-}
-
-// One row per request, time flowing right to "now" at the right edge: queued (grey), each
-// prefill chunk (orange), decode (blue), and a finish tick coloured by reason.
-export function timeline(canvas, requests) {
-  const [ctx, width, height] = fit(canvas);
-  if (!requests.length) {
-    ctx.fillStyle = COLORS.text;
-    ctx.fillText("No requests yet.", 8, 16);
-    return;
-  }
-  const labelWidth = Math.min(110, width * 0.28);
-  const left = labelWidth + 4, right = width - 6, axis = 14;
-  const oldest = Math.min(...requests.map((r) => r.arrival));
-  const span = Math.min(Math.max(-oldest, 5), 300);  // seconds shown
-  const x = (t) => right - ((right - left) * Math.min(-t, span)) / span;
-  const rowHeight = Math.max(3, Math.min(14, (height - axis) / requests.length));
-  ctx.textBaseline = "middle";
-  requests.forEach((r, i) => {
-    const y = i * rowHeight;
-    const bar = Math.max(2, rowHeight - 3);
-    const start = r.chunks.length ? r.chunks[0][0] : 0;
-    ctx.fillStyle = COLORS.queued;
-    ctx.fillRect(x(r.arrival), y + bar / 2 - 0.5, Math.max(1, x(start) - x(r.arrival)), 1.5);
-    ctx.fillStyle = COLORS.prefill;
-    for (const [chunkStart, chunkEnd] of r.chunks) {
-      ctx.fillRect(x(chunkStart), y, Math.max(2, x(chunkEnd) - x(chunkStart)), bar);
-    }
-    if (r.first_token !== null) {
-      const end = r.finish ?? 0;
-      ctx.fillStyle = COLORS.decode;
-      ctx.fillRect(x(r.first_token), y + 1, Math.max(1, x(end) - x(r.first_token)), bar - 2);
-    }
-    if (r.finish !== null) {
-      ctx.fillStyle = COLORS[r.finish_reason] || COLORS.text;
-      ctx.fillRect(x(r.finish) - 1, y - 1, 3, bar + 2);
-    }
-    if (rowHeight >= 9) {
-      ctx.fillStyle = COLORS.text;
-      const label = r.id.length > 16 ? `…${r.id.slice(-15)}` : r.id;
-      ctx.fillText(label, 2, y + bar / 2, labelWidth - 4);
-    }
-  });
-  // the time axis: a line under the rows, a tick every quarter of the span, labelled
-  const axisY = height - axis + 2;
-  ctx.strokeStyle = COLORS.text;
-  ctx.lineWidth = 1;
-  ctx.beginPath();
-  ctx.moveTo(left, axisY);
-  ctx.lineTo(right, axisY);
-  for (let quarter = 0; quarter <= 4; quarter++) {
-    const tickX = left + ((right - left) * quarter) / 4;
-    ctx.moveTo(tickX, axisY);
-    ctx.lineTo(tickX, axisY + 3);
-  }
-  ctx.stroke();
-  ctx.fillStyle = COLORS.text;
-  ctx.textBaseline = "bottom";
-  ctx.textAlign = "center";
-  for (let quarter = 1; quarter < 4; quarter++) {
-    const seconds = (span * (4 - quarter)) / 4;
-    ctx.fillText(`-${seconds.toFixed(seconds < 10 ? 1 : 0)} s`,
-                 left + ((right - left) * quarter) / 4, height);
-  }
-  ctx.textAlign = "left";
-  ctx.fillText(`-${span.toFixed(0)} s`, left, height);
-  ctx.textAlign = "right";
-  ctx.fillText("now", right, height);
-  ctx.textAlign = "left";
 }

@@ -2,10 +2,27 @@
 // answers stream from POST /v1/chat/completions; Stop aborts the fetch, and the server
 // frees the request when the client goes away. The section's data-state says where it
 // is: idle, streaming, done, stopped or error.
+//
+// Sampling fields left empty are left out of the request, so the server's defaults apply
+// as they would to any client (as in vLLM); each answer is labelled with the temperature
+// it was sampled at.
 
 import { ApiError, errorMessage, headers, readEvents } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
+
+// What the server applies to a request without these fields (OpenAI's defaults; see
+// SamplingParams in pagoda/entrypoints/openai/serving_pipeline.py).
+export const SERVER_DEFAULTS = { temperature: 1, top_p: 1 };
+
+// "temperature 0.7", or "temperature 1 (server default)" when the request left it out;
+// top_p likewise, named only when sent.
+export function samplingNote(body) {
+  const temperature = body.temperature === undefined
+    ? `temperature ${SERVER_DEFAULTS.temperature} (server default)`
+    : `temperature ${body.temperature}`;
+  return body.top_p === undefined ? temperature : `${temperature} · top_p ${body.top_p}`;
+}
 
 function numberField(id, parse) {
   const value = $(id).value.trim();
@@ -23,12 +40,18 @@ export function setupChat(getModel) {
   const history = [];  // {role, content} of the turns so far
   let controller = null;
 
-  function bubble(role, text) {
+  function bubble(role, text, note = "") {
     const item = document.createElement("div");
     item.className = `message ${role}`;
     const label = document.createElement("span");
     label.className = "role";
     label.textContent = role === "user" ? "You" : "Assistant";
+    if (note) {
+      const sampling = document.createElement("span");
+      sampling.className = "sampling";
+      sampling.textContent = ` · ${note}`;
+      label.append(sampling);
+    }
     const body = document.createElement("span");
     body.className = "text";
     body.textContent = text;
@@ -64,8 +87,6 @@ export function setupChat(getModel) {
     history.push({ role: "user", content: text });
     bubble("user", text);
     message.value = "";
-    const answer = bubble("assistant", "");
-    const answerText = answer.querySelector(".text");
     const system = $("system").value.trim();
     const body = {
       model,
@@ -75,7 +96,9 @@ export function setupChat(getModel) {
       temperature: numberField("temperature", parseFloat),
       top_p: numberField("top-p", parseFloat),
       max_tokens: numberField("max-tokens", (v) => parseInt(v, 10)),
-    };
+    };  // (JSON.stringify leaves out the undefined fields: the empty ones)
+    const answer = bubble("assistant", "", samplingNote(body));
+    const answerText = answer.querySelector(".text");
     controller = new AbortController();
     setState("streaming");
     const started = performance.now();

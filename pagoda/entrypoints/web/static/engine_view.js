@@ -3,11 +3,13 @@
 // few seconds by design; the view reconnects at once, and after an error a little later.
 
 import { ApiError, errorMessage, headers, readEvents } from "./api.js";
-import { COLORS, formatNumber, kvGrid, lineChart, timeline } from "./charts.js";
+import { chartHeadline, COLORS, formatNumber, kvGrid, lineChart } from "./charts.js";
+import { timeline } from "./timeline.js";
 
 const $ = (id) => document.getElementById(id);
 const INTERVAL_S = 0.25;
 const HISTORY = 240;  // points per chart: one minute at 4 ticks a second
+const WINDOW = "the last minute";
 const RETRY_MS = 2000;
 
 function series() {
@@ -40,15 +42,19 @@ export function setupEngineView() {
   function draw() {
     if (!last) return;
     kvGrid($("kv-grid"), last.kv);
-    lineChart($("throughput-chart"), [
+    const chart = (id, title, unit, series) => {
+      lineChart($(`${id}-chart`), series, { title, unit, window: WINDOW });
+      chartHeadline($(`${id}-now`), series);
+    };
+    chart("throughput", "Tokens per second", "tok/s", [
       { label: "generated", color: COLORS.decode, values: history.generation },
       { label: "prompt", color: COLORS.prefill, values: history.prompt },
-    ], "tok/s");
+    ]);
     const percentileSeries = (values) => ["p50", "p90", "p99"].map((label, i) => ({
       label, color: [COLORS.stop, COLORS.prefill, COLORS.abort][i], values: values[i],
     }));
-    lineChart($("ttft-chart"), percentileSeries(history.ttft), "ms");
-    lineChart($("tpot-chart"), percentileSeries(history.tpot), "ms");
+    chart("ttft", "Time to first token", "ms", percentileSeries(history.ttft));
+    chart("tpot", "Time per output token", "ms", percentileSeries(history.tpot));
     timeline($("timeline"), last.requests);
   }
 
