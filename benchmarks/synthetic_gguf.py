@@ -32,7 +32,7 @@ from pagoda.executor.loader.gguf_writer import (
     write_random_model,
 )
 
-__all__ = ["SHAPES", "Shape", "parameter_count", "write", "bundled_model", "main"]
+__all__ = ["SHAPES", "Shape", "bundled_model", "main", "parameter_count", "write"]
 
 
 def write(name: str, shape: Shape, path: str, tokenizer_source: str, outtype: str = "f16",
