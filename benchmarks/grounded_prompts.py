@@ -8,8 +8,8 @@ that take a raw prompt file.
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 from transformers import AutoTokenizer
 
@@ -17,10 +17,14 @@ from pagoda.bench.datasets import grounded_dataset
 from pagoda.executor.loader.model_files import bundled_model_path
 
 
-def main() -> None:
-    out_dir = sys.argv[1]
-    count = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    passage_len = int(sys.argv[3]) if len(sys.argv) > 3 else 400
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", help="the folder to write grounded_<i>.txt into")
+    parser.add_argument("count", nargs="?", type=int, default=4, help="how many prompts")
+    parser.add_argument("passage_len", nargs="?", type=int, default=400,
+                        help="the passage's length in tokens")
+    args = parser.parse_args(argv)
+    out_dir, count, passage_len = args.out_dir, args.count, args.passage_len
     folder, name = os.path.split(bundled_model_path())
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     os.makedirs(out_dir, exist_ok=True)

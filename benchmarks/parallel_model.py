@@ -123,5 +123,12 @@ def format_model() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     print(format_model())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """llama.cpp's own tools for the tests: convert_hf_to_gguf.py, convert_lora_to_gguf.py (and
 llama-quantize, built on demand), so that Pagoda is tested on GGUF files as llama.cpp writes
-them, not only as our tests' own writer (tests/executor/tiny_gguf.py) does.
+them, not only as our own writer (pagoda/executor/loader/gguf_writer.py) does.
 
 All come from the sdist of `llama-cpp-python` on PyPI, which vendors a whole llama.cpp tree
 (vendor/llama.cpp: the converter, its own gguf-py, the C++ sources). The version is pinned so

@@ -187,20 +187,20 @@ def test_model_files_choose_the_pooling(tmp_path):
 def test_a_gguf_file_gives_its_pooling_type(tmp_path, monkeypatch):
     import gguf
 
+    from pagoda.executor.loader import gguf_writer
     from pagoda.executor.loader.gguf_loader import GGUFCheckpoint
-    from tests.executor import tiny_gguf
     from tests.executor.tiny_checkpoints import build_checkpoint
 
     build_checkpoint("qwen3", str(tmp_path))
-    write_metadata = tiny_gguf.write_metadata
+    write_metadata = gguf_writer.write_hf_metadata
 
     def with_pooling(writer, cfg) -> None:
         write_metadata(writer, cfg)
         writer.add_pooling_type(gguf.PoolingType.CLS)
 
-    monkeypatch.setattr(tiny_gguf, "write_metadata", with_pooling)
+    monkeypatch.setattr(gguf_writer, "write_hf_metadata", with_pooling)
     path = str(tmp_path / "tiny.gguf")
-    tiny_gguf.write_gguf(str(tmp_path), path)
+    gguf_writer.write_hf_checkpoint(str(tmp_path), path)
     checkpoint = GGUFCheckpoint(path)
     assert checkpoint.pooling_type == 2
     chosen = model_pooling(EmbeddingConfig(), ModelFiles(path, "gguf"), checkpoint.hf_config,

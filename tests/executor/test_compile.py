@@ -80,8 +80,8 @@ def test_compiled_packed_gguf_model_generates_what_eager_does(tmp_path) -> None:
     """A mixed-type GGUF (K-quant, legacy and Q8_0 matrices, a packed embedding and head)
     runs its packed matmuls and lookups as the `pagoda::gemm_packed` and
     `pagoda::dequantize_rows_packed` ops inside the compiled graph."""
+    from pagoda.executor.loader.gguf_writer import write_hf_checkpoint as write_gguf
     from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
-    from tests.executor.tiny_gguf import write_gguf
 
     build_checkpoint("llama", str(tmp_path), **K_SIZES)
     path = str(tmp_path / "mixed.gguf")

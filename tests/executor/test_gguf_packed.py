@@ -26,6 +26,7 @@ from pagoda.executor.kernels.packed_weight import (
 )
 from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
+from pagoda.executor.loader.gguf_writer import SCALE_OFFSETS, random_blocks
 from tests.executor.test_cpu_kernels import (
     amx_build,
     isa_build_cache,
@@ -34,25 +35,11 @@ from tests.executor.test_cpu_kernels import (
 )
 
 Q = gguf.GGMLQuantizationType
-SCALE_OFFSETS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
-                 Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
-"""byte offsets of each block's float16 d / dmin / m"""
 TYPES = list(SCALE_OFFSETS)
 SIZE_RATIO = {Q.Q4_0: 10 / 9, Q.Q4_1: 1.0, Q.Q5_0: 12 / 11, Q.Q5_1: 1.0, Q.Q8_0: 1.0,
               Q.Q4_K: 37 / 36, Q.Q5_K: 45 / 44, Q.Q6_K: 1.0}
 """packed bytes / GGUF bytes: Q4_0 and Q5_0 store their implicit m = -8 d / -16 d; the
 K-quants' 6-bit sub-scales and mins take a byte each"""
-
-
-def random_blocks(ggml_type, n: int, k: int, seed: int = 0, scale: float = 0.01) -> np.ndarray:
-    """(n, row_bytes) uint8: random codes and sub-scales, float16 scales ~ N(0, scale)."""
-    block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(n * k // block_size, type_size), dtype=np.uint8)
-    for offset in SCALE_OFFSETS[ggml_type]:
-        scales = (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
-        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(n, -1)
 
 
 def case(ggml_type, n: int = 48, k: int = 512, seed: int = 0):

@@ -16,12 +16,12 @@ import torch
 from pagoda.config import CacheConfig
 from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.packed_linear import PackedEmbedding, PackedLinear
+from pagoda.executor.loader.gguf_writer import write_hf_checkpoint as write_gguf
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint, weight_formats
 from pagoda.executor.model_runner import ModelRunner
 from tests.executor.test_model_families import GGUF_SETTINGS
 from tests.executor.tiny_checkpoints import build_checkpoint
-from tests.executor.tiny_gguf import write_gguf
 
 Q = gguf.GGMLQuantizationType
 PROMPTS = [[1, 5, 9, 100, 7, 3, 64, 11, 90, 2], [4, 4, 8, 15, 16, 23, 42]]

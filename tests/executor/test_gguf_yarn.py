@@ -4,7 +4,7 @@ writes them: `<arch>.rope.scaling.type` "yarn", `.factor`, `.original_context_le
 checkpoint had, and decodes the f32 file as transformers decodes the checkpoint, past the
 original context. Tiny random Llama (old-style rope_scaling, the defaults, max_position_embeddings
 the original: Qwen2.5's form) and Qwen3 (rope_parameters, betas and attention factor given).
-Also (fast, our own writer tiny_gguf.py): yarn_log_multiplier read as mscale_all_dim, and the
+Also (fast, our own writer, pagoda/executor/loader/gguf_writer.py): yarn_log_multiplier read as mscale_all_dim, and the
 errors a file with rope settings Pagoda cannot run gets."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from pagoda import LLM, SamplingParams
 from pagoda.executor.layers.rotary import rope_parameters
+from pagoda.executor.loader.gguf_writer import write_hf_checkpoint as write_gguf
 from pagoda.executor.loader.model_files import (
     ModelLoadError,
     bundled_model_path,
@@ -25,7 +26,6 @@ from tests.executor.test_long_context_rope import random_prompt
 from tests.executor.test_model_families import greedy_reference, logits_error
 from tests.executor.test_model_parity import pagoda_runner
 from tests.executor.tiny_checkpoints import build_checkpoint, bundled_tokenizer
-from tests.executor.tiny_gguf import write_gguf
 
 ORIGINAL = 64
 SETTINGS = {

@@ -1,8 +1,8 @@
 """Pagoda on GGUF files written by llama.cpp's own tools (convert_hf_to_gguf.py and
 llama-quantize, from the pinned llama-cpp-python sdist: tests/llama_cpp_tools.py), not by our
-tests' own writer (tiny_gguf.py).
+tests' own writer (pagoda/executor/loader/gguf_writer.py).
 
-Files as llama.cpp writes them differ from tiny_gguf.py's in what they leave out: no
+Files as llama.cpp writes them differ from gguf_writer.py's in what they leave out: no
 `<arch>.vocab_size` but for `llama` (llama.cpp counts `tokenizer.ggml.tokens`; a published
 Gemma 3 270M failed to load on it), no sliding-window pattern, no rope base for Gemma 2,
 tokenizers of their own kinds. A tiny random checkpoint of every supported family is

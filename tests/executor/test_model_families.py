@@ -17,6 +17,7 @@ from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.moe import Router, SparseMoeBlock
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.loader import gguf_architectures
+from pagoda.executor.loader.gguf_writer import write_hf_checkpoint as write_gguf
 from pagoda.executor.loader.model_files import ModelLoadError, resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from pagoda.executor.model_runner import ModelRunner
@@ -25,7 +26,6 @@ from pagoda.executor.models.registry import MODEL_REGISTRY
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
 from tests.executor.test_quantization import MODEL_MAX_RELATIVE_ERROR, relative_error
 from tests.executor.tiny_checkpoints import build_checkpoint
-from tests.executor.tiny_gguf import write_gguf
 
 FAMILIES = ["gemma2", "gemma3", "phi3", "phi3-longrope", "mixtral", "qwen3-moe"]
 GGUF_SETTINGS = {
@@ -59,7 +59,7 @@ def test_gguf_logits_match_transformers(arch, tmp_path) -> None:
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3-moe"])
 def test_the_test_gguf_writer_agrees_with_transformers_reader(arch, tmp_path) -> None:
-    """Keeps tiny_gguf.py honest: transformers' own GGUF reader (which follows llama.cpp's
+    """Keeps gguf_writer.py honest: transformers' own GGUF reader (which follows llama.cpp's
     conventions: 1 + w norms, stacked experts) gets the original model back from the file.
     Its reader assumes defaults for what the file does not say, so the model uses them."""
     from transformers import AutoModelForCausalLM

@@ -1,5 +1,5 @@
-/* Costs of single AMX instructions on this CPU (BENCHMARKS.md section 27):
- *   gcc -O2 -march=native amx_instructions.c -o amx_instructions && ./amx_instructions */
+/* Costs of single AMX instructions on this CPU (BENCHMARKS.md, "Kernels"; changelog 27):
+ *   gcc -O2 -march=native benchmarks/amx_instructions.c -o /tmp/amx_instructions && /tmp/amx_instructions */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdint.h>
