@@ -2,7 +2,7 @@
 
 Input: an A/B result (endpoints, requests tagged with `endpoint`, `key`, `repeat`, and each
 endpoint's `duration`). Output: `analyze()`'s JSON-ready dict and `verdict()`'s paragraph
-(phrased in pagoda/bench/ab_verdict.py; the bootstrap is pagoda/bench/ab_bootstrap.py).
+(phrased in pagoda/ab/verdict.py; the bootstrap is pagoda/ab/bootstrap.py).
 
 **Differences.** Every difference is relative, candidate against baseline (the first endpoint):
 statistic(candidate) / statistic(baseline) - 1, so -0.38 is "38% lower". Its interval is a
@@ -15,9 +15,9 @@ percentile bootstrap (`resamples` draws with replacement):
   drops out of the pairs (the error rate reports it). Otherwise *unpaired*: each side's
   successful requests are drawn on their own.
 - *Blocks*: a replay by `pagoda bench ab` runs its requests in blocks, each block on one
-  endpoint and then the next (ab.py); requests of one block share those seconds of the
+  endpoint and then the next (replay.py); requests of one block share those seconds of the
   machine, so the draws pick whole blocks (a pair's two runs belong to the same block
-  number), not requests one by one (ab_bootstrap.py's clustered draws), and the interval
+  number), not requests one by one (bootstrap.py's clustered draws), and the interval
   is widened for having few of them (`few_clusters_widening`: Student's t, not the normal;
   ~1.17x at 12 blocks). With fewer than `MIN_BLOCKS` blocks there is no interval at all:
   more `--repeats` or a smaller `--block-size` give one. Records without blocks (a live
@@ -68,8 +68,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagoda.bench import BenchError
-from pagoda.bench.ab_bootstrap import (
+from pagoda.ab.bootstrap import (
     bootstrap_ratio_ci,
     bootstrap_statistics,
     few_clusters_widening,
@@ -78,7 +77,8 @@ from pagoda.bench.ab_bootstrap import (
     relative_draws,
     widened,
 )
-from pagoda.bench.ab_verdict import verdict
+from pagoda.ab.verdict import verdict
+from pagoda.bench import BenchError
 from pagoda.bench.metrics import RequestRecord, meets_slo, summarize
 
 __all__ = ["analyze", "bootstrap_ratio_ci", "verdict"]

@@ -1,6 +1,6 @@
 """The verdict of an A/B analysis in words: one paragraph from `analyze()`'s dict.
 
-The rules that pick the outcome live in pagoda/bench/ab_stats.py (its docstring); this file
+The rules that pick the outcome live in pagoda/ab/stats.py (its docstring); this file
 only phrases them: "B against A: P95 TTFT 38% lower (95% CI 31–44%), ..., choose B."
 """
 
