@@ -10,7 +10,7 @@ one of two arrangements:
   one deployment runs (start order, memory layout and warm-up differ between them).
 
 Each replay's result (requests and timings) is analysed twice, offline: with the
-calibration off and on (pagoda/bench/ab_stats.py: the A/A noise floor measured from the
+calibration off and on (pagoda/ab/calibration.py: the A/A noise floor measured from the
 run's own passes), and the script prints the rate at which each called a winner. Every
 result is kept under --out, so other rules can be tried on the very same replays.
 
@@ -38,7 +38,7 @@ import httpx
 
 ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory", str(256 * 1024 * 1024),
                "--max-model-len", "2048", "--no-prefix-caching"]
-"""The identical-servers test's settings (tests/bench/test_ab_real.py): no prefix cache, so
+"""The identical-servers test's settings (tests/ab/test_real_servers.py): no prefix cache, so
 that a replayed request gets no cheaper prefill on a server that saw it before."""
 
 
@@ -133,7 +133,7 @@ def main() -> int:
                         "a new temporary folder)")
     args, ab_args = parser.parse_known_args()
     ab_args = [a for a in ab_args if a != "--"]
-    from pagoda.bench.ab_stats import analyze
+    from pagoda.ab.stats import analyze
 
     out = Path(args.out or tempfile.mkdtemp(prefix="ab-false-positive-"))
     out.mkdir(parents=True, exist_ok=True)

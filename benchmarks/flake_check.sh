@@ -3,8 +3,8 @@
 # fails one run in five lands a submission by luck on some CPU. By default the tests marked
 # slow (the end-to-end runs: servers, real models); any pytest arguments narrow or widen it.
 #
-#   benchmarks/flake_check.sh 5 tests/bench/test_ab_real.py       # one file, 5 runs
-#   benchmarks/flake_check.sh 20 tests/bench/test_ab_real.py -k identical
+#   benchmarks/flake_check.sh 5 tests/ab/test_real_servers.py       # one file, 5 runs
+#   benchmarks/flake_check.sh 20 tests/ab/test_real_servers.py -k identical
 #   benchmarks/flake_check.sh 3                                   # every slow test, 3 runs
 #
 # Exit status: 0 when every run passed, 1 when some test failed at least once, 2 on bad use.

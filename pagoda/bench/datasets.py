@@ -63,7 +63,7 @@ class Conversation:
     """Prompt tokens of the first turn as built, where known (for the config record)."""
     replies: list[str | None] | None = None
     """The reply a file recorded after each turn (ShareGPT; None where it has none). The
-    serving benchmark sends the server's own replies instead; trace_import.py uses these."""
+    serving benchmark sends the server's own replies instead; pagoda/ab/trace_import.py uses these."""
 
     def __post_init__(self) -> None:
         assert len(self.turns) == len(self.output_lens) and self.turns

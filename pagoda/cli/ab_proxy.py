@@ -4,15 +4,15 @@
         --mirror --record ab.jsonl --port 8080
     pagoda bench ab --from-record ab.jsonl          # the report on both sides
 
-Every flag is checked before anything starts (exit 2 with one line); a primary or candidate
-that does not answer at start is a warning, not an error (it may come up later).
+Every flag is checked here before anything starts (exit 2 with one line); then
+pagoda/ab/proxy_serve.py serves the proxy (a primary or candidate that does not answer at start
+is a warning, not an error: it may come up later).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +63,8 @@ def check_not_itself(flag: str, url: str, host: str, port: int) -> None:
                          f"{port}); point it at the server, or listen on another --port")
 
 
-def probe(name: str, url: str, api_key: str | None) -> None:
-    """Warn (only) if `url` does not answer GET /v1/models now."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        httpx.get(url + "/v1/models", headers=headers, timeout=3.0)
-    except httpx.HTTPError as e:
-        logger.warning("the %s %s does not answer yet (%s: %s); %s", name, url,
-                       type(e).__name__, e, "users get 502 until it does" if name == "primary"
-                       else "its shadows fail until it does")
-
-
 def run_ab_proxy(args: argparse.Namespace) -> int:
-    from pagoda.entrypoints.ab_proxy_config import ProxyConfig, normalize_upstream_url
+    from pagoda.ab.proxy_config import ProxyConfig, normalize_upstream_url
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -92,17 +79,7 @@ def run_ab_proxy(args: argparse.Namespace) -> int:
     if config.primary == config.candidate:
         logger.warning("--primary and --candidate are the same server: %s", config.primary)
 
-    import uvicorn
+    from pagoda.ab.proxy_serve import serve_proxy
 
-    from pagoda.entrypoints.ab_proxy import ABProxy
-
-    proxy = ABProxy(config)  # opens --record: a bad path is an error before the server starts
-    probe("primary", config.primary, None)
-    probe("candidate", config.candidate, config.api_key)
-    mode = "mirror" if config.mirror else f"split {config.split:g}"
-    print(f"ab-proxy on http://{args.host}:{args.port}: primary {config.primary}, candidate "
-          f"{config.candidate} ({mode})" + (f", record {config.record_path}"
-                                            if config.record_path else ""), file=sys.stderr)
-    uvicorn.run(proxy, host=args.host, port=args.port, log_level="warning", access_log=False,
-                server_header=False, date_header=False, lifespan="on")
+    serve_proxy(config, args.host, args.port)
     return 0

@@ -1,6 +1,6 @@
 """`pagoda bench ab`: the same traffic to two or more OpenAI-compatible endpoints, with
-confidence intervals and a verdict (pagoda/bench/ab.py runs it, ab_stats.py judges it,
-ab_report.py writes it).
+confidence intervals and a verdict. This file parses and checks the flags; pagoda/ab/run.py
+runs it (pagoda/ab/replay.py sends the traffic, stats.py judges it, report.py writes it).
 
     pagoda bench ab --endpoint A=http://127.0.0.1:8000 --endpoint B=http://127.0.0.1:8080 \\
         --traffic traffic.jsonl --slo ttft=1s,tpot=100ms --cost A=0.50 --cost B=0.80 \\
@@ -13,10 +13,8 @@ Every check a user can fail comes before the tokenizer, the trace or the traffic
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import os
-import sys
 
 from pagoda.cli.bench_args import DefaultsHelpFormatter
 
@@ -127,7 +125,7 @@ def parse_costs(values: list[str], names: list[str]) -> dict[str, float]:
 
 def check_ab_args(args: argparse.Namespace):
     """Every flag checked; returns (endpoints without probing, ReplayConfig, slo)."""
-    from pagoda.bench.ab import Endpoint, ReplayConfig
+    from pagoda.ab.replay import Endpoint, ReplayConfig
     from pagoda.bench.metrics import parse_slo
     from pagoda.bench.serve import normalize_base_url
 
@@ -171,7 +169,7 @@ def check_ab_args(args: argparse.Namespace):
 
 
 def load_traffic(args: argparse.Namespace):
-    from pagoda.bench.trace_import import load_trace
+    from pagoda.ab.trace_import import load_trace
 
     tokenizer = None
     if args.trace_format != "pagoda":
@@ -183,66 +181,20 @@ def load_traffic(args: argparse.Namespace):
                       max_requests=args.max_requests)
 
 
-def probed(endpoints, api_key: str | None):
-    """Each endpoint with its model name (the server's first, unless given) and what it
-    says it runs on; ValueError naming an endpoint that cannot be reached."""
-    from dataclasses import replace
-
-    from pagoda.bench.ab import probe_hardware
-    from pagoda.bench.serve import probe_server
-
-    result = []
-    for endpoint in endpoints:
-        try:
-            model = endpoint.model or probe_server(endpoint.url, api_key)
-        except ValueError as e:
-            raise ValueError(f"--endpoint {endpoint.name}: {e}") from None
-        result.append(replace(endpoint, model=model,
-                              hardware=probe_hardware(endpoint.url, api_key)))
-    return result
-
-
 def run_bench_ab(args: argparse.Namespace) -> int:
-    from pagoda.bench import report
-    from pagoda.bench.ab_report import format_text, render_html
-    from pagoda.bench.ab_stats import analyze
+    from pagoda.ab import run
 
     endpoints, config, slo = check_ab_args(args)
     if args.from_record is not None:
-        from pagoda.entrypoints.ab_proxy_record import read_proxy_record
-
-        result = read_proxy_record(args.from_record)
-        result.update(report.envelope("ab", "pagoda-ab-proxy", {"from_record": args.from_record}))
+        result = run.record_result(args.from_record)
     else:
         entries = load_traffic(args)
-        endpoints = probed(endpoints, args.api_key)
-        rows, duration = asyncio.run(_run(args, endpoints, entries, config))
-        result = report.envelope("ab", "pagoda-bench", _config(args, len(entries)))
-        result.update(endpoints=[e.to_json() for e in endpoints], requests=rows,
-                      duration=duration)
-    analysis = analyze(result, slo=slo, confidence=args.confidence, resamples=args.resamples,
-                       seed=args.seed,
-                       calibrate={"auto": None, "on": True, "off": False}[args.calibrate])
-    result["analysis"] = analysis
-    print(format_text(result, analysis))
-    if args.output:
-        report.write_json(args.output, result)
-        print(f"wrote {args.output}", file=sys.stderr)
-    if args.html:
-        with open(args.html, "w", encoding="utf-8") as f:
-            f.write(render_html(result, analysis))
-        print(f"wrote {args.html}", file=sys.stderr)
+        result = run.replay_result(endpoints, entries, config, api_key=args.api_key,
+                                   progress=args.progress, run_config=_config(args, len(entries)))
+    run.judge_and_report(result, slo, confidence=args.confidence, resamples=args.resamples,
+                         seed=args.seed, output=args.output, html=args.html,
+                         calibrate={"auto": None, "on": True, "off": False}[args.calibrate])
     return 0
-
-
-async def _run(args, endpoints, entries, config):
-    from tqdm import tqdm
-
-    from pagoda.bench.ab import run_ab
-
-    total = len(entries) * len(endpoints) * config.repeats
-    with tqdm(total=total, desc="A/B requests", unit="req", disable=not args.progress) as bar:
-        return await run_ab(endpoints, entries, config, api_key=args.api_key, progress=bar.update)
 
 
 def _config(args: argparse.Namespace, num_entries: int) -> dict:

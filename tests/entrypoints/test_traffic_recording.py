@@ -13,7 +13,6 @@ import time
 import httpx
 import pytest
 
-from pagoda.bench.traffic import TrafficEntry, read_traffic
 from pagoda.entrypoints.openai.responses import UsageInfo
 from pagoda.entrypoints.openai.serving_pipeline import USAGE_STATE
 from pagoda.entrypoints.openai.traffic_recorder import (
@@ -21,6 +20,7 @@ from pagoda.entrypoints.openai.traffic_recorder import (
     TrafficRecorderMiddleware,
     carries_output,
 )
+from pagoda.traffic_record import TrafficEntry, read_traffic
 from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 

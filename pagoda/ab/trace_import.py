@@ -1,4 +1,5 @@
-"""Public traces as traffic records (traffic.py's TrafficEntry list), for `pagoda bench ab`.
+"""Public traces as traffic records (TrafficEntry lists, pagoda/traffic_record.py), for
+`pagoda bench ab`.
 
     format    what the file holds                         what each request becomes
     pagoda    a traffic record (--record-traffic)         itself
@@ -46,7 +47,7 @@ from pagoda.bench import BenchError
 from pagoda.bench.client import conversation_messages
 from pagoda.bench.datasets import Conversation, num_special_tokens, parse_entry
 from pagoda.bench.serve import TrafficConfig, arrival_times
-from pagoda.bench.traffic import TrafficEntry, read_json_lines, read_traffic
+from pagoda.traffic_record import TrafficEntry, read_json_lines, read_traffic
 
 TRACE_FORMATS = ("pagoda", "sharegpt", "azure", "mooncake")
 
@@ -65,7 +66,9 @@ def load_trace(
     """The requests of the trace at `path` in arrival order, the first `max_requests` of them
     (None: all). `tokenizer`: the served model's (not needed for "pagoda"); `rate` (requests
     per second, inf: all at once) and `seed` place ShareGPT's arrivals and pick synthetic
-    words. BenchError naming the file (and its line or entry) for anything wrong."""
+    words. BenchError naming the file (and its line or entry) for anything wrong, or
+    TrafficRecordError (pagoda/traffic_record.py's, also a ValueError) for a line that is not
+    JSON or a recorded entry that is wrong."""
     if format not in TRACE_FORMATS:
         raise BenchError(f"trace format {format!r}: must be one of {', '.join(TRACE_FORMATS)}")
     if max_requests is not None and max_requests < 1:

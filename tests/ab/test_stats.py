@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from pagoda.ab.stats import analyze, bootstrap_ratio_ci, verdict
 from pagoda.bench import BenchError
-from pagoda.bench.ab_stats import analyze, bootstrap_ratio_ci, verdict
-from tests.bench.ab_synthetic import drifting_blocks_run, lognormal_run, request, result
+from tests.ab.synthetic import drifting_blocks_run, lognormal_run, request, result
 
 
 def _row(analysis: dict, metric: str, statistic: str, comparison: int = 0) -> dict:

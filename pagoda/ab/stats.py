@@ -2,7 +2,7 @@
 
 Input: an A/B result (endpoints, requests tagged with `endpoint`, `key`, `repeat`, and each
 endpoint's `duration`). Output: `analyze()`'s JSON-ready dict and `verdict()`'s paragraph
-(phrased in pagoda/bench/ab_verdict.py; the bootstrap is pagoda/bench/ab_bootstrap.py).
+(phrased in pagoda/ab/verdict.py; the bootstrap is pagoda/ab/bootstrap.py).
 
 **Differences.** Every difference is relative, candidate against baseline (the first endpoint):
 statistic(candidate) / statistic(baseline) - 1, so -0.38 is "38% lower". Its interval is a
@@ -15,9 +15,9 @@ percentile bootstrap (`resamples` draws with replacement):
   drops out of the pairs (the error rate reports it). Otherwise *unpaired*: each side's
   successful requests are drawn on their own.
 - *Blocks*: a replay by `pagoda bench ab` runs its requests in blocks, each block on one
-  endpoint and then the next (ab.py); requests of one block share those seconds of the
+  endpoint and then the next (replay.py); requests of one block share those seconds of the
   machine, so the draws pick whole blocks (a pair's two runs belong to the same block
-  number), not requests one by one (ab_bootstrap.py's clustered draws), and the interval
+  number), not requests one by one (bootstrap.py's clustered draws), and the interval
   is widened for having few of them (`few_clusters_widening`: Student's t, not the normal;
   ~1.17x at 12 blocks). With fewer than `MIN_BLOCKS` blocks there is no interval at all:
   more `--repeats` or a smaller `--block-size` give one. Records without blocks (a live
@@ -49,7 +49,7 @@ percentile bootstrap (`resamples` draws with replacement):
    difference is at least `NEGLIGIBLE` (2%): smaller ones do not choose an engine. With
    calibration (`--calibrate`, or by default when every endpoint reports the same
    hardware) the bar is the larger of 2% and the A/A noise floor of that metric, measured
-   from each endpoint's own passes (ab_calibration.py): two processes of one configuration
+   from each endpoint's own passes (calibration.py): two processes of one configuration
    differ by more than the bootstrap sees, and an A/A must not call a winner.
 3. An endpoint whose error rate is worse (its 95% interval excludes zero) is said so first
    and is never chosen: "B is faster but fails more requests".
@@ -72,8 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagoda.bench import BenchError
-from pagoda.bench.ab_bootstrap import (
+from pagoda.ab.bootstrap import (
     bootstrap_ratio_ci,
     bootstrap_statistics,
     few_clusters_widening,
@@ -82,8 +81,9 @@ from pagoda.bench.ab_bootstrap import (
     relative_draws,
     widened,
 )
-from pagoda.bench.ab_calibration import noise_floor
-from pagoda.bench.ab_verdict import verdict
+from pagoda.ab.calibration import noise_floor
+from pagoda.ab.verdict import verdict
+from pagoda.bench import BenchError
 from pagoda.bench.metrics import RequestRecord, meets_slo, summarize
 
 __all__ = ["analyze", "bootstrap_ratio_ci", "verdict"]
@@ -342,7 +342,7 @@ def _compare(base: dict, cand: dict, base_requests: list[_Request],
              resamples: int, rng: np.random.Generator,
              floors: dict[tuple[str, str], float] | None = None) -> dict:
     """One candidate against the baseline. `floors`: the A/A noise floor of each decisive
-    (metric, statistic) (ab_calibration.py); a difference is called only at or above
+    (metric, statistic) (calibration.py); a difference is called only at or above
     max(NEGLIGIBLE, its floor)."""
     by_id = {r.pair_id: r for r in base_requests if r.pair_id is not None}
     matched = [(by_id[r.pair_id], r) for r in cand_requests if r.pair_id in by_id]
@@ -485,7 +485,7 @@ def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float
             resamples: int = 2000, seed: int = 0, calibrate: bool | None = None) -> dict:
     """Summaries per endpoint, each candidate against the first endpoint, and the verdict
     (the module docstring's rules). Deterministic for a given seed; JSON-serializable.
-    `calibrate`: measure the A/A noise floor (ab_calibration.py) and call no difference
+    `calibrate`: measure the A/A noise floor (calibration.py) and call no difference
     below it; None: when every endpoint reports the same hardware (same engine, CPU,
     dtypes and kernels: replicas or settings of one engine on one machine)."""
     if not 0.5 <= confidence < 1.0:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import html
 import re
 
-from pagoda.bench.ab_report import format_text, render_html
-from pagoda.bench.ab_stats import analyze
+from pagoda.ab.report import format_text, render_html
+from pagoda.ab.stats import analyze
 from pagoda.bench.svg_chart import nice_ticks
-from tests.bench.ab_synthetic import lognormal_run, request
+from tests.ab.synthetic import lognormal_run, request
 
 
 def _run_with_traps() -> dict:

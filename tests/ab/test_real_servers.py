@@ -109,7 +109,7 @@ def test_identical_servers_are_called_the_same(servers, tmp_path):
     order, warm-up, memory layout: measured on a Zen 4 EPYC, BENCHMARKS.md), which the
     fixed 2% bar called a winner about half the time. Both report the same hardware, so the
     A/A noise floor is measured from each one's own two passes and no difference under it
-    is called (pagoda/bench/ab_calibration.py)."""
+    is called (pagoda/ab/calibration.py)."""
     _, batched, twin, traffic = servers
     result = run_ab(tmp_path, "--endpoint", f"one={batched.url}", "--endpoint",
                     f"two={twin.url}", "--traffic", traffic)

@@ -1,6 +1,6 @@
 """The verdict of an A/B analysis in words: one paragraph from `analyze()`'s dict.
 
-The rules that pick the outcome live in pagoda/bench/ab_stats.py (its docstring); this file
+The rules that pick the outcome live in pagoda/ab/stats.py (its docstring); this file
 only phrases them: "B against A: P95 TTFT 38% lower (95% CI 31–44%), ..., choose B."
 """
 
@@ -151,7 +151,7 @@ def verdict(analysis: dict) -> str:
 
 
 def _calibration_sentence(calibration: dict) -> str:
-    """What the A/A noise floor was (ab_calibration.py), when calibration was asked for."""
+    """What the A/A noise floor was (calibration.py), when calibration was asked for."""
     if not calibration.get("requested"):
         return ""
     if calibration.get("floor") is None:

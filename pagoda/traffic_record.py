@@ -1,6 +1,6 @@
 """The traffic record: one JSON object per line, one line per request, what `pagoda bench ab`
 replays. `pagoda serve --record-traffic FILE` writes it (entrypoints/openai/traffic_recorder.py);
-trace_import.py turns public traces into the same entries.
+pagoda/ab/trace_import.py turns public traces into the same entries.
 
     {"arrival": 1.25, "endpoint": "chat", "body": {"messages": [...], "max_tokens": 64},
      "prompt_tokens": 31, "output_tokens": 64, "ttft": 0.021, "latency": 0.93,
@@ -25,7 +25,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Self
 
-from pagoda.bench import BenchError
+
+class TrafficRecordError(ValueError):
+    """A traffic record that cannot be read: the message names the file and line (or the field
+    of one entry). A ValueError, so the CLI prints it as one line and exits with code 2."""
+
 
 ENDPOINTS = ("completions", "chat")
 """What TrafficEntry.endpoint may be: /v1/completions or /v1/chat/completions."""
@@ -63,35 +67,37 @@ class TrafficEntry:
 
     @classmethod
     def from_json(cls, data: Any) -> TrafficEntry:
-        """The entry of one decoded line; BenchError naming the field that is wrong (without
-        the file: read_traffic adds it). Keys it does not know are ignored (records from newer
+        """The entry of one decoded line; TrafficRecordError naming the field that is wrong
+        (without the file: read_traffic adds it). Keys it does not know are ignored (records from newer
         versions still read)."""
         if not isinstance(data, dict):
-            raise BenchError(f"expected a JSON object, got {type(data).__name__}")
+            raise TrafficRecordError(f"expected a JSON object, got {type(data).__name__}")
         for key in ("arrival", "endpoint", "body"):
             if key not in data:
-                raise BenchError(f"missing '{key}'")
+                raise TrafficRecordError(f"missing '{key}'")
         arrival = data["arrival"]
         if not _is_number(arrival) or not math.isfinite(arrival) or arrival < 0:
-            raise BenchError(f"'arrival' must be a number of seconds >= 0, got {arrival!r}")
+            raise TrafficRecordError(
+                f"'arrival' must be a number of seconds >= 0, got {arrival!r}")
         if data["endpoint"] not in ENDPOINTS:
-            raise BenchError(f"'endpoint' must be one of {', '.join(ENDPOINTS)}, "
-                             f"got {data['endpoint']!r}")
+            raise TrafficRecordError(f"'endpoint' must be one of {', '.join(ENDPOINTS)}, "
+                                     f"got {data['endpoint']!r}")
         if not isinstance(data["body"], dict):
-            raise BenchError("'body' must be a JSON object (the request)")
+            raise TrafficRecordError("'body' must be a JSON object (the request)")
         for key in ("prompt_tokens", "output_tokens", "status"):
             value = data.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 0):
-                raise BenchError(f"'{key}' must be an integer >= 0 or null, got {value!r}")
+                raise TrafficRecordError(
+                    f"'{key}' must be an integer >= 0 or null, got {value!r}")
         for key in ("ttft", "latency"):
             value = data.get(key)
             if value is not None and (not _is_number(value) or value < 0):
-                raise BenchError(f"'{key}' must be a number of seconds >= 0 or null, "
-                                 f"got {value!r}")
+                raise TrafficRecordError(f"'{key}' must be a number of seconds >= 0 or null, "
+                                         f"got {value!r}")
         source = data.get("source")
         if source is not None and not isinstance(source, str):
-            raise BenchError(f"'source' must be a string or null, got {source!r}")
+            raise TrafficRecordError(f"'source' must be a string or null, got {source!r}")
         known = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})
 
@@ -101,10 +107,10 @@ def _is_number(value: Any) -> bool:
 
 
 def read_json_lines(path: str) -> Iterator[tuple[int, Any]]:
-    """(line number from 1, decoded value) of every non-blank line of a JSONL file; BenchError
-    naming the file (and the line) if it cannot be read or a line is not JSON."""
+    """(line number from 1, decoded value) of every non-blank line of a JSONL file;
+    TrafficRecordError naming the file (and the line) if it cannot be read or a line is not JSON."""
     if not os.path.isfile(path):
-        raise BenchError(f"{path}: no such file")
+        raise TrafficRecordError(f"{path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -113,25 +119,25 @@ def read_json_lines(path: str) -> Iterator[tuple[int, Any]]:
                 try:
                     yield number, json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise BenchError(f"{path}: line {number}: not JSON ({e.msg} at column "
-                                     f"{e.colno})") from None
+                    raise TrafficRecordError(f"{path}: line {number}: not JSON ({e.msg} at "
+                                             f"column {e.colno})") from None
     except OSError as e:
-        raise BenchError(f"{path}: cannot read it ({e.strerror})") from None
+        raise TrafficRecordError(f"{path}: cannot read it ({e.strerror})") from None
     except UnicodeDecodeError:
-        raise BenchError(f"{path}: not UTF-8 text") from None
+        raise TrafficRecordError(f"{path}: not UTF-8 text") from None
 
 
 def read_traffic(path: str) -> list[TrafficEntry]:
-    """The entries of a traffic record, in arrival order (ties: file order); BenchError naming
-    the file and line of the first bad line, or saying the file has none."""
+    """The entries of a traffic record, in arrival order (ties: file order); TrafficRecordError
+    naming the file and line of the first bad line, or saying the file has none."""
     entries = []
     for number, data in read_json_lines(path):
         try:
             entries.append(TrafficEntry.from_json(data))
         except ValueError as e:
-            raise BenchError(f"{path}: line {number}: {e}") from None
+            raise TrafficRecordError(f"{path}: line {number}: {e}") from None
     if not entries:
-        raise BenchError(f"{path}: no traffic entries (one JSON object per line)")
+        raise TrafficRecordError(f"{path}: no traffic entries (one JSON object per line)")
     return sorted(entries, key=lambda entry: entry.arrival)
 
 

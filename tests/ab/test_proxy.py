@@ -22,13 +22,13 @@ import pytest
 import uvicorn
 from fastapi.responses import JSONResponse
 
+from pagoda.ab import proxy_upstream
+from pagoda.ab.proxy import ABProxy
+from pagoda.ab.proxy_config import ProxyConfig
+from pagoda.ab.proxy_record import RecordWriter, read_proxy_record
+from pagoda.ab.proxy_upstream import Upstream, UpstreamError
 from pagoda.bench import BenchError
 from pagoda.cli.main import main
-from pagoda.entrypoints import ab_proxy_upstream
-from pagoda.entrypoints.ab_proxy import ABProxy
-from pagoda.entrypoints.ab_proxy_config import ProxyConfig
-from pagoda.entrypoints.ab_proxy_record import RecordWriter, read_proxy_record
-from pagoda.entrypoints.ab_proxy_upstream import Upstream, UpstreamError
 from tests.bench.fake_server import FakeServer
 
 ROOT = Path(__file__).parents[2]
@@ -417,10 +417,10 @@ def test_cli_starts_with_an_unreachable_primary_and_answers_502():
 
 def test_the_upstream_client_reuses_connections_and_survives_servers_that_close_them(
         monkeypatch):
-    """ab_proxy_upstream.py against a raw server: keep-alive reuse, a kept connection the
+    """proxy_upstream.py against a raw server: keep-alive reuse, a kept connection the
     server closed (sent again on a fresh one), a body ended by the close, a cut-off body."""
     # A kept connection looks usable: the request goes out on it, and finds it closed.
-    monkeypatch.setattr(ab_proxy_upstream._Connection, "usable", lambda self: True)
+    monkeypatch.setattr(proxy_upstream._Connection, "usable", lambda self: True)
     answers = [b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",       # kept open
                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nbye",         # then closed
                b"HTTP/1.0 200 OK\r\n\r\nuntil the end",                     # ends at the close

@@ -19,7 +19,7 @@ load, thermal, a cache warming) favours no endpoint. Within a block, conversatio
 their recorded times (relative to the block's first, times `time_scale`) or, with
 `request_rate`, at Poisson times; a `max_concurrency` bounds the requests in flight. Every
 request of the trace thus runs once on every endpoint per repeat: the records pair by `key`
-(the entry's index), which the statistics (pagoda/bench/ab_stats.py) use.
+(the entry's index), which the statistics (pagoda/ab/stats.py) use.
 
 Each endpoint's `duration` is the wall time of its own block passes only, so its throughput
 is what it served while it had the machine's attention. Warm-up requests (untimed, unlike
@@ -44,7 +44,7 @@ from pagoda.bench import BenchError
 from pagoda.bench.client import RequestOptions, send_request
 from pagoda.bench.metrics import RequestRecord
 from pagoda.bench.serve import make_client, warm_up
-from pagoda.bench.traffic import TrafficEntry
+from pagoda.traffic_record import TrafficEntry
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ async def run_ab(
     api_key: str | None = None, progress=None,
 ) -> tuple[list[dict], dict[str, float]]:
     """Replay `entries` to every endpoint as the module docstring says. Returns the request
-    rows (pagoda/bench/ab_stats.py's input: RequestRecord fields plus endpoint, key,
+    rows (pagoda/ab/stats.py's input: RequestRecord fields plus endpoint, key,
     repeat, block, greedy, output_text, live_history: the turn carried this endpoint's own
     earlier replies) and each endpoint's serving time in seconds."""
     check_trace(entries)

@@ -1,4 +1,4 @@
-"""The A/A noise floor (pagoda/bench/ab_calibration.py): measured from each endpoint's own
+"""The A/A noise floor (pagoda/ab/calibration.py): measured from each endpoint's own
 passes, it keeps a systematic offset between two processes of one configuration from being
 called a winner, and leaves a real difference called."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagoda.bench.ab_stats import analyze
-from tests.bench.ab_synthetic import request, result
+from pagoda.ab.stats import analyze
+from tests.ab.synthetic import request, result
 
 SAME_HARDWARE = {"engine": "pagoda 0.1.0", "cpu": "test", "dtype": "float32"}
 

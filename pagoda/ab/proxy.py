@@ -20,7 +20,7 @@ Invariants:
   401/403/404/408/429, no headers within --candidate-timeout) hands the request to the
   primary; once it has answered, its answer is the user's.
 - Each side of each generation request (POST /v1/completions, /v1/chat/completions) is one
-  line of the record (ab_proxy_record.py), both sides of a request under one key.
+  line of the record (proxy_record.py), both sides of a request under one key.
 GET /ab-proxy/stats answers the counters (ProxyStats) as JSON; every other path is relayed.
 """
 
@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from pagoda.ab.proxy_config import ProxyConfig, ProxyStats
+from pagoda.ab.proxy_record import RecordWriter, ResponseTimer, record_line
+from pagoda.ab.proxy_upstream import Upstream, UpstreamError, UpstreamResponse
 from pagoda.bench.metrics import RequestRecord
-from pagoda.entrypoints.ab_proxy_config import ProxyConfig, ProxyStats
-from pagoda.entrypoints.ab_proxy_record import RecordWriter, ResponseTimer, record_line
-from pagoda.entrypoints.ab_proxy_upstream import Upstream, UpstreamError, UpstreamResponse
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ and one self-contained HTML page (inline SVG charts, inline CSS, no scripts, not
 fetched: it opens offline).
 
 Both read `result` (pagoda bench ab's JSON: endpoints and raw requests) and `analysis`
-(pagoda/bench/ab_stats.py's `analyze()`); they compute nothing statistical themselves. The
+(pagoda/ab/stats.py's `analyze()`); they compute nothing statistical themselves. The
 tables hold one column per endpoint and one per candidate against the baseline: the
 relative difference and its interval, marked * where a decisive metric differs (the
 verdict's rule). Every string that comes from the result is escaped in the HTML.
@@ -15,7 +15,7 @@ import html
 import json
 import textwrap
 
-from pagoda.bench.ab_verdict import format_change
+from pagoda.ab.verdict import format_change
 from pagoda.bench.metrics import time_per_output_token
 from pagoda.bench.report import markdown_table
 from pagoda.bench.svg_chart import Series, cdf_series, chart

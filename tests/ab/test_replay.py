@@ -1,4 +1,4 @@
-"""`pagoda bench ab`'s traffic (pagoda/bench/ab.py): blocks alternate between endpoints in
+"""`pagoda bench ab`'s traffic (pagoda/ab/replay.py): blocks alternate between endpoints in
 a balanced order, every request runs on every endpoint with the same start times, bodies
 are replayed as recorded (streamed, the endpoint's model, the recorded output length)."""
 
@@ -11,8 +11,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from pagoda.bench import BenchError
-from pagoda.bench.ab import (
+from pagoda.ab.replay import (
     Endpoint,
     ReplayConfig,
     block_order,
@@ -23,7 +22,8 @@ from pagoda.bench.ab import (
     replay_body,
     run_ab,
 )
-from pagoda.bench.traffic import TrafficEntry
+from pagoda.bench import BenchError
+from pagoda.traffic_record import TrafficEntry
 from tests.bench.fake_server import MODEL, FakeServer
 
 

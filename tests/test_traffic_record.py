@@ -1,4 +1,4 @@
-"""The traffic record (pagoda/bench/traffic.py): entries survive a write and a read, bad lines
+"""The traffic record (pagoda/traffic_record.py): entries survive a write and a read, bad lines
 are named, and redaction keeps every request's token counts (within 2%) and none of its words."""
 
 from __future__ import annotations
@@ -9,9 +9,14 @@ import threading
 import numpy as np
 import pytest
 
-from pagoda.bench import BenchError
 from pagoda.bench.prose import passage
-from pagoda.bench.traffic import TrafficEntry, TrafficWriter, read_traffic, redact_body
+from pagoda.traffic_record import (
+    TrafficEntry,
+    TrafficRecordError,
+    TrafficWriter,
+    read_traffic,
+    redact_body,
+)
 
 
 def test_entries_round_trip_in_arrival_order(tmp_path) -> None:
@@ -49,15 +54,15 @@ def test_a_bad_line_is_named_with_its_file_and_number(tmp_path, line, fragment) 
     path = tmp_path / "traffic.jsonl"
     good = json.dumps(TrafficEntry(0.0, "chat", {"messages": []}).to_json())
     path.write_text(f"{good}\n\n{line}\n")
-    with pytest.raises(BenchError, match=f"{path}: line 3: .*{fragment}"):
+    with pytest.raises(TrafficRecordError, match=f"{path}: line 3: .*{fragment}"):
         read_traffic(str(path))
 
 
 def test_missing_and_empty_files_are_clear_errors(tmp_path) -> None:
-    with pytest.raises(BenchError, match="no such file"):
+    with pytest.raises(TrafficRecordError, match="no such file"):
         read_traffic(str(tmp_path / "nope.jsonl"))
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(BenchError, match="no traffic entries"):
+    with pytest.raises(TrafficRecordError, match="no traffic entries"):
         read_traffic(str(tmp_path / "empty.jsonl"))
 
 

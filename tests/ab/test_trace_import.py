@@ -1,4 +1,4 @@
-"""Public traces as traffic (pagoda/bench/trace_import.py): each importer on a small file of its
+"""Public traces as traffic (pagoda/ab/trace_import.py): each importer on a small file of its
 format, with its arrivals, token counts within 2% under the bundled tokenizer, Mooncake's shared
 prefixes, and bad rows named by file and line."""
 
@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
+from pagoda.ab.trace_import import MOONCAKE_BLOCK_TOKENS, TextSynthesizer, load_trace
 from pagoda.bench import BenchError
-from pagoda.bench.trace_import import MOONCAKE_BLOCK_TOKENS, TextSynthesizer, load_trace
-from pagoda.bench.traffic import TrafficEntry, TrafficWriter
+from pagoda.traffic_record import TrafficEntry, TrafficRecordError, TrafficWriter
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_sharegpt_bad_entries_are_named(tmp_path, bundled_tokenizer) -> None:
     with pytest.raises(BenchError, match=f"{path}: line 2: .*unknown turn"):
         load_trace(str(path), "sharegpt", bundled_tokenizer)
     path.write_text('{"conversations": []}\n{"conversations": [\n')
-    with pytest.raises(BenchError, match=f"{path}: line 2: not JSON"):
+    with pytest.raises(TrafficRecordError, match=f"{path}: line 2: not JSON"):
         load_trace(str(path), "sharegpt", bundled_tokenizer)
     path.write_text(json.dumps([SHAREGPT[0], 7]))
     with pytest.raises(BenchError, match=f"{path}: entry 1: "):
@@ -187,7 +187,8 @@ def test_mooncake_requests_share_text_where_hash_ids_match(tmp_path, bundled_tok
 def test_mooncake_bad_lines_are_named(tmp_path, bundled_tokenizer, line, fragment) -> None:
     path = tmp_path / "mooncake.jsonl"
     path.write_text(json.dumps(MOONCAKE[0]) + "\n" + line + "\n")
-    with pytest.raises(BenchError, match=f"{path}: line 2: .*{fragment}"):
+    # (a line that is not JSON is the JSONL reader's TrafficRecordError)
+    with pytest.raises((BenchError, TrafficRecordError), match=f"{path}: line 2: .*{fragment}"):
         load_trace(str(path), "mooncake", bundled_tokenizer)
 
 
