@@ -2,7 +2,7 @@
 cost the server itself reports (`pagoda serve --cost-per-hour`: its /metrics gauge
 pagoda:cost_per_hour, summed over the page's samples).
 
-The run's summary gets "cost" (the arithmetic and its caveat: pagoda/engine/cost.py):
+The run's summary gets "cost" (the arithmetic and its caveat: pagoda/cost.py):
 
     source                      "flag" or "server"
     cost_per_hour, hours, cost_usd                      the run's wall time at that price
@@ -18,7 +18,7 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagoda.bench.server_metrics import scrape_metrics_text
-from pagoda.engine.cost import cost_figures
+from pagoda.cost import cost_figures
 
 COST_PER_HOUR = "pagoda:cost_per_hour"
 

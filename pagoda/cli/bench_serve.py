@@ -203,7 +203,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     # Every check a user can fail comes before anything slow.
     slo = parse_slo(args.slo) if args.slo is not None else None
     if args.cost_per_hour is not None:
-        from pagoda.engine.cost import check_cost_per_hour
+        from pagoda.cost import check_cost_per_hour
 
         check_cost_per_hour(args.cost_per_hour)
     sweep = traffic_sweep(args)

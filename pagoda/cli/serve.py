@@ -135,7 +135,7 @@ def check_server_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--responses-store-ttl must be > 0 seconds, got "
                          f"{args.responses_store_ttl}")
     if args.cost_per_hour is not None:
-        from pagoda.engine.cost import check_cost_per_hour
+        from pagoda.cost import check_cost_per_hour
 
         check_cost_per_hour(args.cost_per_hour)
 

@@ -14,8 +14,9 @@ import argparse
 import os
 from typing import Any
 
+from pagoda.cli.lora_modules import check_unique_names, parse_lora_module
 from pagoda.config import EngineConfig
-from pagoda.lora.lora_modules import LoRAModule, check_unique_names, parse_lora_module
+from pagoda.lora.lora_modules import LoRAModule
 
 
 def add_lora_args(group) -> None:

@@ -8,7 +8,7 @@ SIGTERM/SIGINT.
 Ray Serve's HTTP proxy listens on --host/--port on every node. Once deployed, the driver
 also runs two monitors until it stops:
 
-    autoscaler ledger   (entrypoints/scaling_ledger.py) replicas over time, replica-hours,
+    autoscaler ledger   (scaling_ledger.py) replicas over time, replica-hours,
                         scaling decisions and cost, logged; its series on --ledger-port; its
                         summary logged at the end
     metrics targets     (replica_metrics.py, with --metrics-targets-file) the Prometheus
@@ -90,7 +90,7 @@ def start_monitors(args: argparse.Namespace):
     from ray import serve
 
     from pagoda.deploy.replica_metrics import start_targets_file
-    from pagoda.entrypoints.scaling_ledger import start_ledger
+    from pagoda.deploy.scaling_ledger import start_ledger
 
     ledger = start_ledger(args.cost_per_hour, serve.status, metrics_port=args.ledger_port)
     targets = None

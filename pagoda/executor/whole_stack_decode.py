@@ -24,7 +24,7 @@ token) of fewer than DEQUANTIZE_FROM_ROWS tokens. Anything else takes the eager 
 LoRA adapters (--enable-lora): once `attach_lora` gave it the model's ModelLoRA, a step
 whose rows run adapters (the step's LoRAStep: row_slots) runs in C too, each linear adding
 its rows' adapters after the base matmul (csrc/lora_f32.c) from slot tables that
-whole_stack_lora.py rebuilds when the adapters in the slots change; without it such a
+lora/whole_stack_tables.py rebuilds when the adapters in the slots change; without it such a
 step takes the eager forward (its hooks add the adapters).
 """
 
@@ -57,13 +57,13 @@ from pagoda.executor.layers.activation import SiluAndMul
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.packed_linear import PackedLinear
 from pagoda.executor.lora.step import current_lora_step
+from pagoda.executor.lora.whole_stack_tables import LoRATables
 from pagoda.executor.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaMLP,
     LlamaModel,
 )
-from pagoda.executor.whole_stack_lora import LoRATables
 
 
 def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:

@@ -1,6 +1,6 @@
 """`pagoda bench serve`'s cost: --cost-per-hour, or the server's pagoda:cost_per_hour, turns
 the run's wall time and token counts into cost per million input and output tokens
-(pagoda/bench/server_cost.py, pagoda/engine/cost.py)."""
+(pagoda/bench/server_cost.py, pagoda/cost.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from pagoda.bench.server_cost import parse_cost_per_hour
 from pagoda.cli.main import main
-from pagoda.engine.cost import cost_figures
+from pagoda.cost import cost_figures
 from tests.bench.fake_server import FakeServer
 from tests.bench.test_serve_fake import closed_port, run_bench, write_jsonl
 

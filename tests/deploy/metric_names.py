@@ -93,11 +93,11 @@ def pagoda_metric_names() -> set[str]:
     tests/deploy/test_scraped_metric_names.py checks a real server's /metrics against these."""
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from pagoda.deploy.scaling_ledger import DeploymentView, ScalingLedger
     from pagoda.engine.data_parallel.metrics import DataParallelMetrics
     from pagoda.engine.metrics import EngineMetrics
     from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
     from pagoda.entrypoints.openai.cost_metrics import CostCollector
-    from pagoda.entrypoints.scaling_ledger import DeploymentView, ScalingLedger
 
     engine = EngineMetrics("m")
     engine.update(EngineSnapshot(num_prompt_tokens=8, num_generation_tokens=4,

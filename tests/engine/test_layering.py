@@ -49,6 +49,24 @@ def test_nothing_in_the_executor_imports_the_engine():
         PACKAGE / "engine" / "builder.py"))
 
 
+def test_the_kernels_import_nothing_above_them():
+    """pagoda/executor/kernels is the execution layer's floor: the C library, its ABI and
+    the types its wrappers take (kernels/kv_cache_types.py). The attention backends, layers
+    and runner build on it; it imports nothing of pagoda outside itself (the attention
+    package above all: the KV-cache types sit below both)."""
+    kernels = PACKAGE / "executor" / "kernels"
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in kernels.rglob("*.py")
+        for name in imported_modules(path)
+        if name.startswith("pagoda") and not name.startswith("pagoda.executor.kernels")
+    ]
+    assert offenders == []
+    # (the check itself works: the attention backends do import the kernels)
+    assert any(n.startswith("pagoda.executor.kernels") for n in imported_modules(
+        PACKAGE / "executor" / "attention" / "cpu_backend.py"))
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

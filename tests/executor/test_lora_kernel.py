@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pagoda.executor.kernels.abi import LoRASlot
-from pagoda.executor.whole_stack_lora import fill_slot
+from pagoda.executor.lora.whole_stack_tables import fill_slot
 from tests.executor.test_cpu_kernels import isa_build, isa_library  # noqa: F401 (a fixture)
 
 

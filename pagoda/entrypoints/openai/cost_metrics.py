@@ -1,6 +1,6 @@
 """Cost series on /metrics (`pagoda serve --cost-per-hour USD`): a collector in the server's
 own registry, computed at each scrape from the hourly price, the time since the server
-started and the served models' token counters (the arithmetic: pagoda/engine/cost.py).
+started and the served models' token counters (the arithmetic: pagoda/cost.py).
 
     pagoda:cost_per_hour                          gauge    USD an hour of this server, as given
     pagoda:replica_hours_total                    counter  hours this server (one replica) has
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from pagoda.engine.cost import check_cost_per_hour, cost_usd, per_million
+from pagoda.cost import check_cost_per_hour, cost_usd, per_million
 from pagoda.engine.metrics import PREFIX
 
 _PROMPT = PREFIX + "prompt_tokens_total"

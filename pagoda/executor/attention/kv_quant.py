@@ -31,11 +31,14 @@ channels over all of them, which lowers the quantized cache's KL against float32
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
 from pagoda.config import KV_CACHE_ALIASES, KV_CACHE_DTYPES  # noqa: F401  (re-exported)
+
+# The cache types live below the kernels (kernels/kv_cache_types.py); re-exported here, the
+# home of the 8-bit cache's arithmetic, for the backends, the runner and the KV tiers.
+from pagoda.executor.kernels.kv_cache_types import SIXTEEN_BIT, QuantizedKVCache  # noqa: F401
 
 FLOAT8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -75,10 +78,6 @@ def is_quantized(kv_cache_dtype: str) -> bool:
     return canonical_kv_cache_dtype(kv_cache_dtype) in QMAX
 
 
-SIXTEEN_BIT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-"""--kv-cache-dtype values that store plain 16-bit values under float32 activations."""
-
-
 def plain_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     """The element dtype of a cache that is not 8-bit: the 16-bit one named, else `dtype`
     (the activations')."""
@@ -110,27 +109,6 @@ def code_dtype(kv_cache_dtype: str) -> torch.dtype:
 def bytes_per_token_head(kv_cache_dtype: str, head_dim: int) -> int:
     """Bytes one token's K (or V) row of one KV head takes: codes and its scale."""
     return head_dim + SCALE_BYTES
-
-
-@dataclass
-class QuantizedKVCache:
-    """One layer's 8-bit cache (the module docstring has the layout); backends take it where
-    they take a float cache tensor."""
-
-    codes: torch.Tensor
-    """(2, num_kv_heads, num_blocks, block_size, head_dim) int8 / uint8"""
-    scales: torch.Tensor
-    """(2, num_kv_heads, num_blocks, block_size) bfloat16"""
-    kv_cache_dtype: str
-    """int8, fp8_e4m3 or fp8_e5m2"""
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.codes.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
 
 
 def quantize(x: torch.Tensor, kv_cache_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from pagoda.executor.attention.kv_quant import SIXTEEN_BIT, QuantizedKVCache
 from pagoda.executor.kernels.abi import AttentionArgs, kv_cache_format, weight_format
 from pagoda.executor.kernels.build import load_cpu_kernels
+from pagoda.executor.kernels.kv_cache_types import SIXTEEN_BIT, QuantizedKVCache
 from pagoda.executor.kernels.packing import TILE_N
 
 KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -179,7 +179,7 @@ def paged_attention(
     goes (one call instead of two index_copy_ and one attention). Only for decode tokens: each
     query token must be the only new token of its sequence.
 
-    kv_cache may be an 8-bit QuantizedKVCache (attention/kv_quant.py), with float32 queries:
+    kv_cache may be an 8-bit QuantizedKVCache (kernels/kv_cache_types.py), with float32 queries:
     the kernel decodes codes and scales as it reads, and quantizes `new_keys` as it writes.
     Or a float16 / bfloat16 cache under float32 queries (--kv-cache-dtype float16|bfloat16):
     widened as it is read, `new_keys` rounded to nearest even as they are written."""

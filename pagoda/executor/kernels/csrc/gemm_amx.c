@@ -19,7 +19,7 @@
  */
 #include <stdlib.h>
 
-#include "gemm_int8.h"
+#include "gemm_amx.h"
 
 #if VECTOR_BYTES == 64 && (defined(__AMX_INT8__) || defined(PAGODA_EMULATE_AMX))
 

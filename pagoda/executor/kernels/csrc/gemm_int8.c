@@ -25,7 +25,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "gemm_int8.h"
+#include "gemm_amx.h"
 
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__) || defined(__AVX2__)
 #include <immintrin.h>

@@ -3,6 +3,7 @@
  * and the float32 epilogue that turns a group's exact integer sums into its contribution to
  * the outputs. One epilogue, one expression, so that both kernels give the same floats bit
  * for bit from the same integer sums (tests/executor/test_gguf_packed.py compares them).
+ * The AMX kernel's own entries are in gemm_amx.h (this header names nothing of gemm_amx.c).
  */
 #ifndef PAGODA_GEMM_INT8_H
 #define PAGODA_GEMM_INT8_H
@@ -67,12 +68,5 @@ ALWAYS_INLINE vf32 add_group_product(int f, vf32 total, vi32 first_half, vi32 su
     }
     return total + ((d * dx) * __builtin_convertvector(sum, vf32) + (m * dx) * q.xq_sum[i]);
 }
-
-/* gemm_amx.c: gemm_packed_int8_strided's product on AMX tiles (16 rows a pass), where
- * amx_rows(format, M) says so: 0 where this build or this CPU has no AMX, or where
- * pagoda_set_amx_min_rows has not turned it on for M rows of the format */
-int amx_rows(int format, int64_t M);
-void gemm_packed_amx_strided(int format, int parts, quantized_rows_t q, int64_t M, int64_t K,
-                             int64_t N, planes_t planes, float *y, int64_t ldy);
 
 #endif

@@ -11,7 +11,7 @@
  *   gemm_int8.c     the same matmul for small batches through 8-bit activations: integer
  *                   dot products (AVX-512 VNNI / AVX-VNNI, AVX2, ARM dotprod, portable),
  *   gemm_amx.c      that matmul on AMX tiles, for batches of several rows (gemm_int8.h
- *                   holds what the two share),
+ *                   holds what the two share, gemm_amx.h the AMX entries gemm_int8.c calls),
  *   attention_f32.c paged attention's float32 and 8-bit-cache inner loops, and RMSNorm: GCC
  *                   vector extensions (vec_f32.h), AVX-512F (16 lanes), AVX2 + FMA (8
  *                   lanes), NEON / SSE / anything else (4 lanes)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pagoda.engine.cost import check_cost_per_hour
+from pagoda.cost import check_cost_per_hour
 from pagoda.engine.metrics import PREFIX
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The autoscaler's ledger (pagoda/entrypoints/scaling_ledger.py): replicas over time,
+"""The autoscaler's ledger (pagoda/deploy/scaling_ledger.py): replicas over time,
 replica-hours, decisions and cost, from Ray Serve's own status objects, logged and exported."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pagoda.entrypoints.scaling_ledger import (
+from pagoda.deploy.scaling_ledger import (
     DeploymentView,
     LedgerPoller,
     ScalingLedger,
@@ -51,7 +51,7 @@ def test_views_read_ray_serves_status_objects():
 def test_a_ramp_up_and_down_is_logged_counted_and_integrated(caplog):
     clock = [0.0]
     ledger = ScalingLedger(cost_per_hour=2.0, clock=lambda: clock[0])
-    caplog.set_level(logging.INFO, logger="pagoda.entrypoints.scaling_ledger")
+    caplog.set_level(logging.INFO, logger="pagoda.deploy.scaling_ledger")
 
     def at(hours: float, status: str, running: int, starting: int = 0) -> None:
         clock[0] = round(hours * HOUR, 6)

@@ -1,5 +1,5 @@
 """Cost per token from a price per hour: the arithmetic that /metrics
-(entrypoints/openai/cost_metrics.py), the autoscaler's ledger (entrypoints/scaling_ledger.py)
+(entrypoints/openai/cost_metrics.py), the autoscaler's ledger (deploy/scaling_ledger.py)
 and `pagoda bench serve` share. Pure arithmetic, no I/O.
 
 The hardware costs `cost_per_hour` USD an hour whether it computes or idles, so what a token
