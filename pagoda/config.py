@@ -81,7 +81,7 @@ class ModelConfig:
     float32; an explicit
     --dtype float32 keeps float32 everywhere."""
     compile: bool = False
-    """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
+    """torch.compile the model and warm it up at start (runner_builder.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
     quantized weights); BENCHMARKS.md has the measurements."""
     deterministic: bool = False
