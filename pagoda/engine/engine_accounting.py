@@ -15,7 +15,7 @@ from collections import Counter
 from pagoda.config import EngineConfig
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import KVTierIndex
+from pagoda.engine.kv_offload_index import KVOffloadIndex
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import Request, RequestStatus
@@ -33,13 +33,13 @@ class EngineAccounting:
 
     def __init__(self, config: EngineConfig, scheduler: Scheduler, block_manager: KVCacheManager,
                  lifecycle: RequestLifecycle, loras: LoRAAdapters,
-                 kv_tiers: KVTierIndex | None, grammar_compiler: GrammarCompiler | None) -> None:
+                 kv_offload: KVOffloadIndex | None, grammar_compiler: GrammarCompiler | None) -> None:
         self._config = config
         self._scheduler = scheduler
         self._block_manager = block_manager
         self._lifecycle = lifecycle
         self._loras = loras
-        self._kv_tiers = kv_tiers
+        self._kv_offload = kv_offload
         self._grammar_compiler = grammar_compiler
         self._num_steps = 0
         self._num_prompt_tokens = 0
@@ -122,18 +122,18 @@ class EngineAccounting:
     # ---- the snapshot ----------------------------------------------------------------------
 
     def _kv_offload_totals(self) -> KVOffloadTotals | None:
-        tiers, cache = self._kv_tiers, self._config.cache
-        if tiers is None:
+        kv_offload, cache = self._kv_offload, self._config.cache
+        if kv_offload is None:
             return None
         return KVOffloadTotals(
             host_bytes=cache.kv_offload_memory,
             disk_bytes=cache.kv_offload_disk_bytes if cache.kv_offload_dir else 0,
-            disk_dir=cache.kv_offload_dir, num_keys=len(tiers.keys),
-            swap_bytes=tiers.swap_bytes_used, hit_tokens=tiers.hit_tokens,
-            loaded_blocks=tiers.loaded_blocks, failed_loads=tiers.failed_loads,
-            swapped_out_blocks=tiers.swapped_out_blocks,
-            swapped_in_blocks=tiers.swapped_in_blocks, swap_fallbacks=tiers.swap_fallbacks,
-            stats=tiers.stats,
+            disk_dir=cache.kv_offload_dir, num_keys=len(kv_offload.keys),
+            swap_bytes=kv_offload.swap_bytes_used, hit_tokens=kv_offload.hit_tokens,
+            loaded_blocks=kv_offload.loaded_blocks, failed_loads=kv_offload.failed_loads,
+            swapped_out_blocks=kv_offload.swapped_out_blocks,
+            swapped_in_blocks=kv_offload.swapped_in_blocks, swap_fallbacks=kv_offload.swap_fallbacks,
+            stats=kv_offload.stats,
         )
 
     def _count_cached_free_blocks(self) -> int:

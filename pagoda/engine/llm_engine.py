@@ -28,7 +28,7 @@ from pagoda.engine.engine_accounting import EngineAccounting
 from pagoda.engine.grammar import GrammarCompiler
 from pagoda.engine.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import KVTierIndex
+from pagoda.engine.kv_offload_index import KVOffloadIndex
 from pagoda.engine.lifecycle import RequestLifecycle
 from pagoda.engine.lora_adapters import LoRAAdapters
 from pagoda.engine.request import RequestStatus
@@ -105,12 +105,12 @@ class LLMEngine:
             list(num_blocks), config.cache.block_size, list(kv_cache_windows),
             config.cache.enable_prefix_caching,
         )
-        self._kv_tiers: KVTierIndex | None = None
+        self._kv_offload: KVOffloadIndex | None = None
         if config.cache.kv_offload_enabled:
-            self._kv_tiers = KVTierIndex(config.cache.kv_offload_memory, kv_block_bytes)
-            self._block_manager.attach_tiers(self._kv_tiers)
+            self._kv_offload = KVOffloadIndex(config.cache.kv_offload_memory, kv_block_bytes)
+            self._block_manager.attach_kv_offload(self._kv_offload)
             known = runner.kv_offload_known_keys()
-            self._kv_tiers.seed(known)
+            self._kv_offload.seed(known)
             if known:
                 logger.info("KV disk tier: %d blocks of earlier runs found", len(known))
         self._loras = LoRAAdapters(config.lora.enable_lora, config.lora.max_loras)
@@ -121,7 +121,7 @@ class LLMEngine:
         self._failed_requests: dict[str, str] = {}
         """Requests the engine stopped for a fault of their own (take_failed_requests)."""
         self._accounting = EngineAccounting(config, self._scheduler, self._block_manager,
-                                            self._lifecycle, self._loras, self._kv_tiers,
+                                            self._lifecycle, self._loras, self._kv_offload,
                                             grammar_compiler)
         self._snapshot = self._accounting.snapshot()
 
@@ -204,7 +204,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Write the KV cache's prefix blocks to the disk tier (if there is one), then stop
         the runner's worker processes, if it has any (tensor parallelism)."""
-        if self._kv_tiers is not None and self.config.cache.kv_offload_dir is not None:
+        if self._kv_offload is not None and self.config.cache.kv_offload_dir is not None:
             try:
                 self.runner.kv_offload_flush(self._block_manager.cached_block_items())
             except Exception:

@@ -26,7 +26,7 @@ A pooling (embedding) request follows the same rule: it is scheduled until its p
 computed, samples nothing, and the lifecycle finishes it in the step its vector comes back
 (mean and CLS pooling take no prefix-cache hits: Request.can_use_prefix_cache).
 
-KV tiers (kv_tier_index.py; on with --kv-offload-memory / --kv-offload-dir): a waiting
+KV tiers (kv_offload_index.py; on with --kv-offload-memory / --kv-offload-dir): a waiting
 request whose prefix goes on in the tiers, or one swapped out, is admitted by loading its
 blocks (scheduler_kv_offload.py says how).
 
@@ -105,7 +105,7 @@ class Scheduler(KVOffloadScheduling):
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         if request.swap is not None:
-            self.block_manager.tiers.drop_swap(request.swap[0])
+            self.block_manager.kv_offload.drop_swap(request.swap[0])
             request.swap = None
         request.kv_loads = None
         self.holding_ids.discard(request.request_id)
@@ -176,8 +176,8 @@ class Scheduler(KVOffloadScheduling):
         output.finished_request_ids = self.finished_request_ids
         self.finished_request_ids = []
         output.removed_lora_ids = self.loras.take_removed()
-        if self.block_manager.tiers is not None:
-            output.kv_saves, output.kv_loads, output.kv_drops = self.block_manager.tiers.take()
+        if self.block_manager.kv_offload is not None:
+            output.kv_saves, output.kv_loads, output.kv_drops = self.block_manager.kv_offload.take()
         return output
 
     # ---- the running phase -----------------------------------------------------------------
@@ -266,9 +266,10 @@ class Scheduler(KVOffloadScheduling):
                 if not self._admit_swap_in(request):
                     break
                 continue
-            computed_blocks, num_computed, tier_keys = self._cached_start(request)
-            if tier_keys:
-                if not self._admit_tier_load(request, computed_blocks, num_computed, tier_keys):
+            computed_blocks, num_computed, offload_keys = self._cached_start(request)
+            if offload_keys:
+                if not self._admit_kv_offload_load(request, computed_blocks, num_computed,
+                                                   offload_keys):
                     break
                 continue
             num_new = self._admit_fresh(request, computed_blocks, num_computed, budget, output)
@@ -287,7 +288,7 @@ class Scheduler(KVOffloadScheduling):
         if request.num_computed_tokens == 0 and request.can_use_prefix_cache:
             computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
             return (computed_blocks, num_computed,
-                    self.block_manager.get_tier_hits(request, num_computed))
+                    self.block_manager.get_kv_offload_hits(request, num_computed))
         return (), 0, []
 
     def _admit_fresh(self, request: Request, computed_blocks: tuple, num_computed: int,

@@ -1,4 +1,4 @@
-"""The scheduler's side of the KV tiers (kv_tier_index.py; on with --kv-offload-memory /
+"""The scheduler's side of the KV tiers (kv_offload_index.py; on with --kv-offload-memory /
 --kv-offload-dir): admitting a waiting request by loading its blocks, swapping a victim
 out, and the loads' outcome after the step. Pure Python: no torch here.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 
 from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import swap_key
+from pagoda.engine.kv_offload_index import swap_key
 from pagoda.engine.request import Request
 from pagoda.step_data import ModelRunnerOutput
 
@@ -34,27 +34,28 @@ class KVOffloadScheduling:
     def _swap_out(self, request: Request) -> None:
         """Save the victim's computed blocks (the partial last one too) under swap keys,
         if the host tier has room for them; else it recomputes when it resumes."""
-        tiers = self.block_manager.tiers
+        kv_offload = self.block_manager.kv_offload
         num_blocks = -(-request.num_computed_tokens // self.block_manager.block_size)
-        if tiers is None or num_blocks == 0:
+        if kv_offload is None or num_blocks == 0:
             return
-        if not tiers.swap_room(num_blocks):
-            tiers.swap_fallbacks += 1
+        if not kv_offload.swap_room(num_blocks):
+            kv_offload.swap_fallbacks += 1
             return
         block_ids = self.block_manager.block_ids(request.request_id)[0][:num_blocks]
         tag = f"{request.request_id}#{request.num_preemptions}"
         keys = [swap_key(tag, i) for i in range(num_blocks)]
-        tiers.save_swap(keys, block_ids)
+        kv_offload.save_swap(keys, block_ids)
         request.swap = (keys, request.num_computed_tokens)
 
-    def _admit_tier_load(self, request: Request, computed_blocks: tuple, num_computed: int,
-                         tier_keys: list[int]) -> bool:
+    def _admit_kv_offload_load(self, request: Request, computed_blocks: tuple,
+                               num_computed: int, offload_keys: list[int]) -> bool:
         """A fresh request whose prefix goes on in the tiers: load those blocks this step
         (_admit_loading), counted as tier hits; False if too few blocks are free."""
-        if not self._admit_loading(request, computed_blocks, num_computed, tier_keys,
+        if not self._admit_loading(request, computed_blocks, num_computed, offload_keys,
                                    swap=False):
             return False
-        self.block_manager.tiers.hit_tokens += len(tier_keys) * self.block_manager.block_size
+        block_size = self.block_manager.block_size
+        self.block_manager.kv_offload.hit_tokens += len(offload_keys) * block_size
         return True
 
     def _admit_swap_in(self, request: Request) -> bool:
@@ -71,7 +72,7 @@ class KVOffloadScheduling:
         new_ids = self.block_manager.allocate_loading(request, computed_blocks, len(keys))
         if new_ids is None:
             return False
-        self.block_manager.tiers.load(list(zip(keys, new_ids)))
+        self.block_manager.kv_offload.load(list(zip(keys, new_ids)))
         request.num_computed_tokens = num_computed
         request.kv_loads = (keys, num_computed // self.block_manager.block_size, swap)
         self.waiting.remove(request)
@@ -84,29 +85,29 @@ class KVOffloadScheduling:
         """After every step with tiers (before update_from_output): learn which keys the
         tiers lost, and finish the loading requests (see the module docstring). None: the
         step failed, so every load counts as failed."""
-        tiers = self.block_manager.tiers
-        if tiers is None:
+        kv_offload = self.block_manager.kv_offload
+        if kv_offload is None:
             return
         if runner_output is None:
             failures = {key for r in self.loading for key in r.kv_loads[0]}
         else:
             failures = set(runner_output.kv_load_failures)
-            tiers.forget(runner_output.kv_offload_dropped)
-            tiers.add_stats(runner_output.kv_offload_stats)
-        tiers.forget(failures)
+            kv_offload.forget(runner_output.kv_offload_dropped)
+            kv_offload.add_stats(runner_output.kv_offload_stats)
+        kv_offload.forget(failures)
         block_size = self.block_manager.block_size
         for request in self.loading:
             keys, first_block, swap = request.kv_loads
             request.kv_loads = None
             num_loaded = next((i for i, key in enumerate(keys) if key in failures), len(keys))
-            tiers.loaded_blocks += num_loaded
-            tiers.failed_loads += len(keys) - num_loaded
+            kv_offload.loaded_blocks += num_loaded
+            kv_offload.failed_loads += len(keys) - num_loaded
             computed = (first_block + num_loaded) * block_size
             if swap:
                 _, swapped_computed = request.swap
                 computed = min(computed, swapped_computed)
-                tiers.drop_swap(keys)
-                tiers.swapped_in_blocks += num_loaded
+                kv_offload.drop_swap(keys)
+                kv_offload.swapped_in_blocks += num_loaded
                 request.swap = None
             # The tokens past `computed` (a failed block and all after it) are recomputed
             # into the blocks already held; the last token is never counted computed.

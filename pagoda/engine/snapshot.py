@@ -68,7 +68,7 @@ class SpecDecodeStats:
 
 @dataclass(frozen=True)
 class KVOffloadTotals:
-    """The KV tiers (pagoda/engine/kv_tier_index.py): sizes and gauges after the step, and
+    """The KV tiers (pagoda/engine/kv_offload_index.py): sizes and gauges after the step, and
     counters since start."""
 
     host_bytes: int = 0
