@@ -37,7 +37,7 @@ DISTRIBUTED_BACKENDS = ("mp", "ray")
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`ray_placement_strategy` values, Ray's placement group strategies."""
 PREEMPTION_MODES = ("auto", "recompute", "swap")
-"""`preemption_mode` values, vLLM's names (pagoda/engine/scheduler.py)."""
+"""`preemption_mode` values, vLLM's names (pagoda/engine/core/scheduler.py)."""
 DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 << 30
 POOLING_CHOICES = ("last", "mean", "cls")
 """`pooling` values (pagoda/pooling_params.py)."""

@@ -1,4 +1,4 @@
-"""Steps 2-4 of start-up (pagoda/engine/builder.py): an EngineConfig -> a ModelRunner with its
+"""Steps 2-4 of start-up (pagoda/engine/loop/builder.py): an EngineConfig -> a ModelRunner with its
 model loaded and its KV cache allocated. Runs in the engine's process, or in each
 tensor-parallel worker (pagoda/executor/parallel/) for its share of the model.
 

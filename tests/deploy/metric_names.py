@@ -94,8 +94,8 @@ def pagoda_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from pagoda.engine.data_parallel.metrics import DataParallelMetrics
-    from pagoda.engine.metrics import EngineMetrics
-    from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
+    from pagoda.engine.stats.metrics import EngineMetrics
+    from pagoda.engine.stats.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
     from pagoda.entrypoints.openai.cost_metrics import CostCollector
     from pagoda.entrypoints.scaling_ledger import DeploymentView, ScalingLedger
 

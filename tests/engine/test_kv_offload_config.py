@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from pagoda.config import DEFAULT_KV_OFFLOAD_DISK_BYTES, EngineConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
 
 
 def test_defaults_are_off_and_recompute() -> None:

@@ -13,9 +13,9 @@ fails the test.
 from __future__ import annotations
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_offload_index import KVOffloadIndex
-from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.scheduler import Scheduler
 from pagoda.lora.request import LoRARequest
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 from tests.engine.scheduler_helpers import (

@@ -17,7 +17,7 @@ import torch
 from prometheus_client import generate_latest
 
 from pagoda import LLM, SamplingParams
-from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.stats.metrics import EngineMetrics
 from pagoda.executor.loader.model_files import bundled_model_path
 from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type
 from tests.executor.tiny_checkpoints import build_checkpoint

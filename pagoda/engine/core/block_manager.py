@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from pagoda.engine.kv_offload_index import KVOffloadIndex
-from pagoda.engine.request import Request
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.request import Request
 
 ROOT_HASH = 0
 

@@ -43,10 +43,10 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.lora_adapters import LoRAAdapters
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.scheduler_kv_offload import KVOffloadScheduling
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.lora_adapters import LoRAAdapters
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler_kv_offload import KVOffloadScheduling
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
@@ -77,7 +77,7 @@ class Scheduler(KVOffloadScheduling):
     # ---- queue management ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request (validated at the edge: pagoda/engine/input_processor.py)."""
+        """Queue a request (validated at the edge: pagoda/engine/core/input_processor.py)."""
         assert request.num_tokens <= self.max_model_len, request
         assert request.request_id not in self.requests, request.request_id
         self.requests[request.request_id] = request

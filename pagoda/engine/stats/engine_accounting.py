@@ -13,15 +13,15 @@ import time
 from collections import Counter
 
 from pagoda.config import EngineConfig
-from pagoda.engine.grammar import GrammarCompiler
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_offload_index import KVOffloadIndex
-from pagoda.engine.lifecycle import RequestLifecycle
-from pagoda.engine.lora_adapters import LoRAAdapters
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.request_timeline import RequestTimelines
-from pagoda.engine.scheduler import Scheduler
-from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeStats
+from pagoda.engine.core.grammar import GrammarCompiler
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.lifecycle import RequestLifecycle
+from pagoda.engine.core.lora_adapters import LoRAAdapters
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
+from pagoda.engine.stats.request_timeline import RequestTimelines
+from pagoda.engine.stats.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeStats
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 CACHED_FREE_REFRESH_S = 0.25

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_offload_index import swap_key
-from pagoda.engine.request import Request
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import swap_key
+from pagoda.engine.core.request import Request
 from pagoda.step_data import ModelRunnerOutput
 
 

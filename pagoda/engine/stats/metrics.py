@@ -34,8 +34,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from pagoda.engine.kv_offload_metrics import KVOffloadMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.kv_offload_metrics import KVOffloadMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.outputs import RequestOutput
 
 # No `*_created` timestamp samples: vLLM's /metrics has none, and they double the output.

@@ -1,7 +1,7 @@
 """The synchronous engine core, a black box: add_request / abort_request / step, plus the
 frozen EngineSnapshot it publishes after each step (snapshot.py; the counters and
 timelines behind it are engine_accounting.py's). Built by
-`pagoda.engine.builder.build_engine(config)`.
+`pagoda.engine.loop.builder.build_engine(config)`.
 
 Each `step()`:
 
@@ -24,16 +24,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pagoda.config import EngineConfig
-from pagoda.engine.engine_accounting import EngineAccounting
-from pagoda.engine.grammar import GrammarCompiler
-from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_offload_index import KVOffloadIndex
-from pagoda.engine.lifecycle import RequestLifecycle
-from pagoda.engine.lora_adapters import LoRAAdapters
-from pagoda.engine.request import RequestStatus
-from pagoda.engine.scheduler import Scheduler
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.core.grammar import GrammarCompiler
+from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.lifecycle import RequestLifecycle
+from pagoda.engine.core.lora_adapters import LoRAAdapters
+from pagoda.engine.core.request import RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
+from pagoda.engine.stats.engine_accounting import EngineAccounting
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput

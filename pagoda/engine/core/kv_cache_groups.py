@@ -41,9 +41,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_offload_index import KVOffloadIndex
-from pagoda.engine.request import Request
+from pagoda.engine.core.block_manager import BlockManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.request import Request
 
 logger = logging.getLogger(__name__)
 
