@@ -83,21 +83,8 @@ def build_runner(
     files = resolve_model_files(config.model.model)
     checkpoint = checkpoint or open_checkpoint(files)
     hf_config = checkpoint.hf_config
-    world_size = 1 if group is None else group.world_size
-    device = resolve_device(config.device)
-    if group is not None and device.type == "cuda":
-        device = torch.device("cuda", group.device_index)
-    dtype = resolve_dtype(config.model.dtype, device)
-    if device.type == "cpu":
-        logger.info("%d CPU threads", set_cpu_threads(world_size))
-    # YaRN and dynamic NTK extend it past max_position_embeddings (rope_scaling.py)
-    context_len = scaled_context_length(hf_config, rope_parameters(hf_config))
-    max_model_len = config.model.max_model_len or context_len
-    if max_model_len > context_len:
-        raise ValueError(
-            f"max_model_len {max_model_len} is longer than the model's context length "
-            f"{context_len}"
-        )
+    device, dtype = _device_and_dtype(config, group)
+    max_model_len = _requested_model_len(config, hf_config)
     torch.manual_seed(config.model.seed)
     model = load_model(
         checkpoint, dtype, device, max_position=max_model_len,
@@ -138,6 +125,34 @@ def build_runner(
     torch.manual_seed(config.model.seed)  # every rank samples from the same generator state
     return runner, BuiltRunner(max_model_len, list(num_blocks), list(runner.kv_cache_windows),
                                info, runner.kv_offload.record_bytes if runner.kv_offload else 0)
+
+
+def _device_and_dtype(config: EngineConfig,
+                      group: TensorParallelGroup | None) -> tuple[torch.device, torch.dtype]:
+    """This process's device (a tensor-parallel rank's own GPU) and dtype; on CPU, the
+    threads set for this process's share of the cores."""
+    device = resolve_device(config.device)
+    if group is not None and device.type == "cuda":
+        device = torch.device("cuda", group.device_index)
+    dtype = resolve_dtype(config.model.dtype, device)
+    if device.type == "cpu":
+        world_size = 1 if group is None else group.world_size
+        logger.info("%d CPU threads", set_cpu_threads(world_size))
+    return device, dtype
+
+
+def _requested_model_len(config: EngineConfig, hf_config) -> int:
+    """max_model_len as asked, else the model's context length (YaRN and dynamic NTK extend
+    it past max_position_embeddings: rope_scaling.py); ValueError past that length. The KV
+    cache's capacity may lower it later (_size_kv_cache)."""
+    context_len = scaled_context_length(hf_config, rope_parameters(hf_config))
+    max_model_len = config.model.max_model_len or context_len
+    if max_model_len > context_len:
+        raise ValueError(
+            f"max_model_len {max_model_len} is longer than the model's context length "
+            f"{context_len}"
+        )
+    return max_model_len
 
 
 def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,

@@ -43,7 +43,7 @@ def test_hash_block_tokens_is_stable_across_processes():
         "assert 'torch' not in sys.modules\n"
         "print(h(h(0, [1, 2, 3, 4]), [5, 6, 7, 8]))\n"
     )
-    package_dir = str(Path(pagoda.engine.core.block_manager.__file__).parents[1])
+    package_dir = str(Path(pagoda.engine.core.block_manager.__file__).parents[2])
     results = {
         subprocess.run(
             [sys.executable, "-c", code, package_dir],

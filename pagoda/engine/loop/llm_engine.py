@@ -105,14 +105,8 @@ class LLMEngine:
             list(num_blocks), config.cache.block_size, list(kv_cache_windows),
             config.cache.enable_prefix_caching,
         )
-        self._kv_offload: KVOffloadIndex | None = None
-        if config.cache.kv_offload_enabled:
-            self._kv_offload = KVOffloadIndex(config.cache.kv_offload_memory, kv_block_bytes)
-            self._block_manager.attach_kv_offload(self._kv_offload)
-            known = runner.kv_offload_known_keys()
-            self._kv_offload.seed(known)
-            if known:
-                logger.info("KV disk tier: %d blocks of earlier runs found", len(known))
+        self._kv_offload = (self._attach_kv_offload(kv_block_bytes)
+                            if config.cache.kv_offload_enabled else None)
         self._loras = LoRAAdapters(config.lora.enable_lora, config.lora.max_loras)
         self._scheduler = Scheduler(config.scheduler, self._block_manager, max_model_len,
                                     self._loras)
@@ -124,6 +118,17 @@ class LLMEngine:
                                             self._lifecycle, self._loras, self._kv_offload,
                                             grammar_compiler)
         self._snapshot = self._accounting.snapshot()
+
+    def _attach_kv_offload(self, kv_block_bytes: int) -> KVOffloadIndex:
+        """The KV tiers' index under the block manager, seeded with the keys the runner's
+        tiers hold at start (the disk tier's entries of earlier runs)."""
+        kv_offload = KVOffloadIndex(self.config.cache.kv_offload_memory, kv_block_bytes)
+        self._block_manager.attach_kv_offload(kv_offload)
+        known = self.runner.kv_offload_known_keys()
+        kv_offload.seed(known)
+        if known:
+            logger.info("KV disk tier: %d blocks of earlier runs found", len(known))
+        return kv_offload
 
     @property
     def kv_capacity_tokens(self) -> int:
