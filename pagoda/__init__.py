@@ -1,6 +1,6 @@
 """Pagoda: an LLM inference and serving engine.
 
-`LLM` loads lazily (it imports torch): `import pagoda.engine.scheduler` and the other
+`LLM` loads lazily (it imports torch): `import pagoda.engine.core.scheduler` and the other
 pure-Python modules stay importable without it.
 """
 

@@ -37,7 +37,7 @@ DISTRIBUTED_BACKENDS = ("mp", "ray")
 RAY_PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 """`ray_placement_strategy` values, Ray's placement group strategies."""
 PREEMPTION_MODES = ("auto", "recompute", "swap")
-"""`preemption_mode` values, vLLM's names (pagoda/engine/scheduler.py)."""
+"""`preemption_mode` values, vLLM's names (pagoda/engine/core/scheduler.py)."""
 DEFAULT_KV_OFFLOAD_DISK_BYTES = 8 << 30
 POOLING_CHOICES = ("last", "mean", "cls")
 """`pooling` values (pagoda/pooling_params.py)."""
@@ -81,7 +81,7 @@ class ModelConfig:
     float32; an explicit
     --dtype float32 keeps float32 everywhere."""
     compile: bool = False
-    """torch.compile the model and warm it up at start (ModelRunner.compile_model): faster
+    """torch.compile the model and warm it up at start (runner_builder.compile_model): faster
     decode steps, but up to a minute of compiling per step shape first (3 shapes, 4 with
     quantized weights); BENCHMARKS.md has the measurements."""
     deterministic: bool = False

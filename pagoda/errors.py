@@ -3,7 +3,7 @@ message text: the server answers a 400 whose `param` and `code` come from the er
 prints the message (exit 2), the offline API raises it as it is.
 
 Raised by the one validation step of a request (`SamplingParams` on construction, then
-`pagoda.engine.input_processor.InputProcessor` when the engine knows the model's limits);
+`pagoda.engine.core.input_processor.InputProcessor` when the engine knows the model's limits);
 the layers below keep assertions only.
 """
 

@@ -11,7 +11,7 @@ Pipeline of ``__post_init__``:
        ``param`` is the field's name and whose message says the allowed range
 
 Checks against the model (vocabulary, context length) come later, in
-``pagoda.engine.input_processor``: these params know nothing of the model.
+``pagoda.engine.core.input_processor``: these params know nothing of the model.
 """
 
 from __future__ import annotations

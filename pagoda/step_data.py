@@ -18,7 +18,7 @@ pagoda/executor/input_batch.py):
     never
         the sampled tokens: the runner sampled them, it appends them itself.
 
-KV tiers (--kv-offload-memory, --kv-offload-dir; pagoda/engine/kv_tier_index.py): a step may
+KV tiers (--kv-offload-memory, --kv-offload-dir; pagoda/engine/core/kv_offload_index.py): a step may
 carry copies between KV-cache blocks and the tiers, run before its forward (saves first: a
 block saved may be overwritten by this very step), even in a step with no request; the
 runner reports the keys it could not load, its tier counters and the persistent keys the
@@ -62,7 +62,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: tuple[list[int], ...]
     """The whole block table as of this step: one list per KV-cache group (runner's order,
-    pagoda/engine/kv_cache_groups.py; a 1-tuple for a model without sliding-window layers),
+    pagoda/engine/core/kv_cache_groups.py; a 1-tuple for a model without sliding-window layers),
     all of the same length."""
     num_computed_tokens: int
     """Tokens whose KV is already in the cache (prefix-cache hits) before this step."""

@@ -3,7 +3,7 @@ strings, or a grammar (vLLM's `StructuredOutputsParams`, field for field).
 
 Plain data, validated on construction for its shape only (exactly one constraint, the right
 types); whether the schema, regex or grammar itself is valid is decided by the grammar
-engine at the edge (pagoda/engine/grammar.py, through the InputProcessor), before the
+engine at the edge (pagoda/engine/core/grammar.py, through the InputProcessor), before the
 request is queued.
 
 A reasoning model thinks before it answers: `after_reasoning` leaves its thinking free and

@@ -28,7 +28,7 @@ def bundled_tokenizer(bundled_gguf):
 @pytest.fixture(scope="session")
 def bundled_grammar_compiler(bundled_tokenizer):
     """A structured-output grammar compiler on the bundled tokenizer."""
-    from pagoda.engine.grammar import GrammarCompiler
+    from pagoda.engine.core.grammar import GrammarCompiler
 
     return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
                            [bundled_tokenizer.eos_token_id])

@@ -240,9 +240,9 @@ def build_server_state(args: argparse.Namespace):
     def build_model(name: str | None, config: EngineConfig) -> ServedModel:
         if config.parallel.data_parallel_size > 1:
             return build_data_parallel_model(name, config, args.max_queue)
-        from pagoda.engine.async_engine import AsyncLLMEngine
-        from pagoda.engine.builder import build_engine
-        from pagoda.engine.metrics import EngineMetrics
+        from pagoda.engine.loop.async_engine import AsyncLLMEngine
+        from pagoda.engine.loop.builder import build_engine
+        from pagoda.engine.stats.metrics import EngineMetrics
 
         async_engine = AsyncLLMEngine.build_on_engine_thread(
             lambda: build_engine(config), max_queue=args.max_queue,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pagoda.cost import check_cost_per_hour
-from pagoda.engine.metrics import PREFIX
+from pagoda.engine.stats.metrics import PREFIX
 
 logger = logging.getLogger(__name__)
 

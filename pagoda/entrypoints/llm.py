@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from pagoda.config import EngineConfig
-from pagoda.engine.builder import build_engine
+from pagoda.engine.loop.builder import build_engine
 from pagoda.entrypoints.chat_template import Message, encode_chat_prompt, template_kwargs_of
 from pagoda.entrypoints.tools.rendering import render_chat
 from pagoda.lora.adapter_checks import check_lora_request

@@ -9,7 +9,7 @@ them; a row is reused once its request leaves:
     token_ids    (rows, width)       prompt then output tokens; num_tokens[row] are valid
     block_tables [(rows, max_blocks)] the request's KV blocks, one table per KV-cache group
                                      (one unless the model has sliding-window layers, see
-                                     pagoda/engine/kv_cache_groups.py); num_blocks[row] of
+                                     pagoda/engine/core/kv_cache_groups.py); num_blocks[row] of
                                      each are valid (every group's table has that length)
     num_computed (rows,)             tokens whose KV is in the cache
 """

@@ -3,7 +3,7 @@
 Most models have one group: every layer, one pool, one block table per request. A model with
 sliding-window layers (Gemma 2/3 interleave them with global ones; Mistral, Qwen2/3, Mixtral
 may slide everywhere) has up to two, so that the windowed layers' memory is bounded by the
-window (the engine frees their out-of-window blocks: pagoda/engine/kv_cache_groups.py):
+window (the engine frees their out-of-window blocks: pagoda/engine/core/kv_cache_groups.py):
 
     group 0  full-attention layers                  window None
     group 1  sliding-window layers (largest window)  window W

@@ -26,38 +26,24 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 
 import numpy as np
 import torch
 
-from pagoda.config import CacheConfig, SchedulerConfig
+from pagoda.config import CacheConfig
 from pagoda.executor.attention.cpu_backend import select_backend
 from pagoda.executor.attention.kv_quant import QuantizedKVCache, check_kv_cache_dtype
 from pagoda.executor.forward_context import forward_context
 from pagoda.executor.input_batch import InputBatch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS
-from pagoda.executor.kv_cache_allocation import (
-    allocate_kv_caches,
-    cpu_default_kv_blocks,
-    kv_bytes_per_token,
-)
-from pagoda.executor.kv_cache_layout import (
-    cdiv,
-    kv_cache_groups,
-    split_kv_blocks,
-    window_blocks_needed,
-)
-from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
-from pagoda.executor.kv_offload.fingerprint import kv_offload_fingerprint
-from pagoda.executor.layers.quantization import QuantizedLinear
+from pagoda.executor.kv_cache_allocation import allocate_kv_caches, kv_bytes_per_token
+from pagoda.executor.kv_cache_layout import kv_cache_groups
+from pagoda.executor.kv_offload import KVOffloadWorker
 from pagoda.executor.lora.manager import LoRAManager
 from pagoda.executor.lora.step import lora_step
 from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.pooling import pool_chunks
-from pagoda.executor.sampler import (
-    Sampler,
-)
+from pagoda.executor.sampler import Sampler
 from pagoda.executor.spec_decode.decoder import SpecDecoder
 from pagoda.executor.spec_decode.verify import one_row_per_token, verify_proposals
 from pagoda.executor.step_sampling import (
@@ -69,6 +55,7 @@ from pagoda.executor.whole_stack_decode import WholeStackDecode
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
+
 
 class ModelRunner:
     def __init__(
@@ -93,8 +80,8 @@ class ModelRunner:
         self.whole_stack = (WholeStackDecode.for_model(model)
                             if whole_stack_decode and not batch_invariant else None)
         """The step executors, tried in this order: this (decode steps it covers), else
-        torch.compile's graph once `compile_model` ran (which drops this), else the eager
-        forward."""
+        torch.compile's graph once runner_builder.compile_model ran (which drops this),
+        else the eager forward."""
         self.compiled = False
         self.last_step_executor = "eager"
         """Which executor ran the last forward: "whole-stack", "compiled" or "eager"."""
@@ -123,33 +110,11 @@ class ModelRunner:
         """Proposes tokens for the next step (speculative decoding); set by the builder."""
         self.lora: LoRAManager | None = None
         """LoRA adapters (--enable-lora): loads them and maps each step's rows to theirs;
-        set by the builder (attach_lora)."""
+        set by the builder (runner_builder.attach_lora)."""
         self.kv_offload: KVOffloadWorker | None = None
-        """The KV tiers below the cache (attach_kv_offload); None: off."""
-
-    def attach_lora(self, manager: LoRAManager) -> None:
-        self.lora = manager
-        if self.whole_stack is not None:
-            self.whole_stack.attach_lora(manager.model_lora)
+        """The KV tiers below the cache (runner_builder.attach_kv_offload); None: off."""
 
     # ---- KV tiers --------------------------------------------------------------------------
-
-    def attach_kv_offload(self, cache_config: CacheConfig, model_path: str,
-                          tp_rank: int = 0, tp_size: int = 1) -> None:
-        """Create the KV tiers' worker over the allocated cache (after initialize_kv_cache).
-        ValueError for a model with sliding-window layers (their blocks are freed out of the
-        window and carry no prefix hashes)."""
-        if self.kv_cache_windows != [None]:
-            raise ValueError("the KV tiers (kv_offload_memory, kv_offload_dir) need a model "
-                             "whose layers all attend to the whole sequence; this one has "
-                             "sliding-window layers")
-        config = KVOffloadConfig(
-            cache_config.kv_offload_memory, cache_config.kv_offload_dir,
-            cache_config.kv_offload_disk_bytes if cache_config.kv_offload_dir else 0)
-        fingerprint = kv_offload_fingerprint(
-            model_path, self.dtype, self.kv_cache_dtype, self.block_size, self.num_layers,
-            self.num_kv_heads, self.head_dim, tp_rank, tp_size)
-        self.kv_offload = KVOffloadWorker(self.kv_caches, config, fingerprint)
 
     def kv_offload_known_keys(self) -> list[int]:
         """Prefix keys the tiers hold now (at start: the disk tier's entries of this model)."""
@@ -207,65 +172,6 @@ class ModelRunner:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
                                   self.kv_cache_dtype)
 
-    def determine_num_blocks(self, max_model_len: int, scheduler_config: SchedulerConfig) -> int:
-        """Blocks that fit the configured memory, but no more than the engine could ever use."""
-        cfg = self.cache_config
-        bytes_per_block = self.kv_bytes_per_token * self.block_size
-        most_useful = -(-max_model_len // self.block_size) * scheduler_config.max_num_seqs
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
-        if cfg.kv_cache_memory is not None:
-            budget = cfg.kv_cache_memory
-        elif self.device.type == "cuda":
-            budget = self._profile_cuda_kv_budget(scheduler_config)
-        else:
-            return cpu_default_kv_blocks(-(-max_model_len // self.block_size), bytes_per_block,
-                                         most_useful)
-        return max(1, budget // bytes_per_block)
-
-    def determine_kv_cache_blocks(
-        self, max_model_len: int, scheduler_config: SchedulerConfig
-    ) -> list[int]:
-        """Blocks of each KV-cache group: determine_num_blocks's budget, shared between the
-        groups (kv_cache_layout.split_kv_blocks); a forced num_kv_blocks goes to every group."""
-        self.set_kv_cache_groups(max_model_len)
-        num_blocks = self.determine_num_blocks(max_model_len, scheduler_config)
-        if self.kv_cache_windows == [None] or self.cache_config.num_kv_blocks is not None:
-            return [num_blocks] * len(self.kv_cache_windows)
-        window_blocks = window_blocks_needed(
-            self.kv_cache_windows[-1], self.block_size, scheduler_config.max_num_seqs,
-            scheduler_config.max_num_batched_tokens, max_model_len)
-        layers_per_group = [self.layer_kv_groups.count(g) for g in range(len(self.kv_cache_windows))]
-        per_group = split_kv_blocks(num_blocks, self.kv_cache_windows, layers_per_group,
-                                    window_blocks, cdiv(max_model_len, self.block_size)
-                                    * scheduler_config.max_num_seqs)
-        logger.info("KV cache groups: %s", "; ".join(
-            f"{'full attention' if w is None else f'sliding window {w}'} ({n} layers): "
-            f"{b} blocks" for w, n, b in zip(self.kv_cache_windows, layers_per_group, per_group)))
-        return per_group
-
-    def _profile_cuda_kv_budget(self, scheduler_config: SchedulerConfig) -> int:
-        """GPU bytes left for the KV cache after weights and a max-size forward's activations."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = scheduler_config.max_num_batched_tokens
-        self.initialize_kv_cache([-(-num_tokens // self.block_size)] * self.num_kv_cache_groups)
-        blocks = self.same_table_every_group(np.arange(self.num_blocks)[None, :])
-        with torch.inference_mode():
-            self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]), np.array([num_tokens]), blocks)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        self.kv_caches = []
-        torch.cuda.empty_cache()
-        _, total = torch.cuda.mem_get_info(self.device)
-        budget = int(total * self.cache_config.gpu_memory_utilization) - peak
-        if budget <= 0:
-            raise ValueError(
-                "no GPU memory left for the KV cache; raise --gpu-memory-utilization or lower "
-                "--max-num-batched-tokens"
-            )
-        return budget
-
     def initialize_kv_cache(self, per_group: list[int]) -> None:
         """Allocate each layer's paged cache, sized by its KV-cache group's number of blocks
         (`per_group`: one count per group), and bind it to the layer."""
@@ -285,39 +191,6 @@ class ModelRunner:
             layer.kv_cache_group = group
         self.num_blocks_per_group = list(per_group)
         self.num_blocks = min(per_group)
-
-    # ---- torch.compile ---------------------------------------------------------------------
-
-    def compile_model(self) -> list[int]:
-        """torch.compile the decoder stack (`model.model`; attention stays one opaque op, see
-        pagoda/executor/attention/layer.py), then warm it up: run the step shapes the engine
-        will meet, so their graphs are compiled now and not during the first requests.
-        Dynamo specialises one-token steps; quantized layers branch at `dense_from_rows`,
-        so that many tokens is one more shape. Needs the KV cache (its first blocks are
-        scratch). Returns the token counts run."""
-        stack = self.model.model
-        self.whole_stack, self.compiled = None, True  # the compiled graph runs every step
-        # Dynamo keeps compiled graphs, and the guards that pick one, per code object. The
-        # stack's forward gets a code object of its own, so that its graphs are only ever
-        # offered to this model; then guards on the modules' attributes can go (nothing the
-        # graph reads from them changes after loading: weights, rotary tables and layer ids
-        # are fixed, the KV cache and step metadata sit behind the opaque attention op).
-        # Checking those thousands of guards every step cost a sizeable share of a
-        # one-sequence step (measured in BENCHMARKS.md).
-        stack.forward = torch.compile(
-            _private_forward(stack), dynamic=True,
-            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
-        )
-        branch_sizes = {m.dense_from_rows for m in self.model.modules()
-                        if isinstance(m, QuantizedLinear) and m.dense_from_rows}
-        warm_up_sizes = sorted({1, 2, 16} | branch_sizes)
-        with torch.inference_mode():
-            for num_tokens in warm_up_sizes:
-                blocks = self.same_table_every_group(
-                    np.zeros((1, -(-num_tokens // self.block_size)), dtype=np.int64))
-                self._forward(np.zeros(num_tokens, dtype=np.int64), np.array([0]),
-                              np.array([num_tokens]), blocks)
-        return warm_up_sizes
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -453,23 +326,17 @@ class ModelRunner:
             sample_last_positions(self, states, sample_rows, query_end, hidden, scheduler_output,
                                   output)
         if self.spec_decoder is not None:
-            if decode_shaped.all():  # (the sampling's host sync has waited for the device)
-                self.spec_decoder.observe_step(int(num_scheduled.sum()),
-                                               time.perf_counter() - started)
-            output.spec_token_ids = self.spec_decoder.propose(
-                [states[i] for i in sample_rows if states[i].request_id not in output.failed],
-                batch)
+            self._propose(states, sample_rows, num_scheduled, decode_shaped, started, output)
         return output
 
+    def _propose(self, states: list, sample_rows: np.ndarray, num_scheduled: np.ndarray,
+                 decode_shaped: np.ndarray, started: float, output: ModelRunnerOutput) -> None:
+        """Speculative decoding, after sampling: time a decode-shaped step (the proposer
+        adapts to it), then propose the next step's tokens of each request that sampled."""
+        if decode_shaped.all():  # (the sampling's host sync has waited for the device)
+            self.spec_decoder.observe_step(int(num_scheduled.sum()),
+                                           time.perf_counter() - started)
+        output.spec_token_ids = self.spec_decoder.propose(
+            [states[i] for i in sample_rows if states[i].request_id not in output.failed],
+            self.input_batch)
 
-def _private_forward(module: torch.nn.Module):
-    """`module`'s forward as a function with a code object of its own (a nested function's
-    code is shared by every call of its maker; the replace() copy is new): graphs Dynamo
-    compiles for it belong to this module alone."""
-    class_forward = type(module).forward
-
-    def forward(*args):
-        return class_forward(module, *args)
-
-    code = forward.__code__.replace(co_name=f"forward_of_{type(module).__name__}_{id(module):x}")
-    return types.FunctionType(code, forward.__globals__, code.co_name, None, forward.__closure__)

@@ -95,8 +95,8 @@ def pagoda_metric_names() -> set[str]:
 
     from pagoda.deploy.scaling_ledger import DeploymentView, ScalingLedger
     from pagoda.engine.data_parallel.metrics import DataParallelMetrics
-    from pagoda.engine.metrics import EngineMetrics
-    from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
+    from pagoda.engine.stats.metrics import EngineMetrics
+    from pagoda.engine.stats.snapshot import EngineSnapshot, KVOffloadTotals, SpecDecodeTotals
     from pagoda.entrypoints.openai.cost_metrics import CostCollector
 
     engine = EngineMetrics("m")

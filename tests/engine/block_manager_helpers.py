@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import xxhash
 
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.request import Request
+from pagoda.engine.core.block_manager import BlockManager
+from pagoda.engine.core.request import Request
 from pagoda.sampling_params import SamplingParams
 
 BS = 4

@@ -13,11 +13,11 @@ import itertools
 from collections.abc import Callable
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.request import Request
-from pagoda.engine.scheduler import Scheduler
-from pagoda.engine.stop_rules import check_stop
+from pagoda.engine.core.block_manager import BlockManager
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.request import Request
+from pagoda.engine.core.scheduler import Scheduler
+from pagoda.engine.core.stop_rules import check_stop
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 

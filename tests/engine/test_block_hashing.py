@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pagoda.engine.block_manager
-from pagoda.engine.block_manager import ROOT_HASH, BlockManager, hash_block_tokens
+import pagoda.engine.core.block_manager
+from pagoda.engine.core.block_manager import ROOT_HASH, BlockManager, hash_block_tokens
 from tests.engine.block_manager_helpers import (
     BS,
     PROMPT_A,
@@ -39,11 +39,11 @@ def test_hash_block_tokens_is_stable_across_processes():
         "import sys, types\n"
         "pkg = types.ModuleType('pagoda'); pkg.__path__ = [sys.argv[1]]\n"
         "sys.modules['pagoda'] = pkg\n"
-        "from pagoda.engine.block_manager import hash_block_tokens as h\n"
+        "from pagoda.engine.core.block_manager import hash_block_tokens as h\n"
         "assert 'torch' not in sys.modules\n"
         "print(h(h(0, [1, 2, 3, 4]), [5, 6, 7, 8]))\n"
     )
-    package_dir = str(Path(pagoda.engine.block_manager.__file__).parents[1])
+    package_dir = str(Path(pagoda.engine.core.block_manager.__file__).parents[2])
     results = {
         subprocess.run(
             [sys.executable, "-c", code, package_dir],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.block_manager import BlockManager
+from pagoda.engine.core.block_manager import BlockManager
 from tests.engine.block_manager_helpers import (
     BS,
     PROMPT_A,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
+from pagoda.engine.core.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.tokenizer import load_tokenizer
 from tests.executor.test_tokenizer import TEXTS

@@ -33,8 +33,8 @@ from pagoda.engine.data_parallel.messages import (
     snapshot_fields,
 )
 from pagoda.engine.data_parallel.metrics import DataParallelMetrics
-from pagoda.engine.request_stream import EngineDeadError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.request_stream import EngineDeadError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagoda.sampling_params import SamplingParams
 

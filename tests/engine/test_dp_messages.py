@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from pagoda.engine.core.input_processor import EngineRequest
 from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
@@ -26,9 +27,8 @@ from pagoda.engine.data_parallel.messages import (
 )
 from pagoda.engine.data_parallel.replica_slot import ReplicaSlot
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
-from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeTotals
+from pagoda.engine.loop.request_stream import EngineDeadError, EngineStepError, QueueFullError
+from pagoda.engine.stats.snapshot import EngineSnapshot, SpecDecodeTotals
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from pagoda.sampling_params import SamplingParams

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagoda import LLM, SamplingParams
-from pagoda.engine.llm_engine import LLMEngine
+from pagoda.engine.loop.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.slow
 
@@ -267,7 +267,7 @@ def test_n_completions_share_prompt_blocks(bundled_llm: LLM) -> None:
 
 
 def test_the_start_up_heap_is_out_of_the_collectors_sight(bundled_llm: LLM) -> None:
-    """engine/builder.py freezes what start-up built: the model's modules are not among the
+    """engine/loop/builder.py freezes what start-up built: the model's modules are not among the
     objects a collection scans, so a full collection in a decode step costs ~0 instead of
     scanning hundreds of thousands of objects (a 1B model: ~110 ms unfrozen)."""
     import gc
@@ -285,7 +285,7 @@ def test_a_frozen_cycle_dropped_since_is_collected_at_the_next_freeze() -> None:
     import gc
     import weakref
 
-    from pagoda.engine.builder import collect_and_freeze
+    from pagoda.engine.loop.builder import collect_and_freeze
 
     class Node:
         pass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.metrics import EngineMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 
 MODEL = "m"
 

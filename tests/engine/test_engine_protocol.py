@@ -1,4 +1,4 @@
-"""Both engine front-ends are EngineClients (pagoda/engine/protocol.py): every member the
+"""Both engine front-ends are EngineClients (pagoda/engine/loop/protocol.py): every member the
 protocol declares exists on each, methods with the protocol's parameters, so the server,
 the web view and the model registry can be typed against the one interface."""
 
@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
-from pagoda.engine.async_engine import AsyncLLMEngine
 from pagoda.engine.data_parallel.engine import DataParallelEngine
-from pagoda.engine.protocol import EngineClient
+from pagoda.engine.loop.async_engine import AsyncLLMEngine
+from pagoda.engine.loop.protocol import EngineClient
 
 
 def protocol_members() -> tuple[list[str], list[str], list[str]]:
@@ -61,7 +61,7 @@ def test_one_front_end_over_two_cores() -> None:
     picks its core, and no module reaches into both cores."""
     from pathlib import Path
 
-    from pagoda.engine.front_end import EngineFrontEnd
+    from pagoda.engine.loop.front_end import EngineFrontEnd
 
     for front_end in (AsyncLLMEngine, DataParallelEngine):
         assert issubclass(front_end, EngineFrontEnd)
@@ -71,5 +71,5 @@ def test_one_front_end_over_two_cores() -> None:
     package = Path(__file__).parents[2] / "pagoda"
     for path in package.rglob("*.py"):
         text = path.read_text()
-        assert not ("pagoda.engine.thread_core" in text
+        assert not ("pagoda.engine.loop.thread_core" in text
                     and "pagoda.engine.data_parallel.replica_set_core" in text), path

@@ -113,7 +113,7 @@ def _assert_victim_failed_alone(llm, prompts, params, victim: int, reference, ma
 
 
 def test_a_detokenizer_error_fails_its_request_alone(bundled_llm, monkeypatch) -> None:
-    from pagoda.engine.detokenizer import IncrementalDetokenizer
+    from pagoda.engine.core.detokenizer import IncrementalDetokenizer
 
     reference = bundled_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     victim_ids = bundled_llm.get_tokenizer().encode(PROMPTS[VICTIM])
@@ -137,7 +137,7 @@ def test_a_detokenizer_error_fails_its_request_alone(bundled_llm, monkeypatch) -
 
 
 def test_a_grammar_error_fails_its_request_alone(bundled_llm, monkeypatch) -> None:
-    from pagoda.engine.grammar import GrammarMatcher
+    from pagoda.engine.core.grammar import GrammarMatcher
     from pagoda.structured_outputs import StructuredOutputsParams
 
     params = [PARAMS, SamplingParams(temperature=0, max_tokens=12,
@@ -196,7 +196,7 @@ def test_a_forward_that_raises_fails_its_batch_and_the_engine_serves_on(bundled_
     """The model forward raises at the third step: the step's requests are aborted (their
     KV blocks freed) and reported in BatchFailedError; a request added afterwards runs to
     exactly its reference tokens."""
-    from pagoda.engine.llm_engine import BatchFailedError
+    from pagoda.engine.loop.llm_engine import BatchFailedError
 
     reference = bundled_llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0]
     engine = bundled_llm.engine

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from pagoda.engine.grammar import allocate_bitmask
+from pagoda.engine.core.grammar import allocate_bitmask
 from pagoda.errors import InvalidRequestError
 from pagoda.structured_outputs import StructuredOutputsParams as Constraint
 

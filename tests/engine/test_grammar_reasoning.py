@@ -1,5 +1,5 @@
 """Structured outputs behind a reasoning model's thinking (`after_reasoning`,
-pagoda/engine/grammar.py): the thinking may hold any text, the constraint holds from the end
+pagoda/engine/core/grammar.py): the thinking may hold any text, the constraint holds from the end
 marker on, whether the markers are single (llguidance-special) tokens or spelled out in text,
 for every kind of constraint and both span shapes (Qwen3's optional block, DeepSeek-R1's
 output that begins inside)."""
@@ -13,7 +13,7 @@ import string
 import numpy as np
 import pytest
 
-from pagoda.engine.grammar import GrammarCompiler, allocate_bitmask
+from pagoda.engine.core.grammar import GrammarCompiler, allocate_bitmask
 from pagoda.entrypoints.tools.plan import ToolPlan
 from pagoda.structured_outputs import ReasoningSpan
 from pagoda.structured_outputs import StructuredOutputsParams as Constraint

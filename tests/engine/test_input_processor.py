@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.input_processor import InputProcessor
+from pagoda.engine.core.input_processor import InputProcessor
 from pagoda.errors import InvalidRequestError
 from pagoda.sampling_params import SamplingParams
 

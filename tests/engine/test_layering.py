@@ -1,5 +1,6 @@
-"""The layers' import rules: the scheduling layer is pure Python (no torch), and nothing in
-the execution layer reaches up into the engine."""
+"""The layers' import rules: the scheduling layer is pure Python (no torch), nothing in
+the execution layer reaches up into the engine, and the engine's subfolders import only
+downward (core <- stats <- loop)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ PACKAGE = Path(__file__).parents[2] / "pagoda"
 def test_the_scheduler_imports_without_torch():
     code = (
         "import sys\n"
-        "import pagoda.engine.scheduler, pagoda.engine.block_manager, pagoda.engine.snapshot\n"
-        "import pagoda.step_data, pagoda.engine.input_processor, pagoda.engine.stop_rules\n"
+        "import pagoda.engine.core.scheduler, pagoda.engine.core.block_manager\n"
+        "import pagoda.engine.stats.snapshot\n"
+        "import pagoda.step_data, pagoda.engine.core.input_processor, pagoda.engine.core.stop_rules\n"
         # the data-parallel router, and what a replica process imports before it sets
         # OMP_NUM_THREADS (replica_main.py)
         "import pagoda.engine.data_parallel.router, pagoda.engine.data_parallel.replica_main\n"
@@ -46,7 +48,7 @@ def test_nothing_in_the_executor_imports_the_engine():
     assert offenders == []
     # (the check itself works: the engine does import the executor's builder pieces)
     assert any(n.startswith("pagoda.executor") for n in imported_modules(
-        PACKAGE / "engine" / "builder.py"))
+        PACKAGE / "engine" / "loop" / "builder.py"))
 
 
 def test_the_kernels_import_nothing_above_them():
@@ -130,4 +132,22 @@ def test_no_import_cycle_in_the_tree():
     assert "pagoda.executor.loader.model_loader" in graph["pagoda.executor.runner_builder"]
     assert cycles(graph) == []
     # the check itself finds one
-    assert cycles({**graph, "pagoda.config": graph["pagoda.config"] | {"pagoda.engine.builder"}})
+    assert cycles({**graph, "pagoda.config": graph["pagoda.config"] | {"pagoda.engine.loop.builder"}})
+
+
+ENGINE_LEVELS = ["core", "stats", "loop"]
+"""pagoda/engine/'s subfolders, lowest first: each imports only the ones before it."""
+
+
+def test_the_engine_subfolders_import_only_downward():
+    graph = import_graph()
+    offenders = []
+    for low, level in enumerate(ENGINE_LEVELS):
+        higher = tuple(f"pagoda.engine.{name}." for name in ENGINE_LEVELS[low + 1:])
+        offenders += [f"{module} -> {edge}" for module, edges in graph.items()
+                      if module.startswith(f"pagoda.engine.{level}.")
+                      for edge in edges if edge.startswith(higher)]
+    assert offenders == []
+    # the check itself sees the levels: stats reads core, loop reads both
+    assert "pagoda.engine.core.scheduler" in graph["pagoda.engine.stats.engine_accounting"]
+    assert "pagoda.engine.stats.engine_accounting" in graph["pagoda.engine.loop.llm_engine"]

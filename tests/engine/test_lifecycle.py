@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.input_processor import InputProcessor
-from pagoda.engine.lifecycle import RequestLifecycle
-from pagoda.engine.request import RequestStatus
+from pagoda.engine.core.input_processor import InputProcessor
+from pagoda.engine.core.lifecycle import RequestLifecycle
+from pagoda.engine.core.request import RequestStatus
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import ModelRunnerOutput
 

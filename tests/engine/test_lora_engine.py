@@ -15,13 +15,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from pagoda.config import EngineConfig
-from pagoda.engine.async_engine import AsyncLLMEngine
 from pagoda.engine.data_parallel.messages import Answered, Batch, LoRACall, Stop, decode_error
 from pagoda.engine.data_parallel.replica_main import PipeEvents
-from pagoda.engine.engine_loop import EngineLoop
-from pagoda.engine.llm_engine import LLMEngine
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.async_engine import AsyncLLMEngine
+from pagoda.engine.loop.engine_loop import EngineLoop
+from pagoda.engine.loop.llm_engine import LLMEngine
+from pagoda.engine.stats.metrics import EngineMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import ModelPooling, PoolingParams
@@ -304,8 +304,8 @@ def test_a_replica_loop_answers_adapter_commands_on_its_pipe():
 
 
 def test_a_request_and_the_commands_cross_a_replica_pipe_with_their_adapter():
+    from pagoda.engine.core.input_processor import EngineRequest
     from pagoda.engine.data_parallel.messages import Add, snapshot_fields
-    from pagoda.engine.input_processor import EngineRequest
 
     request = EngineRequest("r", None, [5, 6], params(), 3, 0.0, lora_request=A)
     server_end, replica_end = Pipe()

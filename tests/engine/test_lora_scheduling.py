@@ -7,12 +7,12 @@ has gone."""
 from __future__ import annotations
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.block_manager import ROOT_HASH, root_hash
+from pagoda.engine.core.block_manager import ROOT_HASH, root_hash
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.lora_adapters import LoRAAdapters
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
 from pagoda.engine.data_parallel.router import Router, prefix_block_hashes
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.lora_adapters import LoRAAdapters
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.scheduler import Scheduler
 from pagoda.lora.request import LoRARequest
 from pagoda.sampling_params import SamplingParams
 from tests.engine.scheduler_helpers import BS, EOS, assert_all_free, step

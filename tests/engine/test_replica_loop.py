@@ -8,6 +8,7 @@ import threading
 import time
 from multiprocessing import Pipe
 
+from pagoda.engine.core.input_processor import EngineRequest
 from pagoda.engine.data_parallel.messages import (
     Abort,
     Add,
@@ -20,8 +21,7 @@ from pagoda.engine.data_parallel.messages import (
     decode_error,
 )
 from pagoda.engine.data_parallel.replica_main import PipeEvents
-from pagoda.engine.engine_loop import EngineLoop
-from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.loop.engine_loop import EngineLoop
 from pagoda.errors import InvalidRequestError
 from pagoda.sampling_params import SamplingParams
 from tests.entrypoints.test_server_async_engine import FakeEngine

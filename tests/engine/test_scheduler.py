@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.core.request import Request, RequestStatus
 from tests.engine.scheduler_helpers import (
     TOKEN,
     add,

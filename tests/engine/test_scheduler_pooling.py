@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from pagoda.engine.input_processor import InputProcessor
-from pagoda.engine.lifecycle import RequestLifecycle
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.core.input_processor import InputProcessor
+from pagoda.engine.core.lifecycle import RequestLifecycle
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
 from pagoda.errors import InvalidRequestError
 from pagoda.pooling_params import ModelPooling, PoolingParams
 from pagoda.step_data import ModelRunnerOutput

@@ -3,7 +3,7 @@ step, hits kept across a failed admission (no model; see tests/engine/scheduler_
 
 from __future__ import annotations
 
-from pagoda.engine.request import RequestStatus
+from pagoda.engine.core.request import RequestStatus
 from tests.engine.scheduler_helpers import (
     add,
     batch,

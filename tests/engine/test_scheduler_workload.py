@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
 from tests.engine.scheduler_helpers import (
     assert_all_free,
     block_tables,

@@ -1,15 +1,15 @@
 """KV-cache groups of models with sliding-window layers, without a model: the windowed
 group holds only its window's blocks, freed blocks serve other requests, preemption and
 abort release every group, and the runner's view (built from SchedulerOutputs alone) has
-every block attention reads unmasked (pagoda/engine/kv_cache_groups.py)."""
+every block attention reads unmasked (pagoda/engine/core/kv_cache_groups.py)."""
 
 from __future__ import annotations
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_cache_groups import KVCacheManager, SlidingWindowBlockManager
-from pagoda.engine.request import RequestStatus
-from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.core.block_manager import BlockManager
+from pagoda.engine.core.kv_cache_groups import KVCacheManager, SlidingWindowBlockManager
+from pagoda.engine.core.request import RequestStatus
+from pagoda.engine.core.scheduler import Scheduler
 from pagoda.step_data import SchedulerOutput
 from tests.engine.scheduler_helpers import (
     BS,

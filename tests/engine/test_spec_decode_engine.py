@@ -12,7 +12,7 @@ import torch
 from prometheus_client import generate_latest
 
 from pagoda import LLM, SamplingParams
-from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.stats.metrics import EngineMetrics
 from pagoda.executor.loader.model_files import bundled_model_path
 from pagoda.structured_outputs import StructuredOutputsParams
 from tests.executor.tiny_checkpoints import (

@@ -11,8 +11,8 @@ import pickle
 import pytest
 
 from pagoda.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pagoda.engine.builder import build_engine
-from pagoda.engine.llm_engine import LLMEngine
+from pagoda.engine.loop.builder import build_engine
+from pagoda.engine.loop.llm_engine import LLMEngine
 from pagoda.sampling_params import SamplingParams
 from pagoda.step_data import SchedulerOutput
 from pagoda.structured_outputs import StructuredOutputsParams

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 
 from pagoda.cli.main import main
-from pagoda.engine.detokenizer import IncrementalDetokenizer
-from pagoda.engine.engine_loop import EngineLoop
+from pagoda.engine.core.detokenizer import IncrementalDetokenizer
+from pagoda.engine.loop.engine_loop import EngineLoop
 
 KILL_MARKER = "KILL THE ENGINE LOOP"
 POISON_MARKER = "POISON"

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pagoda.engine.data_parallel.metrics import DataParallelMetrics
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.metrics import EngineMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.entrypoints.openai.cost_metrics import CostCollector, token_totals
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.stats.metrics import EngineMetrics
 from pagoda.entrypoints.openai.openapi import OPERATIONS, openapi_document
 from pagoda.entrypoints.openai.server import ServerState, build_app
 from tests.entrypoints.server_helpers import RemoteServer

@@ -13,7 +13,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.engine.input_processor import InputProcessor
+from pagoda.engine.core.input_processor import InputProcessor
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore
 from pagoda.entrypoints.openai.server import ServerState, build_app
 from tests.entrypoints.test_serving_pipeline import VOCAB, FakeAsyncEngine

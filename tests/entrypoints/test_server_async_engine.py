@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagoda.engine.async_engine import AsyncLLMEngine
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.llm_engine import BatchFailedError
-from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.core.input_processor import EngineRequest
+from pagoda.engine.loop.async_engine import AsyncLLMEngine
+from pagoda.engine.loop.llm_engine import BatchFailedError
+from pagoda.engine.loop.request_stream import EngineDeadError, EngineStepError, QueueFullError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams

@@ -11,8 +11,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.request_stream import EngineStepError, QueueFullError, RequestStream
+from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.loop.request_stream import EngineStepError, QueueFullError, RequestStream
 from pagoda.entrypoints.openai.server import ServerState, build_app
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, Logprob, RequestOutput

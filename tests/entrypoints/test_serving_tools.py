@@ -12,8 +12,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.request_stream import RequestStream
+from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.loop.request_stream import RequestStream
 from pagoda.entrypoints.openai.server import ServerState, build_app
 from pagoda.outputs import CompletionOutput, RequestOutput
 from tests.entrypoints.test_serving_pipeline import VOCAB, FakeAsyncEngine, sse_events

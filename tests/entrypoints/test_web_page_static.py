@@ -20,8 +20,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pagoda.engine.request_timeline import RequestTimeline
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.request_timeline import RequestTimeline
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.entrypoints.web.engine_view import NUM_TIMELINE_REQUESTS, EngineView
 from pagoda.entrypoints.web.routes import STATIC_DIR
 from tests.entrypoints.web_browser import (

@@ -17,7 +17,7 @@ import torch
 from prometheus_client import generate_latest
 
 from pagoda import LLM, SamplingParams
-from pagoda.engine.metrics import EngineMetrics
+from pagoda.engine.stats.metrics import EngineMetrics
 from pagoda.executor.loader.gguf_writer import write_hf_checkpoint as write_gguf
 from pagoda.executor.loader.model_files import bundled_model_path
 from tests.executor.test_gguf_packed_models import K_SIZES, mixed_type

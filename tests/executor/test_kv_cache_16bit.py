@@ -14,7 +14,7 @@ from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend
 from pagoda.executor.attention.torch_backend import write_kv_cache
 from pagoda.executor.kernels.ops import paged_attention
-from pagoda.executor.kv_cache_allocation import allocate_kv_caches
+from pagoda.executor.kv_cache_allocation import allocate_kv_caches, determine_num_blocks
 from tests.executor.test_kv_cache_quant import STEPS, fake_runner, reference_over, step_on_cache
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -114,7 +114,7 @@ def test_the_same_memory_holds_twice_the_tokens_of_float32(name) -> None:
     half = fake_runner(torch.float32, name, memory)
     full = fake_runner(torch.float32, "auto", memory)
     assert half.kv_bytes_per_token * 2 == full.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
-    assert half.determine_num_blocks(8192, scheduler) >= 2 * full.determine_num_blocks(8192, scheduler) - 1
+    assert determine_num_blocks(half, 8192, scheduler) >= 2 * determine_num_blocks(full, 8192, scheduler) - 1
     caches = allocate_kv_caches(half.backend.kv_cache_shape(8, 3, 64), 2, torch.float32,
                                 torch.device("cpu"), name)
     assert caches[0].dtype == DTYPES[name] and caches[0].shape == (2, 3, 8, 16, 64)

@@ -27,7 +27,7 @@ from pagoda.executor.attention.kv_quant import (
 )
 from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write_kv_cache
 from pagoda.executor.kernels.ops import paged_attention
-from pagoda.executor.kv_cache_allocation import allocate_kv_caches
+from pagoda.executor.kv_cache_allocation import allocate_kv_caches, determine_num_blocks
 from tests.executor.test_attention_backend import reference_attention
 
 FORMATS = ["int8", "fp8_e4m3", "fp8_e5m2"]
@@ -287,7 +287,7 @@ def test_the_same_memory_holds_about_twice_the_tokens_of_16_bits(fmt) -> None:
     scheduler = SchedulerConfig(max_num_seqs=1024)
 
     def blocks(dtype, kv_cache_dtype):
-        return fake_runner(dtype, kv_cache_dtype, memory).determine_num_blocks(8192, scheduler)
+        return determine_num_blocks(fake_runner(dtype, kv_cache_dtype, memory), 8192, scheduler)
 
     quantized = blocks(torch.float32, fmt)
     assert quantized >= 1.9 * blocks(torch.bfloat16, "auto")
@@ -298,7 +298,7 @@ def test_the_same_memory_holds_about_twice_the_tokens_of_16_bits(fmt) -> None:
 
 def test_the_allocated_cache_fits_the_memory_it_was_sized_for() -> None:
     runner = fake_runner(torch.float32, "int8", 1 << 20)
-    num_blocks = runner.determine_num_blocks(4096, SchedulerConfig())
+    num_blocks = determine_num_blocks(runner, 4096, SchedulerConfig())
     caches = allocate_kv_caches(runner.backend.kv_cache_shape(num_blocks, 3, 64), 30,
                                 torch.float32, torch.device("cpu"), "int8")
     total = sum(c.codes.numel() + 2 * c.scales.numel() for c in caches)

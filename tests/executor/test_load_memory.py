@@ -13,7 +13,7 @@ import torch
 
 from pagoda.config import CacheConfig, SchedulerConfig
 from pagoda.executor.kernels.ops import kernels_available
-from pagoda.executor.kv_cache_allocation import CPU_KV_CACHE_DEFAULT_BYTES
+from pagoda.executor.kv_cache_allocation import CPU_KV_CACHE_DEFAULT_BYTES, determine_num_blocks
 from pagoda.executor.model_runner import ModelRunner
 
 MEASURE = r"""
@@ -133,11 +133,11 @@ def test_default_cpu_kv_cache_is_sized_from_what_the_engine_can_use() -> None:
     bytes_per_block = 16 * 2 * 30 * 3 * 64 * 4  # float32
     many = SchedulerConfig(max_num_seqs=128)
     runner = runner_shape(torch.float32)
-    assert runner.determine_num_blocks(2048, many) == CPU_KV_CACHE_DEFAULT_BYTES // bytes_per_block
+    assert determine_num_blocks(runner, 2048, many) == CPU_KV_CACHE_DEFAULT_BYTES // bytes_per_block
     # never more than the engine could fill: 2 sequences x 64 tokens
-    assert runner.determine_num_blocks(64, SchedulerConfig(max_num_seqs=2)) == 8
+    assert determine_num_blocks(runner, 64, SchedulerConfig(max_num_seqs=2)) == 8
     # one sequence of max_model_len always fits, even past the default
-    assert runner.determine_num_blocks(20_000, many) == 20_000 // 16  # 0.9 GB, under a fifth of RAM
+    assert determine_num_blocks(runner, 20_000, many) == 20_000 // 16  # 0.9 GB, under a fifth of RAM
     # --kv-cache-memory overrides
-    assert runner_shape(torch.float32, 1 << 30).determine_num_blocks(8192, many) == \
+    assert determine_num_blocks(runner_shape(torch.float32, 1 << 30), 8192, many) == \
         (1 << 30) // bytes_per_block

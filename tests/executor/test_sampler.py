@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagoda.engine.input_processor import InputProcessor
+from pagoda.engine.core.input_processor import InputProcessor
 from pagoda.errors import InvalidRequestError
 from pagoda.executor.sampler import (
     Sampler,

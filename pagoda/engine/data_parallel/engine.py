@@ -13,7 +13,7 @@ from pagoda.engine.data_parallel.replica_set_core import (
     ReplicaSetCore,
 )
 from pagoda.engine.data_parallel.supervisor import Launcher
-from pagoda.engine.front_end import EngineFrontEnd
+from pagoda.engine.loop.front_end import EngineFrontEnd
 
 __all__ = ["DataParallelEngine", "ReplicaDiedError", "ReplicaLostBeforeAckError"]
 

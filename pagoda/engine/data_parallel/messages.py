@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagoda.engine.loop_commands import Abort, Add, LoRACall, Stop
-from pagoda.engine.request_stream import EngineDeadError, EngineStepError, QueueFullError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.loop_commands import Abort, Add, LoRACall, Stop
+from pagoda.engine.loop.request_stream import EngineDeadError, EngineStepError, QueueFullError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import RequestOutput
 

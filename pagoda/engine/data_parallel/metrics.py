@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
 
-from pagoda.engine.metrics import PREFIX, EngineMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.metrics import PREFIX, EngineMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.outputs import RequestOutput
 
 

@@ -49,8 +49,8 @@ from pagoda.engine.data_parallel.messages import (
     snapshot_fields,
 )
 from pagoda.engine.data_parallel.replica_spec import ReplicaSpec
-from pagoda.engine.request_stream import Delivery
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.request_stream import Delivery
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.parent_death import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ def serve_replica(spec: ReplicaSpec, conn: Connection) -> int:
     the server's; returns the exit code. A local replica process's body (run_replica), and
     a Ray actor's (ray_replica.py)."""
     num_threads = _set_threads()
-    from pagoda.engine.builder import build_engine
-    from pagoda.engine.engine_loop import EngineLoop
+    from pagoda.engine.loop.builder import build_engine
+    from pagoda.engine.loop.engine_loop import EngineLoop
 
     try:
         engine = build_engine(spec.config)

@@ -24,6 +24,8 @@ import time
 from typing import Any
 
 from pagoda.config import EngineConfig
+from pagoda.engine.core.grammar import GrammarCompiler
+from pagoda.engine.core.input_processor import EngineRequest
 from pagoda.engine.data_parallel.launcher import launch_replica
 from pagoda.engine.data_parallel.messages import (
     Abort,
@@ -42,11 +44,9 @@ from pagoda.engine.data_parallel.replica_slot import FAILED, ReplicaSlot
 from pagoda.engine.data_parallel.router import NoHealthyReplicaError, Router
 from pagoda.engine.data_parallel.snapshots import merge_snapshots
 from pagoda.engine.data_parallel.supervisor import Launcher, ReplicaSupervisor
-from pagoda.engine.front_end import CoreEvents
-from pagoda.engine.grammar import GrammarCompiler
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.request_stream import EngineDeadError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.front_end import CoreEvents
+from pagoda.engine.loop.request_stream import EngineDeadError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 
 logger = logging.getLogger(__name__)
 

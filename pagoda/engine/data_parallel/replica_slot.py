@@ -23,7 +23,7 @@ from pagoda.child_process import receive_message, send_message
 from pagoda.engine.data_parallel.launcher import ReplicaHandle
 from pagoda.engine.data_parallel.messages import ReplicaInfo, ReplicaMessage, ServerMessage
 from pagoda.engine.data_parallel.snapshots import counters_only, merge_snapshots
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.snapshot import EngineSnapshot
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pagoda.engine.block_manager import hash_block_tokens, root_hash
+from pagoda.engine.core.block_manager import hash_block_tokens, root_hash
 
 DEFAULT_CAPACITY_BLOCKS = 1 << 16
 DEFAULT_BALANCE_ABS_THRESHOLD = 8

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import zip_longest
 
-from pagoda.engine.snapshot import EngineSnapshot, SpecDecodeTotals
+from pagoda.engine.stats.snapshot import EngineSnapshot, SpecDecodeTotals
 
 _SUMMED = (
     "num_tracked_requests", "num_running_seqs", "num_waiting_seqs", "num_kv_blocks",

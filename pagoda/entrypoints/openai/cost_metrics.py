@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from pagoda.cost import check_cost_per_hour, cost_usd, per_million
-from pagoda.engine.metrics import PREFIX
+from pagoda.engine.stats.metrics import PREFIX
 
 _PROMPT = PREFIX + "prompt_tokens_total"
 _GENERATION = PREFIX + "generation_tokens_total"

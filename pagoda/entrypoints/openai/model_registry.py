@@ -36,7 +36,7 @@ from fastapi.responses import Response, StreamingResponse
 from pagoda.entrypoints.openai.errors import OpenAIError, model_not_found
 
 if TYPE_CHECKING:  # `pagoda serve --help` must not import the engine (tests/entrypoints/test_cli.py)
-    from pagoda.engine.protocol import EngineClient
+    from pagoda.engine.loop.protocol import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def release_memory() -> None:
     """Return freed memory (a stopped model's weights and KV cache) to the system: collect
     the cycles that still hold tensors (the engines' frozen start-up heaps included), then
     have glibc give back its free pages."""
-    from pagoda.engine.builder import collect_and_freeze
+    from pagoda.engine.loop.builder import collect_and_freeze
     from pagoda.executor.loader.heap import release_freed_memory
 
     collect_and_freeze()

@@ -47,8 +47,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagoda
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.protocol import EngineClient
+from pagoda.engine.loop.protocol import EngineClient
+from pagoda.engine.stats.metrics import EngineMetrics
 from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest
 from pagoda.entrypoints.openai.errors import (
     OpenAIError,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.core.input_processor import EngineRequest
 from pagoda.entrypoints.openai.protocol import CompletionRequest
 from pagoda.entrypoints.openai.responses import (
     CompletionLogProbs,

@@ -20,9 +20,9 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.protocol import EngineClient
-from pagoda.engine.request_stream import (
+from pagoda.engine.core.input_processor import EngineRequest
+from pagoda.engine.loop.protocol import EngineClient
+from pagoda.engine.loop.request_stream import (
     EngineDeadError,
     EngineStepError,
     QueueFullError,
@@ -59,7 +59,7 @@ class OpenAIServingEmbedding:
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         """`engine`: the model's engine front-end (input_processor, check_queue,
-        add_request, abort: pagoda/engine/protocol.py)."""
+        add_request, abort: pagoda/engine/loop/protocol.py)."""
         self.engine = engine
         self.model_name = model_name
         self.request_timeout: float | None = None

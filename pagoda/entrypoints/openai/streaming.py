@@ -14,7 +14,7 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pagoda.engine.request_stream import RequestStream
+from pagoda.engine.loop.request_stream import RequestStream
 from pagoda.entrypoints.openai.errors import OpenAIError
 from pagoda.outputs import RequestOutput
 

@@ -16,7 +16,7 @@ The name and the JSON around the arguments are literal text, so each `parameters
 the root of its own `%json` (its "$ref"s resolve as written); JSON whitespace is fixed to
 `json.dumps`' separators. A named function is called exactly once (as OpenAI does), and a
 grammar that allows no more calls is complete after the last `</tool_call>`, which ends the
-request at once (engine/lifecycle.py). parsers/forced.py reads the result, streaming each
+request at once (engine/core/lifecycle.py). parsers/forced.py reads the result, streaming each
 call's arguments as they are written and never sending the wrapper as content.
 """
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy
 
-from pagoda.engine.request_timeline import RequestTimeline
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.request_timeline import RequestTimeline
+from pagoda.engine.stats.snapshot import EngineSnapshot
 
 NUM_TIMELINE_REQUESTS = 30
 """Requests shown in the timeline: the most recent finished and in-flight ones."""

@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from pagoda.engine.protocol import EngineClient
+from pagoda.engine.loop.protocol import EngineClient
 from pagoda.entrypoints.openai.errors import bad_request, model_not_found, server_error
 from pagoda.entrypoints.openai.streaming import EventStreamResponse, sse, sse_error
 from pagoda.entrypoints.web.engine_view import EngineView

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pagoda.engine.request_timeline import RequestTimeline
+from pagoda.engine.stats.request_timeline import RequestTimeline
 
 
 def _frozen(mapping: Mapping) -> Mapping:
@@ -68,7 +68,7 @@ class SpecDecodeStats:
 
 @dataclass(frozen=True)
 class KVOffloadTotals:
-    """The KV tiers (pagoda/engine/kv_tier_index.py): sizes and gauges after the step, and
+    """The KV tiers (pagoda/engine/core/kv_offload_index.py): sizes and gauges after the step, and
     counters since start."""
 
     host_bytes: int = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.snapshot import EngineSnapshot, KVOffloadTotals
+from pagoda.engine.stats.metrics import EngineMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot, KVOffloadTotals
 from pagoda.entrypoints.web.engine_view import EngineView
 
 MODEL = "m"
@@ -61,7 +61,7 @@ def test_the_web_view_shows_the_tiers() -> None:
     assert view.tick(EngineSnapshot())["kv"]["tiers"] is None
     tick = view.tick(EngineSnapshot(kv_offload=totals(
         stats={"host_hits": 3, "disk_misses": 2}, num_keys=9, hit_tokens=48)))
-    tiers = tick["kv"]["tiers"]
-    assert tiers["keys"] == 9 and tiers["hit_tokens"] == 48
-    assert tiers["host_bytes"] == 1 << 20 and tiers["disk_bytes"] == 1 << 30
-    assert tiers["host"]["hits"] == 3 and tiers["disk"]["misses"] == 2
+    kv_offload = tick["kv"]["tiers"]
+    assert kv_offload["keys"] == 9 and kv_offload["hit_tokens"] == 48
+    assert kv_offload["host_bytes"] == 1 << 20 and kv_offload["disk_bytes"] == 1 << 30
+    assert kv_offload["host"]["hits"] == 3 and kv_offload["disk"]["misses"] == 2

@@ -48,7 +48,7 @@ class InputProcessor:
         self, tokenizer, vocab_size: int, max_model_len: int, grammar_compiler=None,
         model_pooling: ModelPooling | None = None,
     ) -> None:
-        """`grammar_compiler`: a pagoda.engine.grammar.GrammarCompiler, or None when the
+        """`grammar_compiler`: a pagoda.engine.core.grammar.GrammarCompiler, or None when the
         engine takes no structured-output requests. `model_pooling`: how the model pools
         embeddings (None: the engine takes no pooling requests)."""
         self.tokenizer = tokenizer

@@ -55,17 +55,17 @@ def test_a_prefix_evicted_from_the_pool_comes_back_from_the_host_tier(reference)
     assert tokens(llm, PROMPT) == reference
     for other in OTHERS:
         tokens(llm, other, 2)
-    tiers = llm.engine.snapshot().kv_offload
-    assert tiers.num_keys > 0 and tiers.stats["host_bytes_written"] > 0
-    assert tiers.hit_tokens == 0
+    kv_offload = llm.engine.snapshot().kv_offload
+    assert kv_offload.num_keys > 0 and kv_offload.stats["host_bytes_written"] > 0
+    assert kv_offload.hit_tokens == 0
     prompt_ids = llm.get_tokenizer().encode(PROMPT)
     again = llm.generate(PROMPT, greedy(), use_tqdm=False)[0]
     assert list(again.outputs[0].token_ids) == reference
-    tiers = llm.engine.snapshot().kv_offload
-    assert tiers.hit_tokens >= 16 * ((len(prompt_ids) - 1) // 16) - 16
-    assert tiers.loaded_blocks * 16 == tiers.hit_tokens and tiers.failed_loads == 0
-    assert tiers.stats["host_hits"] == tiers.loaded_blocks
-    assert again.num_cached_tokens >= tiers.hit_tokens
+    kv_offload = llm.engine.snapshot().kv_offload
+    assert kv_offload.hit_tokens >= 16 * ((len(prompt_ids) - 1) // 16) - 16
+    assert kv_offload.loaded_blocks * 16 == kv_offload.hit_tokens and kv_offload.failed_loads == 0
+    assert kv_offload.stats["host_hits"] == kv_offload.loaded_blocks
+    assert again.num_cached_tokens >= kv_offload.hit_tokens
     llm.engine.step()
     assert llm.engine.snapshot().num_free_kv_blocks == 16
 
@@ -83,8 +83,8 @@ def test_an_8_bit_cache_comes_back_from_the_host_tier_unchanged() -> None:
     for other in OTHERS:
         tokens(llm, other, 2)
     assert tokens(llm, PROMPT) == expected
-    tiers = llm.engine.snapshot().kv_offload
-    assert tiers.hit_tokens > 0 and tiers.loaded_blocks > 0 and tiers.failed_loads == 0
+    kv_offload = llm.engine.snapshot().kv_offload
+    assert kv_offload.hit_tokens > 0 and kv_offload.loaded_blocks > 0 and kv_offload.failed_loads == 0
 
 
 def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference,
@@ -97,13 +97,13 @@ def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference
     gc.collect()
 
     second = small_pool(kv_offload_dir=folder)
-    tiers = second.engine.snapshot().kv_offload
-    assert tiers.num_keys > 0  # the disk tier's entries seed the index
+    kv_offload = second.engine.snapshot().kv_offload
+    assert kv_offload.num_keys > 0  # the disk tier's entries seed the index
     assert tokens(second, PROMPT) == reference
-    tiers = second.engine.snapshot().kv_offload
-    assert tiers.hit_tokens > 0 and tiers.failed_loads == 0
-    assert tiers.stats["disk_hits"] == tiers.loaded_blocks > 0
-    assert tiers.stats["disk_bytes_read"] > 0
+    kv_offload = second.engine.snapshot().kv_offload
+    assert kv_offload.hit_tokens > 0 and kv_offload.failed_loads == 0
+    assert kv_offload.stats["disk_hits"] == kv_offload.loaded_blocks > 0
+    assert kv_offload.stats["disk_bytes_read"] > 0
     del second
     gc.collect()
 
@@ -120,8 +120,8 @@ def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference
             f.write(bytes([last[0] ^ 0xFF]))
     third = small_pool(kv_offload_dir=folder)
     assert tokens(third, PROMPT) == reference
-    tiers = third.engine.snapshot().kv_offload
-    assert tiers.stats["corrupt_entries"] >= 2 and tiers.loaded_blocks == 0
+    kv_offload = third.engine.snapshot().kv_offload
+    assert kv_offload.stats["corrupt_entries"] >= 2 and kv_offload.loaded_blocks == 0
     del third
     gc.collect()
 
@@ -130,8 +130,8 @@ def test_the_disk_tier_survives_a_restart_and_never_crosses_a_mismatch(reference
                     kv_offload_dir=folder, **mismatch)
         assert other.engine.snapshot().kv_offload.num_keys == 0, mismatch
         tokens(other, PROMPT)
-        tiers = other.engine.snapshot().kv_offload
-        assert tiers.hit_tokens == 0 and tiers.stats.get("disk_hits", 0) == 0, mismatch
+        kv_offload = other.engine.snapshot().kv_offload
+        assert kv_offload.hit_tokens == 0 and kv_offload.stats.get("disk_hits", 0) == 0, mismatch
         del other
         gc.collect()
 
@@ -142,8 +142,8 @@ def test_a_disk_tier_too_small_for_anything_serves_every_request(reference, tmp_
     for other in OTHERS:
         tokens(llm, other, 2)
     assert tokens(llm, PROMPT) == reference  # (computed again: nothing fit on disk)
-    tiers = llm.engine.snapshot().kv_offload
-    assert tiers.num_keys == 0 and tiers.loaded_blocks == 0
+    kv_offload = llm.engine.snapshot().kv_offload
+    assert kv_offload.num_keys == 0 and kv_offload.loaded_blocks == 0
     llm.engine.shutdown()  # the flush within the quota: nothing, and no error
 
 
@@ -167,9 +167,9 @@ def test_swap_preemption_gives_the_tokens_of_recompute(preemption_reference) -> 
     outputs = llm.generate(varied_prompts(), greedy(40), use_tqdm=False)
     snapshot = llm.engine.snapshot()
     assert snapshot.num_preemptions > 0
-    tiers = snapshot.kv_offload
-    assert tiers.swapped_out_blocks > 0 and tiers.swap_fallbacks == 0
-    assert tiers.swapped_in_blocks == tiers.swapped_out_blocks and tiers.swap_bytes == 0
+    kv_offload = snapshot.kv_offload
+    assert kv_offload.swapped_out_blocks > 0 and kv_offload.swap_fallbacks == 0
+    assert kv_offload.swapped_in_blocks == kv_offload.swapped_out_blocks and kv_offload.swap_bytes == 0
     assert [list(o.outputs[0].token_ids) for o in outputs] == preemption_reference
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pagoda.engine.front_end import EngineFrontEnd
-from pagoda.engine.metrics import EngineMetrics
-from pagoda.engine.thread_core import ThreadCore
+from pagoda.engine.loop.front_end import EngineFrontEnd
+from pagoda.engine.loop.thread_core import ThreadCore
+from pagoda.engine.stats.metrics import EngineMetrics
 
 
 class AsyncLLMEngine(EngineFrontEnd):

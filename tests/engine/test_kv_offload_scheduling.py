@@ -13,9 +13,9 @@ fails the test.
 from __future__ import annotations
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import KVTierIndex
-from pagoda.engine.scheduler import Scheduler
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.scheduler import Scheduler
 from pagoda.lora.request import LoRARequest
 from pagoda.step_data import ModelRunnerOutput, SchedulerOutput
 from tests.engine.scheduler_helpers import (
@@ -31,17 +31,17 @@ from tests.engine.scheduler_helpers import (
 BLOCK_BYTES = 100
 
 
-def make_tiered(num_blocks: int = 8, host_blocks: int = 64, preemption_mode: str = "recompute",
-                max_num_batched_tokens: int = 64, with_tiers: bool = True) -> Scheduler:
+def make_with_kv_offload(num_blocks: int = 8, host_blocks: int = 64, preemption_mode: str = "recompute",
+                max_num_batched_tokens: int = 64, with_kv_offload: bool = True) -> Scheduler:
     config = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=8,
                              preemption_mode=preemption_mode)
-    manager = KVCacheManager([num_blocks], BS, [None], enable_prefix_caching=with_tiers)
-    if with_tiers:
-        manager.attach_tiers(KVTierIndex(host_blocks * BLOCK_BYTES, BLOCK_BYTES))
+    manager = KVCacheManager([num_blocks], BS, [None], enable_prefix_caching=with_kv_offload)
+    if with_kv_offload:
+        manager.attach_kv_offload(KVOffloadIndex(host_blocks * BLOCK_BYTES, BLOCK_BYTES))
     return Scheduler(config, manager, max_model_len=64)
 
 
-class TierRunner:
+class KVOffloadRunner:
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
         self.blocks: dict[int, list[int | None]] = {}
@@ -93,32 +93,32 @@ class TierRunner:
         raise AssertionError("not done")
 
 
-def tiers(sched: Scheduler) -> KVTierIndex:
-    return sched.block_manager.tiers
+def kv_offload(sched: Scheduler) -> KVOffloadIndex:
+    return sched.block_manager.kv_offload
 
 
-def run_alone(runner: TierRunner, request) -> None:
+def run_alone(runner: KVOffloadRunner, request) -> None:
     add(runner.sched, request)
     runner.run()
 
 
 def test_evicting_a_cached_block_queues_its_save() -> None:
-    sched = make_tiered(num_blocks=4)
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=4)
+    runner = KVOffloadRunner(sched)
     a = make_request("a", 3 * BS + 1, max_tokens=1)
     run_alone(runner, a)
     cached = {b.block_hash: b.block_id for b in full_pool(sched).blocks if b.block_hash}
     assert set(cached) == set(a.block_hashes[:3])
-    assert tiers(sched).keys == set()
+    assert kv_offload(sched).keys == set()
     run_alone(runner, make_request("b", 3 * BS + 1, max_tokens=1))  # takes every block
     saves = [save for out in runner.outputs for save in out.kv_saves]
     assert sorted(saves) == sorted((h, cached[h], True) for h in a.block_hashes[:3])
-    assert tiers(sched).keys == set(a.block_hashes[:3])
+    assert kv_offload(sched).keys == set(a.block_hashes[:3])
 
 
 def test_a_returning_prefix_is_loaded_not_recomputed() -> None:
-    sched = make_tiered(num_blocks=5)
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=5)
+    runner = KVOffloadRunner(sched)
     prompt = [next_token() for _ in range(4 * BS + 2)]
     a = make_request("a", prompt, max_tokens=1)
     run_alone(runner, a)
@@ -135,15 +135,15 @@ def test_a_returning_prefix_is_loaded_not_recomputed() -> None:
     assert second.request_ids == ["a2"] and second.num_scheduled_tokens == [3]
     assert second.new_requests[0].num_computed_tokens == 4 * BS
     assert runner.computed_tokens - before == 3
-    assert tiers(sched).hit_tokens == 4 * BS and tiers(sched).loaded_blocks == 4
+    assert kv_offload(sched).hit_tokens == 4 * BS and kv_offload(sched).loaded_blocks == 4
     assert again.num_cached_tokens == 4 * BS
     # the loaded blocks are the pool's cached blocks again
     assert all(h in full_pool(sched).cached_blocks for h in again.block_hashes[:4])
 
 
 def test_a_failed_load_recomputes_from_the_first_failed_block() -> None:
-    sched = make_tiered(num_blocks=5)
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=5)
+    runner = KVOffloadRunner(sched)
     prompt = [next_token() for _ in range(4 * BS + 2)]
     a = make_request("a", prompt, max_tokens=1)
     run_alone(runner, a)
@@ -157,22 +157,22 @@ def test_a_failed_load_recomputes_from_the_first_failed_block() -> None:
     # block 0 loaded; block 1 failed: blocks 1.. are recomputed (into the blocks it holds)
     assert compute.new_requests[0].num_computed_tokens == BS
     assert compute.num_scheduled_tokens == [3 * BS + 2]
-    assert a.block_hashes[1] not in tiers(sched).keys  # forgotten
-    assert a.block_hashes[2] in tiers(sched).keys  # (its load went fine)
-    assert tiers(sched).failed_loads == 3 and tiers(sched).loaded_blocks == 1
+    assert a.block_hashes[1] not in kv_offload(sched).keys  # forgotten
+    assert a.block_hashes[2] in kv_offload(sched).keys  # (its load went fine)
+    assert kv_offload(sched).failed_loads == 3 and kv_offload(sched).loaded_blocks == 1
 
 
 def test_the_index_follows_the_keys_the_tiers_drop() -> None:
-    sched = make_tiered(num_blocks=5)
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=5)
+    runner = KVOffloadRunner(sched)
     prompt = [next_token() for _ in range(4 * BS + 2)]
     a = make_request("a", prompt, max_tokens=1)
     run_alone(runner, a)
     run_alone(runner, make_request("b", 4 * BS + 2, max_tokens=1))
-    assert set(a.block_hashes[:4]) <= tiers(sched).keys
+    assert set(a.block_hashes[:4]) <= kv_offload(sched).keys
     runner.dropped = [a.block_hashes[0]]  # the tiers evicted a's first block
     run_alone(runner, make_request("c", 1 * BS, max_tokens=1))
-    assert a.block_hashes[0] not in tiers(sched).keys
+    assert a.block_hashes[0] not in kv_offload(sched).keys
     runner.outputs.clear()
     before = runner.computed_tokens
     run_alone(runner, make_request("a2", list(prompt), max_tokens=1))
@@ -182,19 +182,19 @@ def test_the_index_follows_the_keys_the_tiers_drop() -> None:
 
 
 def test_lora_blocks_are_never_saved() -> None:
-    sched = make_tiered(num_blocks=4)
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=4)
+    runner = KVOffloadRunner(sched)
     lora = make_request("l", 3 * BS + 1, max_tokens=1)
     lora.lora_request = LoRARequest("adapter", 1, "/nowhere")
     run_alone(runner, lora)
     run_alone(runner, make_request("b", 3 * BS + 1, max_tokens=1))
     assert not any(out.kv_saves for out in runner.outputs)
-    assert tiers(sched).keys == set()
+    assert kv_offload(sched).keys == set()
 
 
-def preempting_workload(sched: Scheduler) -> TierRunner:
+def preempting_workload(sched: Scheduler) -> KVOffloadRunner:
     """Two requests that outgrow a 6-block pool while decoding: one is preempted."""
-    runner = TierRunner(sched)
+    runner = KVOffloadRunner(sched)
     add(sched, make_request("a", 2 * BS + 1, max_tokens=3 * BS),
         make_request("b", 2 * BS + 1, max_tokens=3 * BS))
     runner.run(max_steps=300)
@@ -202,11 +202,11 @@ def preempting_workload(sched: Scheduler) -> TierRunner:
 
 
 def test_swap_saves_the_victims_blocks_and_loads_them_back() -> None:
-    recompute = preempting_workload(make_tiered(num_blocks=6, with_tiers=False))
-    sched = make_tiered(num_blocks=6, preemption_mode="swap")
+    recompute = preempting_workload(make_with_kv_offload(num_blocks=6, with_kv_offload=False))
+    sched = make_with_kv_offload(num_blocks=6, preemption_mode="swap")
     swap = preempting_workload(sched)
     assert sched.num_preemptions >= 1
-    index = tiers(sched)
+    index = kv_offload(sched)
     swap_saves = [s for out in swap.outputs for s in out.kv_saves if not s[2]]
     assert index.swapped_out_blocks == len(swap_saves) > 0
     assert index.swapped_in_blocks == index.swapped_out_blocks
@@ -219,17 +219,17 @@ def test_swap_saves_the_victims_blocks_and_loads_them_back() -> None:
 
 
 def test_swap_falls_back_to_recompute_when_the_host_tier_is_too_small() -> None:
-    sched = make_tiered(num_blocks=6, host_blocks=1, preemption_mode="swap")
+    sched = make_with_kv_offload(num_blocks=6, host_blocks=1, preemption_mode="swap")
     runner = preempting_workload(sched)
-    index = tiers(sched)
+    index = kv_offload(sched)
     assert sched.num_preemptions >= 1 and index.swap_fallbacks == sched.num_preemptions
     assert index.swapped_out_blocks == 0
     assert not any(not persistent for out in runner.outputs for _, _, persistent in out.kv_saves)
 
 
 def test_finishing_a_swapped_out_request_drops_its_entries() -> None:
-    sched = make_tiered(num_blocks=6, preemption_mode="swap")
-    runner = TierRunner(sched)
+    sched = make_with_kv_offload(num_blocks=6, preemption_mode="swap")
+    runner = KVOffloadRunner(sched)
     add(sched, make_request("a", 2 * BS + 1, max_tokens=3 * BS),
         make_request("b", 2 * BS + 1, max_tokens=3 * BS))
     while not sched.num_preemptions:
@@ -237,7 +237,7 @@ def test_finishing_a_swapped_out_request_drops_its_entries() -> None:
     (victim,) = [r for r in sched.waiting if r.swap is not None]
     keys = list(victim.swap[0])
     sched.finish_requests([victim.request_id], victim.status.FINISHED_ABORTED)
-    assert tiers(sched).swap_bytes_used == 0
+    assert kv_offload(sched).swap_bytes_used == 0
     assert runner.step().kv_drops == keys
 
 
@@ -252,9 +252,9 @@ def test_a_request_holding_loaded_blocks_goes_first_under_the_priority_policy() 
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8,
                              scheduling_policy="priority")
     manager = KVCacheManager([5], BS, [None])
-    manager.attach_tiers(KVTierIndex(64 * BLOCK_BYTES, BLOCK_BYTES))
+    manager.attach_kv_offload(KVOffloadIndex(64 * BLOCK_BYTES, BLOCK_BYTES))
     sched = Scheduler(config, manager, max_model_len=64)
-    runner = TierRunner(sched)
+    runner = KVOffloadRunner(sched)
     prompt = [next_token() for _ in range(4 * BS + 2)]
     run_alone(runner, make_request("a", prompt, max_tokens=1))
     run_alone(runner, make_request("b", 4 * BS + 2, max_tokens=1))

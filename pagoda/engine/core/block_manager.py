@@ -27,7 +27,7 @@ Prefix hashes
     adapters, or under an adapter and the base, never share a block; requests of one
     adapter share as base requests do.
 
-KV tiers (kv_tier_index.py, --kv-offload-memory / --kv-offload-dir)
+KV tiers (kv_offload_index.py, --kv-offload-memory / --kv-offload-dir)
     With `tiers` set, a cached block taken for new content (lazy eviction) is first saved to
     the tiers under its hash (the save runs before the step's forward overwrites it), unless
     it belongs to a LoRA request (its chain's root is a per-process adapter id). A request
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from pagoda.engine.kv_tier_index import KVTierIndex
-from pagoda.engine.request import Request
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.request import Request
 
 ROOT_HASH = 0
 
@@ -97,7 +97,7 @@ class BlockManager:
         # Counters for metrics: prompt tokens looked up in / served from the prefix cache.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.tiers: KVTierIndex | None = None
+        self.kv_offload: KVOffloadIndex | None = None
         """The KV tiers below this pool (None: off); evicted cached blocks are saved there."""
 
     # ---- queries ---------------------------------------------------------------------------
@@ -224,8 +224,8 @@ class BlockManager:
         if block.block_hash is not None:
             # Lazy eviction: the block's old content is overwritten now (after the step's
             # saves: the tiers keep it).
-            if self.tiers is not None and not block.lora:
-                self.tiers.save_evicted(block.block_hash, block.block_id)
+            if self.kv_offload is not None and not block.lora:
+                self.kv_offload.save_evicted(block.block_hash, block.block_id)
             if self.cached_blocks.get(block.block_hash) is block:
                 del self.cached_blocks[block.block_hash]
             block.block_hash = None
@@ -234,17 +234,17 @@ class BlockManager:
 
     # ---- KV tiers --------------------------------------------------------------------------
 
-    def get_tier_hits(self, request: Request, num_pool_hit_tokens: int) -> list[int]:
+    def get_kv_offload_hits(self, request: Request, num_pool_hit_tokens: int) -> list[int]:
         """Keys of the blocks after the pool's hits that the tiers hold, in order (a run;
         never the block of the request's last token). Empty without tiers, for a LoRA
         request, or without prefix caching."""
-        if self.tiers is None or not self.enable_prefix_caching or request.lora_int_id:
+        if self.kv_offload is None or not self.enable_prefix_caching or request.lora_int_id:
             return []
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         keys = []
         for block_hash in request.block_hashes[num_pool_hit_tokens // self.block_size:
                                                max_hit_blocks]:
-            if block_hash not in self.tiers.keys:
+            if block_hash not in self.kv_offload.keys:
                 break
             keys.append(block_hash)
         return keys

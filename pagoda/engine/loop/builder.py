@@ -19,8 +19,8 @@ import gc
 import logging
 
 from pagoda.config import EngineConfig
-from pagoda.engine.grammar import GrammarCompiler
-from pagoda.engine.llm_engine import LLMEngine
+from pagoda.engine.core.grammar import GrammarCompiler
+from pagoda.engine.loop.llm_engine import LLMEngine
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import open_checkpoint
 from pagoda.executor.loader.pooling_files import model_pooling

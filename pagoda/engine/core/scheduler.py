@@ -26,15 +26,9 @@ A pooling (embedding) request follows the same rule: it is scheduled until its p
 computed, samples nothing, and the lifecycle finishes it in the step its vector comes back
 (mean and CLS pooling take no prefix-cache hits: Request.can_use_prefix_cache).
 
-KV tiers (kv_tier_index.py; on with --kv-offload-memory / --kv-offload-dir): a waiting
-request whose prefix goes on past the pool's hits in the tiers is admitted in two phases.
-This step it gets blocks for its pool and tier hits and the step carries loads for the
-latter; it computes nothing (it sits in `loading`, unknown to the runner). After the step
-(update_kv_from_output) its num_computed_tokens counts every block up to the first failed
-load (the rest are recomputed), those blocks are registered as cached, and it returns to
-the front of the waiting queue holding its blocks; it runs from the next step on.
-With --preemption-mode swap a victim's blocks are saved under swap keys when the host tier
-has room (else it recomputes), and loaded back the same way when it resumes.
+KV tiers (kv_offload_index.py; on with --kv-offload-memory / --kv-offload-dir): a waiting
+request whose prefix goes on in the tiers, or one swapped out, is admitted by loading its
+blocks (scheduler_kv_offload.py says how).
 
 The scheduler decides who runs; it does not decide who stops. Stop rules (EOS, stop ids,
 stop strings, length, abort) are applied by the request lifecycle (lifecycle.py), which
@@ -49,14 +43,14 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagoda.config import SchedulerConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import swap_key
-from pagoda.engine.lora_adapters import LoRAAdapters
-from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.lora_adapters import LoRAAdapters
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.scheduler_kv_offload import KVOffloadScheduling
 from pagoda.step_data import ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
-class Scheduler:
+class Scheduler(KVOffloadScheduling):
     def __init__(
         self, config: SchedulerConfig, block_manager: KVCacheManager,
         max_model_len: int, loras: LoRAAdapters | None = None,
@@ -83,7 +77,7 @@ class Scheduler:
     # ---- queue management ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request (validated at the edge: pagoda/engine/input_processor.py)."""
+        """Queue a request (validated at the edge: pagoda/engine/core/input_processor.py)."""
         assert request.num_tokens <= self.max_model_len, request
         assert request.request_id not in self.requests, request.request_id
         self.requests[request.request_id] = request
@@ -111,7 +105,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         if request.swap is not None:
-            self.block_manager.tiers.drop_swap(request.swap[0])
+            self.block_manager.kv_offload.drop_swap(request.swap[0])
             request.swap = None
         request.kv_loads = None
         self.holding_ids.discard(request.request_id)
@@ -167,44 +161,32 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _swap_out(self, request: Request) -> None:
-        """Save the victim's computed blocks (the partial last one too) under swap keys,
-        if the host tier has room for them; else it recomputes when it resumes."""
-        tiers = self.block_manager.tiers
-        num_blocks = -(-request.num_computed_tokens // self.block_manager.block_size)
-        if tiers is None or num_blocks == 0:
-            return
-        if not tiers.swap_room(num_blocks):
-            tiers.swap_fallbacks += 1
-            return
-        block_ids = self.block_manager.block_ids(request.request_id)[0][:num_blocks]
-        tag = f"{request.request_id}#{request.num_preemptions}"
-        keys = [swap_key(tag, i) for i in range(num_blocks)]
-        tiers.save_swap(keys, block_ids)
-        request.swap = (keys, request.num_computed_tokens)
-
-    def _admit_loading(self, request: Request, computed_blocks: tuple, num_computed: int,
-                       keys: list[int], swap: bool) -> bool:
-        """Give a waiting request its pool hits and blocks for `keys`, loaded from the
-        tiers this step (see the module docstring); False, changing nothing, if too few
-        blocks are free."""
-        new_ids = self.block_manager.allocate_loading(request, computed_blocks, len(keys))
-        if new_ids is None:
-            return False
-        self.block_manager.tiers.load(list(zip(keys, new_ids)))
-        request.num_computed_tokens = num_computed
-        request.kv_loads = (keys, num_computed // self.block_manager.block_size, swap)
-        self.waiting.remove(request)
-        self.loading.append(request)
-        return True
-
     def schedule(self) -> SchedulerOutput:
+        """One step's batch: the running phase, then the waiting phase (none if the first
+        preempted anything), then what the step carries besides (finished ids, removed
+        adapters, the KV tiers' copies)."""
         output = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        scheduled_ids: set[str] = set()
+        budget = self._schedule_running(output, self.config.max_num_batched_tokens)
+        self._schedule_waiting(output, budget)
+        for request_id, num_new in zip(output.request_ids, output.num_scheduled_tokens):
+            request = self.requests[request_id]
+            start = min(request.num_computed_tokens, request.num_prompt_tokens)
+            end = min(request.num_computed_tokens + num_new, request.num_prompt_tokens)
+            self.num_computed_prompt_tokens += end - start
+        output.finished_request_ids = self.finished_request_ids
+        self.finished_request_ids = []
+        output.removed_lora_ids = self.loras.take_removed()
+        if self.block_manager.kv_offload is not None:
+            output.kv_saves, output.kv_loads, output.kv_drops = self.block_manager.kv_offload.take()
+        return output
 
-        # 1. Running requests, oldest first. A request that cannot get its blocks preempts
-        #    the worst running request (possibly itself) until it fits.
+    # ---- the running phase -----------------------------------------------------------------
+
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        """Running requests, oldest first, each its tokens to catch up (and its proposals to
+        verify) within `budget`; returns the budget left. A request that cannot get its
+        blocks preempts the worst running request (possibly itself) until it fits."""
+        scheduled_ids: set[str] = set()
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -215,18 +197,7 @@ class Scheduler:
                 scheduled_ids.add(request.request_id)
                 index += 1
                 continue
-            while True:
-                new_block_ids = self.block_manager.allocate_slots(request, num_new)
-                if new_block_ids is not None:
-                    break
-                victim = max(
-                    (r for r in self.running if r.request_id not in scheduled_ids),
-                    key=self._victim_key,
-                )
-                self._preempt(victim)
-                output.preempted_request_ids.append(victim.request_id)
-                if victim is request:
-                    break
+            new_block_ids = self._allocate_or_preempt(request, num_new, scheduled_ids, output)
             if new_block_ids is None:
                 continue  # `request` itself was preempted; running[index] is the next one
             output.request_ids.append(request.request_id)
@@ -238,10 +209,45 @@ class Scheduler:
             scheduled_ids.add(request.request_id)
             budget -= num_new
             index += 1
+        return budget
 
-        # 2. Waiting requests, while there is room; none if anything was preempted this step.
-        #    A request whose adapter would exceed max_loras is passed over (all of that
-        #    adapter's are: the running set only grows within a step).
+    def _allocate_or_preempt(self, request: Request, num_new: int, scheduled_ids: set[str],
+                             output: SchedulerOutput) -> tuple | None:
+        """Slots for `num_new` more tokens of a running request, preempting the worst
+        running request not yet scheduled this step until they fit; None if `request`
+        itself was preempted."""
+        while True:
+            new_block_ids = self.block_manager.allocate_slots(request, num_new)
+            if new_block_ids is not None:
+                return new_block_ids
+            victim = max(
+                (r for r in self.running if r.request_id not in scheduled_ids),
+                key=self._victim_key,
+            )
+            self._preempt(victim)
+            output.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return None
+
+    def _spec_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The request's proposals that run this step: only after its last token (a
+        decode), within the budget left, and never past max_tokens (the step emits up to one
+        token more than it verifies) or max_model_len."""
+        if not request.spec_token_ids or request.num_computed_tokens + num_new != request.num_tokens:
+            return []
+        room = min(budget - num_new, self.max_model_len - request.num_tokens)
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        return request.spec_token_ids[: max(room, 0)]
+
+    # ---- the waiting phase -----------------------------------------------------------------
+
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+        """Waiting requests, while there is room; none if anything was preempted this step.
+        Each is admitted by its kind: swapped in, loaded from the tiers, or run (fresh, or
+        holding blocks loaded earlier). A request whose adapter would exceed max_loras is
+        passed over (all of that adapter's are: the running set only grows within a step).
+        The first that does not fit ends the phase."""
         active_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
         passed_over: set[int] = set()
         while (
@@ -257,116 +263,71 @@ class Scheduler:
                 passed_over.add(request.lora_int_id)
                 continue
             if request.swap is not None:  # swapped out: its blocks come back from the host tier
-                keys, _ = request.swap
-                if not self._admit_loading(request, (), 0, keys, swap=True):
+                if not self._admit_swap_in(request):
                     break
                 continue
-            computed_blocks, num_computed = (), 0
-            if self.block_manager.holds_blocks(request.request_id):
-                num_computed = request.num_computed_tokens  # (its blocks were loaded)
-            elif request.num_computed_tokens == 0 and request.can_use_prefix_cache:
-                computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
-                tier_keys = self.block_manager.get_tier_hits(request, num_computed)
-                if tier_keys:
-                    if not self._admit_loading(request, computed_blocks, num_computed,
-                                               tier_keys, swap=False):
-                        break
-                    self.block_manager.tiers.hit_tokens += (
-                        len(tier_keys) * self.block_manager.block_size)
-                    continue
-            num_new = request.num_tokens - num_computed
-            if not self.config.enable_chunked_prefill and num_new > budget:
+            computed_blocks, num_computed, offload_keys = self._cached_start(request)
+            if offload_keys:
+                if not self._admit_kv_offload_load(request, computed_blocks, num_computed,
+                                                   offload_keys):
+                    break
+                continue
+            num_new = self._admit_fresh(request, computed_blocks, num_computed, budget, output)
+            if num_new is None:
                 break
-            num_new = min(num_new, budget)
-            computed_before = request.num_computed_tokens  # (not 0: blocks loaded earlier)
-            request.num_computed_tokens = num_computed
-            new_block_ids = self.block_manager.allocate_slots(request, num_new, computed_blocks)
-            if new_block_ids is None:
-                request.num_computed_tokens = computed_before
-                break
-            self.waiting.remove(request)
-            self.running.append(request)
-            self.holding_ids.discard(request.request_id)
             if request.lora_int_id:
                 active_loras.add(request.lora_int_id)
-            request.status = RequestStatus.RUNNING
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_computed
-                request.first_scheduled_time = time.time()
-            output.new_requests.append(NewRequestData(
-                request_id=request.request_id,
-                token_ids=list(request.all_token_ids),
-                num_prompt_tokens=request.num_prompt_tokens,
-                sampling_params=request.sampling_params,
-                block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
-                num_computed_tokens=request.num_computed_tokens,
-                pooling_params=request.pooling_params,
-                lora_request=request.lora_request,
-            ))
-            output.request_ids.append(request.request_id)
-            output.num_scheduled_tokens.append(num_new)
             budget -= num_new
 
-        for request_id, num_new in zip(output.request_ids, output.num_scheduled_tokens):
-            request = self.requests[request_id]
-            start = min(request.num_computed_tokens, request.num_prompt_tokens)
-            end = min(request.num_computed_tokens + num_new, request.num_prompt_tokens)
-            self.num_computed_prompt_tokens += end - start
-        output.finished_request_ids = self.finished_request_ids
-        self.finished_request_ids = []
-        output.removed_lora_ids = self.loras.take_removed()
-        if self.block_manager.tiers is not None:
-            output.kv_saves, output.kv_loads, output.kv_drops = self.block_manager.tiers.take()
-        return output
+    def _cached_start(self, request: Request) -> tuple[tuple, int, list[int]]:
+        """(the pool's prefix-cache hits, tokens computed with them, the tiers' hit keys
+        past them) of a waiting request; one holding blocks loaded earlier starts from
+        what they hold."""
+        if self.block_manager.holds_blocks(request.request_id):
+            return (), request.num_computed_tokens, []  # (its blocks were loaded)
+        if request.num_computed_tokens == 0 and request.can_use_prefix_cache:
+            computed_blocks, num_computed = self.block_manager.get_computed_blocks(request)
+            return (computed_blocks, num_computed,
+                    self.block_manager.get_kv_offload_hits(request, num_computed))
+        return (), 0, []
 
-    def _spec_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """The request's proposals that run this step: only after its last token (a
-        decode), within the budget left, and never past max_tokens (the step emits up to one
-        token more than it verifies) or max_model_len."""
-        if not request.spec_token_ids or request.num_computed_tokens + num_new != request.num_tokens:
-            return []
-        room = min(budget - num_new, self.max_model_len - request.num_tokens)
-        if request.max_tokens is not None:
-            room = min(room, request.max_tokens - request.num_output_tokens - 1)
-        return request.spec_token_ids[: max(room, 0)]
+    def _admit_fresh(self, request: Request, computed_blocks: tuple, num_computed: int,
+                     budget: int, output: SchedulerOutput) -> int | None:
+        """Run a waiting request from `num_computed` on: its slots, and its NewRequestData
+        in `output`; the tokens it gets, or None, changing nothing, if it does not fit
+        (the budget without chunked prefill, or the free blocks)."""
+        num_new = request.num_tokens - num_computed
+        if not self.config.enable_chunked_prefill and num_new > budget:
+            return None
+        num_new = min(num_new, budget)
+        computed_before = request.num_computed_tokens  # (not 0: blocks loaded earlier)
+        request.num_computed_tokens = num_computed
+        new_block_ids = self.block_manager.allocate_slots(request, num_new, computed_blocks)
+        if new_block_ids is None:
+            request.num_computed_tokens = computed_before
+            return None
+        self.waiting.remove(request)
+        self.running.append(request)
+        self.holding_ids.discard(request.request_id)
+        request.status = RequestStatus.RUNNING
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed
+            request.first_scheduled_time = time.time()
+        output.new_requests.append(NewRequestData(
+            request_id=request.request_id,
+            token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            sampling_params=request.sampling_params,
+            block_ids=self.block_manager.block_ids(request.request_id),  # a fresh copy
+            num_computed_tokens=request.num_computed_tokens,
+            pooling_params=request.pooling_params,
+            lora_request=request.lora_request,
+        ))
+        output.request_ids.append(request.request_id)
+        output.num_scheduled_tokens.append(num_new)
+        return num_new
 
     # ---- after the forward -----------------------------------------------------------------
-
-    def update_kv_from_output(self, runner_output: ModelRunnerOutput | None) -> None:
-        """After every step with tiers (before update_from_output): learn which keys the
-        tiers lost, and finish the loading requests (see the module docstring). None: the
-        step failed, so every load counts as failed."""
-        tiers = self.block_manager.tiers
-        if tiers is None:
-            return
-        if runner_output is None:
-            failures = {key for r in self.loading for key in r.kv_loads[0]}
-        else:
-            failures = set(runner_output.kv_load_failures)
-            tiers.forget(runner_output.kv_offload_dropped)
-            tiers.add_stats(runner_output.kv_offload_stats)
-        tiers.forget(failures)
-        block_size = self.block_manager.block_size
-        for request in self.loading:
-            keys, first_block, swap = request.kv_loads
-            request.kv_loads = None
-            num_loaded = next((i for i, key in enumerate(keys) if key in failures), len(keys))
-            tiers.loaded_blocks += num_loaded
-            tiers.failed_loads += len(keys) - num_loaded
-            computed = (first_block + num_loaded) * block_size
-            if swap:
-                _, swapped_computed = request.swap
-                computed = min(computed, swapped_computed)
-                tiers.drop_swap(keys)
-                tiers.swapped_in_blocks += num_loaded
-                request.swap = None
-            # The tokens past `computed` (a failed block and all after it) are recomputed
-            # into the blocks already held; the last token is never counted computed.
-            request.num_computed_tokens = min(computed, request.num_tokens - 1)
-            self.block_manager.cache_computed_blocks(request)
-            self.holding_ids.add(request.request_id)
-        self.waiting.extendleft(reversed(self.loading))  # first admitted, first again
-        self.loading = []
 
     def update_from_output(
         self, output: SchedulerOutput, runner_output: ModelRunnerOutput

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from pagoda.config import DEFAULT_KV_OFFLOAD_DISK_BYTES, EngineConfig
-from pagoda.engine.kv_cache_groups import KVCacheManager
-from pagoda.engine.kv_tier_index import KVTierIndex
+from pagoda.engine.core.kv_cache_groups import KVCacheManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
 
 
 def test_defaults_are_off_and_recompute() -> None:
@@ -59,8 +59,8 @@ def test_auto_swaps_where_there_is_a_host_tier_and_recompute_stays_on_request(tm
 def test_sliding_window_groups_refuse_the_tiers_by_name() -> None:
     manager = KVCacheManager([8, 8], 4, [None, 16])
     with pytest.raises(ValueError, match="sliding-window layers"):
-        manager.attach_tiers(KVTierIndex(1 << 20, 64))
-    KVCacheManager([8], 4, [None]).attach_tiers(KVTierIndex(1 << 20, 64))  # one full group: fine
+        manager.attach_kv_offload(KVOffloadIndex(1 << 20, 64))
+    KVCacheManager([8], 4, [None]).attach_kv_offload(KVOffloadIndex(1 << 20, 64))  # one full group: fine
 
 
 def test_swap_without_host_memory_is_a_one_line_cli_error() -> None:

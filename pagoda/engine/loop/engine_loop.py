@@ -28,10 +28,10 @@ import threading
 import time
 from typing import Any, Protocol
 
-from pagoda.engine.llm_engine import BatchFailedError
-from pagoda.engine.loop_commands import LORA_METHODS, Abort, Add, LoRACall, Stop, Sync
-from pagoda.engine.request_stream import Delivery, EngineDeadError, EngineStepError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.loop.llm_engine import BatchFailedError
+from pagoda.engine.loop.loop_commands import LORA_METHODS, Abort, Add, LoRACall, Stop, Sync
+from pagoda.engine.loop.request_stream import Delivery, EngineDeadError, EngineStepError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import EngineFatalError
 
 logger = logging.getLogger(__name__)

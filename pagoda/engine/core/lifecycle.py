@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from pagoda.engine.detokenizer import IncrementalDetokenizer
-from pagoda.engine.grammar import GrammarCompiler, GrammarMatcher, allocate_bitmask
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.request import Request, RequestStatus
-from pagoda.engine.stop_rules import check_stop
+from pagoda.engine.core.detokenizer import IncrementalDetokenizer
+from pagoda.engine.core.grammar import GrammarCompiler, GrammarMatcher, allocate_bitmask
+from pagoda.engine.core.input_processor import EngineRequest
+from pagoda.engine.core.request import Request, RequestStatus
+from pagoda.engine.core.stop_rules import check_stop
 from pagoda.outputs import (
     CompletionOutput,
     Logprob,

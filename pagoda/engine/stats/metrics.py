@@ -34,8 +34,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from pagoda.engine.kv_offload_metrics import KVOffloadMetrics
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.kv_offload_metrics import KVOffloadMetrics
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.outputs import RequestOutput
 
 # No `*_created` timestamp samples: vLLM's /metrics has none, and they double the output.
@@ -61,20 +61,47 @@ class EngineMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
         extra_labels = extra_labels or {}
-        labels = ["model_name", *extra_labels]
-        values = self._label_values = (model_name, *extra_labels.values())
+        self._labels = ["model_name", *extra_labels]
+        self._label_values = (model_name, *extra_labels.values())
+        self._register_state_gauges()
+        self._register_token_counters()
+        self._register_structured_output_counters()
+        self._register_spec_decode_counters()
+        self._register_finish_and_step_counters()
+        self._register_latency_histograms()
+        self._register_lora_info()
+        self._kv_offload: KVOffloadMetrics | None = None
+        """The KV tiers' series, registered with the first snapshot that has tiers."""
+        # Engine totals at the previous update (counters advance by the difference).
+        self._totals: dict[str, float] = {}
+        self._finished_by_reason: dict[str, int] = {}
+        # Per request / sequence state for the latency histograms.
+        self._first_token_seen: set[str] = set()
+        self._last_token_time: dict[tuple[str, int], float] = {}
+        # (first token time, tokens so far) per sequence, for TPOT.
+        self._seq_tokens: dict[tuple[str, int], tuple[float, int]] = {}
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(*values)
+    # ---- the metric families ---------------------------------------------------------------
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(*values)
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(PREFIX + name, doc, self._labels,
+                     registry=self.registry).labels(*self._label_values)
 
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(
-                PREFIX + name, doc, labels, buckets=buckets, registry=self.registry
-            ).labels(*values)
+    def _counter(self, name: str, doc: str) -> Counter:
+        return Counter(PREFIX + name, doc, self._labels,
+                       registry=self.registry).labels(*self._label_values)
 
+    def _counter_by(self, name: str, doc: str, label: str) -> Counter:
+        """A counter with one more label (its children made as values appear)."""
+        return Counter(PREFIX + name, doc, [*self._labels, label], registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: list[float]) -> Histogram:
+        return Histogram(PREFIX + name, doc, self._labels, buckets=buckets,
+                         registry=self.registry).labels(*self._label_values)
+
+    def _register_state_gauges(self) -> None:
+        """The queue and the KV cache now."""
+        gauge = self._gauge
         self.num_requests_running = gauge("num_requests_running", "Sequences running in the batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Sequences waiting to run.")
         self.kv_cache_usage = gauge(
@@ -85,6 +112,10 @@ class EngineMetrics:
             "num_kv_blocks_held", "KV-cache blocks held by requests (0 once the load drains).")
         self.num_requests_tracked = gauge(
             "num_requests_tracked", "Requests the engine holds state for (0 once drained).")
+
+    def _register_token_counters(self) -> None:
+        """Tokens in and out, the prefix cache's share of the prompts, and preemptions."""
+        counter = self._counter
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.prefix_cache_queries = counter(
@@ -94,34 +125,43 @@ class EngineMetrics:
             "prefix_cache_hits", "Prompt tokens served from the prefix cache."
         )
         self.num_preemptions = counter("num_preemptions", "Preemptions of running requests.")
-        self.structured_output_requests = counter(
+
+    def _register_structured_output_counters(self) -> None:
+        self.structured_output_requests = self._counter(
             "structured_output_requests", "Requests with a structured-output constraint."
         )
-        self.grammar_compile_seconds = counter(
+        self.grammar_compile_seconds = self._counter(
             "grammar_compile_seconds", "Time spent compiling structured-output grammars."
         )
+
+    def _register_spec_decode_counters(self) -> None:
+        """Speculative decoding's proposals and acceptances, as vLLM's."""
+        counter = self._counter
         self.spec_decode_num_drafts = counter(
             "spec_decode_num_drafts", "Requests' proposals verified (one per request per step).")
         self.spec_decode_num_draft_tokens = counter(
             "spec_decode_num_draft_tokens", "Proposed tokens verified.")
         self.spec_decode_num_accepted_tokens = counter(
             "spec_decode_num_accepted_tokens", "Proposed tokens accepted.")
-        self._spec_decode_accepted_per_pos = Counter(
-            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-            "Proposed tokens accepted, by position in the draft (0 = first).",
-            labels + ["position"], registry=self.registry,
-        )
-        self._request_success = Counter(
-            PREFIX + "request_success", "Finished sequences, by finish reason.",
-            labels + ["finished_reason"], registry=self.registry,
-        )
+        self._spec_decode_accepted_per_pos = self._counter_by(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by position in the draft (0 = first).", "position")
+
+    def _register_finish_and_step_counters(self) -> None:
+        """Finished sequences by reason (the three usual ones exported as 0 from the start),
+        and model forwards by step executor."""
+        self._request_success = self._counter_by(
+            "request_success", "Finished sequences, by finish reason.", "finished_reason")
         for reason in ("stop", "length", "abort"):
-            self._request_success.labels(*values, reason)  # exported as 0 from the start
-        self._model_steps = Counter(
-            PREFIX + "model_steps", "Model forwards, by the executor that ran them: "
+            self._request_success.labels(*self._label_values, reason)
+        self._model_steps = self._counter_by(
+            "model_steps", "Model forwards, by the executor that ran them: "
             "whole-stack (one C call for every layer of a decode step), compiled or eager.",
-            labels + ["executor"], registry=self.registry,
-        )
+            "executor")
+
+    def _register_latency_histograms(self) -> None:
+        """Per request and per token latencies (record_step observes them)."""
+        histogram = self._histogram
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first generated token.", _LATENCY_BUCKETS
         )
@@ -135,29 +175,21 @@ class EngineMetrics:
         self.request_queue_time = histogram(
             "request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS
         )
-        self._lora_info = Gauge(
-            PREFIX + "lora_requests_info", "Running stats on LoRA requests: the adapters of "
-            "the running and of the waiting requests (value: the time of the update).",
-            labels + ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
-            registry=self.registry,
-        )
-        self._lora_info_labels: tuple[str, ...] | None = None
         self.time_per_output_token = histogram(
             "request_time_per_output_token_seconds",
             "Mean time per generated token after the first, per finished sequence.",
             _TOKEN_GAP_BUCKETS,
         )
-        self._labels = labels
-        self._kv_offload: KVOffloadMetrics | None = None
-        """The KV tiers' series, registered with the first snapshot that has tiers."""
-        # Engine totals at the previous update (counters advance by the difference).
-        self._totals: dict[str, float] = {}
-        self._finished_by_reason: dict[str, int] = {}
-        # Per request / sequence state for the latency histograms.
-        self._first_token_seen: set[str] = set()
-        self._last_token_time: dict[tuple[str, int], float] = {}
-        # (first token time, tokens so far) per sequence, for TPOT.
-        self._seq_tokens: dict[tuple[str, int], tuple[float, int]] = {}
+
+    def _register_lora_info(self) -> None:
+        """vLLM's lora_requests_info gauge (set by _update_lora_info with --enable-lora)."""
+        self._lora_info = Gauge(
+            PREFIX + "lora_requests_info", "Running stats on LoRA requests: the adapters of "
+            "the running and of the waiting requests (value: the time of the update).",
+            [*self._labels, "running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=self.registry,
+        )
+        self._lora_info_labels: tuple[str, ...] | None = None
 
     # ---- per step ------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pagoda.engine.request import Request
+from pagoda.engine.core.request import Request
 from pagoda.errors import InvalidRequestError
 from pagoda.lora.request import LoRARequest
 

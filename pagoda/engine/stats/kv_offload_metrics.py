@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pagoda.engine.snapshot import KVOffloadTotals
+from pagoda.engine.stats.snapshot import KVOffloadTotals
 
 PREFIX = "pagoda:"
 PER_TIER = ("hits", "misses", "bytes_written", "bytes_read", "evictions")

@@ -30,12 +30,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.engine.engine_loop import EngineLoop
-from pagoda.engine.front_end import CoreEvents
-from pagoda.engine.input_processor import EngineRequest
-from pagoda.engine.loop_commands import Abort, Add, LoRACall, Stop
-from pagoda.engine.request_stream import Delivery, EngineDeadError
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.core.input_processor import EngineRequest
+from pagoda.engine.loop.engine_loop import EngineLoop
+from pagoda.engine.loop.front_end import CoreEvents
+from pagoda.engine.loop.loop_commands import Abort, Add, LoRACall, Stop
+from pagoda.engine.loop.request_stream import Delivery, EngineDeadError
+from pagoda.engine.stats.snapshot import EngineSnapshot
 
 
 class ThreadCore:

@@ -25,15 +25,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.request_stream import (
+from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.loop.request_stream import (
     Delivery,
     EngineDeadError,
     RequestStream,
     check_capacity,
     generate_outputs,
 )
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.errors import InvalidRequestError
 from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput

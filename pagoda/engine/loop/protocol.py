@@ -1,5 +1,5 @@
 """EngineClient: what the server, the web view and the model registry use of an engine, as
-one declared interface (vLLM's engine/protocol.py idea). One front-end implements it
+one declared interface (vLLM's engine/loop/protocol.py idea). One front-end implements it
 (front_end.py, EngineFrontEnd), built as the in-process AsyncLLMEngine (async_engine.py) or
 the data-parallel DataParallelEngine (data_parallel/engine.py);
 tests/engine/test_engine_protocol.py checks that both have every member with the same
@@ -16,9 +16,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from pagoda.engine.input_processor import EngineRequest, InputProcessor
-from pagoda.engine.request_stream import RequestStream
-from pagoda.engine.snapshot import EngineSnapshot
+from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
+from pagoda.engine.loop.request_stream import RequestStream
+from pagoda.engine.stats.snapshot import EngineSnapshot
 from pagoda.lora.request import LoRARequest
 from pagoda.outputs import RequestOutput
 from pagoda.sampling_params import SamplingParams

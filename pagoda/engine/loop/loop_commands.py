@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda.engine.input_processor import EngineRequest
+from pagoda.engine.core.input_processor import EngineRequest
 
 
 @dataclass(frozen=True)

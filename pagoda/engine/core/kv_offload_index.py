@@ -38,7 +38,7 @@ def swap_key(request_id: str, block_index: int) -> int:
     return digest.intdigest()
 
 
-class KVTierIndex:
+class KVOffloadIndex:
     def __init__(self, host_bytes: int, block_bytes: int) -> None:
         """`host_bytes`: the host tier's size (--kv-offload-memory); `block_bytes`: one KV
         block's payload (every layer's K and V of block_size tokens, scales included)."""

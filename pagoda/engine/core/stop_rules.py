@@ -6,7 +6,7 @@ strings on the detokenized text; nothing else decides that a request stops.
 
 from __future__ import annotations
 
-from pagoda.engine.request import Request, RequestStatus
+from pagoda.engine.core.request import Request, RequestStatus
 
 
 def check_stop(

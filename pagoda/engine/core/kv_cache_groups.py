@@ -41,9 +41,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from pagoda.engine.block_manager import BlockManager
-from pagoda.engine.kv_tier_index import KVTierIndex
-from pagoda.engine.request import Request
+from pagoda.engine.core.block_manager import BlockManager
+from pagoda.engine.core.kv_offload_index import KVOffloadIndex
+from pagoda.engine.core.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -193,18 +193,18 @@ class KVCacheManager:
         # Counters for metrics: prompt tokens looked up in / served from the prefix cache.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        self.tiers: KVTierIndex | None = None
-        """The KV tiers (host memory, disk) below the pool; None: off (attach_tiers)."""
+        self.kv_offload: KVOffloadIndex | None = None
+        """The KV tiers (host memory, disk) below the pool; None: off (attach_kv_offload)."""
 
-    def attach_tiers(self, tiers: KVTierIndex) -> None:
+    def attach_kv_offload(self, kv_offload: KVOffloadIndex) -> None:
         """Put KV tiers below the pool: a model with one full-attention group only (a
         windowed group's blocks are freed out of the window, and have no prefix hashes)."""
         if self.windows != [None]:
             raise ValueError("the KV tiers (kv_offload_memory, kv_offload_dir) need a model "
                              "whose layers all attend to the whole sequence; this one has "
                              "sliding-window layers")
-        self.tiers = tiers
-        self.groups[0].tiers = tiers
+        self.kv_offload = kv_offload
+        self.groups[0].kv_offload = kv_offload
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -245,19 +245,19 @@ class KVCacheManager:
         return (tuple(hits[:num_hit_blocks] for hits, _ in per_group),
                 num_hit_blocks * self.block_size)
 
-    def get_tier_hits(self, request: Request, num_pool_hit_tokens: int) -> list[int]:
+    def get_kv_offload_hits(self, request: Request, num_pool_hit_tokens: int) -> list[int]:
         """Keys of the tier-held blocks right after the pool's hits (a one-group model with
-        tiers; else empty): BlockManager.get_tier_hits."""
-        if self.tiers is None:
+        tiers; else empty): BlockManager.get_kv_offload_hits."""
+        if self.kv_offload is None:
             return []
-        return self.groups[0].get_tier_hits(request, num_pool_hit_tokens)
+        return self.groups[0].get_kv_offload_hits(request, num_pool_hit_tokens)
 
     def allocate_loading(
         self, request: Request, computed_blocks: tuple[list, ...], num_load_blocks: int,
     ) -> list[int] | None:
         """Blocks for a request whose next blocks are loaded from the tiers this step (a
         one-group model with tiers): BlockManager.allocate_loading; the new block ids."""
-        assert self.tiers is not None
+        assert self.kv_offload is not None
         return self.groups[0].allocate_loading(
             request, list(computed_blocks[0]) if computed_blocks else [], num_load_blocks)
 
@@ -267,7 +267,7 @@ class KVCacheManager:
     def cached_block_items(self) -> list[tuple[int, int]]:
         """(hash, block id) of the prefix cache's blocks (no LoRA ones): what a graceful
         shutdown flushes to the disk tier. Empty without tiers."""
-        return self.groups[0].cached_block_items() if self.tiers is not None else []
+        return self.groups[0].cached_block_items() if self.kv_offload is not None else []
 
     def cache_computed_blocks(self, request: Request) -> None:
         """Register the request's full, computed blocks (see BlockManager's)."""
