@@ -23,6 +23,10 @@ An endpoint subclasses `ServingPipeline` and supplies:
     opening_choices(job)         chunks sent before any output (chat's role deltas)
 plus its response and chunk models. Prompt i's completion j is choice i * n + j.
 
+Each call may serve as another name (`served_as`): a LoRA adapter's requests run on its base
+model's handlers, answering with the adapter's name and carrying its LoRARequest. The handlers
+themselves never change after the registry made them (one set per served model).
+
 An endpoint built on another one's output (the Responses API on chat) calls its
 `validate`, `add_requests`, then `wait_for_response` (the response object) or
 `stream_chunks` (chunk objects, an OpenAIError last on failure): the same path without the
@@ -87,6 +91,15 @@ counted, streamed or not, asked for or not: for middleware that records traffic
 (traffic_recorder.py). The response does not change."""
 
 
+@dataclass(frozen=True)
+class ServedAs:
+    """Who one request is served as: the `model` its response names, and the adapter every
+    engine request of it carries (None: the base model)."""
+
+    model_name: str
+    lora_request: LoRARequest | None = None
+
+
 @dataclass
 class SamplingFields:
     """What an endpoint's request gives SamplingParams beyond the shared fields."""
@@ -127,6 +140,13 @@ class ServingJob:
     created: int = field(default_factory=lambda: int(time.time()))
     request_state: Any = None
     """The HTTP request's state (raw_request.state), where the usage is left (USAGE_STATE)."""
+    served_as: ServedAs | None = None
+    """The name and adapter it is served as (set by `validate`)."""
+
+    @property
+    def model_name(self) -> str:
+        assert self.served_as is not None, "validate sets served_as"
+        return self.served_as.model_name
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -159,9 +179,13 @@ class ServingPipeline(ABC):
         self.tokenizer = engine.tokenizer
         self.request_timeout: float | None = None
         """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
-        self.lora_request: LoRARequest | None = None
-        """The adapter every request runs with (set on an adapter's copy of the model's
-        handlers, lora_registry.py; None: the base model, `model_name`)."""
+        self.default_max_tokens: int | None = None
+        """The output cap of a request that gives none (--max-tokens-default), capped by the
+        room its prompt leaves; None: up to the context."""
+
+    def base(self) -> ServedAs:
+        """Served as the base model itself, without an adapter."""
+        return ServedAs(self.model_name)
 
     # ---- what each endpoint supplies ---------------------------------------------------------
 
@@ -190,9 +214,11 @@ class ServingPipeline(ABC):
 
     # ---- the pipeline ------------------------------------------------------------------------
 
-    async def serve(self, request, raw_request: Request) -> Response:
-        """The HTTP response to an endpoint's parsed request."""
-        job = self.validate(request)
+    async def serve(self, request, raw_request: Request,
+                    served_as: ServedAs | None = None) -> Response:
+        """The HTTP response to an endpoint's parsed request, served as `served_as` (None:
+        the base model)."""
+        job = self.validate(request, served_as)
         job.request_state = raw_request.state
         streams = await self.add_requests(job.prompts, job.params.n)
         if request.stream:
@@ -224,10 +250,12 @@ class ServingPipeline(ABC):
         leave_usage(job, response.usage)
         return response
 
-    def validate(self, request) -> ServingJob:
-        """Every check a request passes before the engine sees it; raises InvalidRequestError
-        (or OpenAIError) for the first that fails."""
-        self.check_model(request.model)
+    def validate(self, request, served_as: ServedAs | None = None) -> ServingJob:
+        """Every check a request passes before the engine sees it, served as `served_as`
+        (None: the base model); raises InvalidRequestError (or OpenAIError) for the first
+        that fails."""
+        served_as = served_as or self.base()
+        check_model(request.model, served_as)
         request.field_policy.warn_ignored(request)  # one line naming them, if any
         for param, message in request.unsupported_fields():
             raise InvalidRequestError(message, param, "unsupported_parameter")
@@ -243,10 +271,11 @@ class ServingPipeline(ABC):
                     params,
                     prompt_token_ids=prompt.token_ids,
                     priority=request.priority or 0,
-                    reject_over_length=True,
+                    # (the server's default cap yields to the room the prompt leaves)
+                    reject_over_length=fields.max_tokens is not None,
                     prompt_param=prompt.param,
                     max_tokens_param=fields.name_of("max_tokens"),
-                    lora_request=self.lora_request,
+                    lora_request=served_as.lora_request,
                 )
                 for i, prompt in enumerate(inputs)
             ]
@@ -256,11 +285,7 @@ class ServingPipeline(ABC):
             if e.param is None or fields.name_of(e.param) == e.param:
                 raise
             raise e.renamed(fields.name_of(e.param)) from None
-        return ServingJob(request, request_id, params, prompts)
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise model_not_found(model)
+        return ServingJob(request, request_id, params, prompts, served_as=served_as)
 
     def sampling_params(
         self, request: SamplingRequestFields, fields: SamplingFields
@@ -293,7 +318,7 @@ class ServingPipeline(ABC):
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=bool(request.ignore_eos),
-                max_tokens=fields.max_tokens,
+                max_tokens=self.max_tokens(request, fields),
                 min_tokens=request.min_tokens or 0,
                 logprobs=fields.logprobs,
                 prompt_logprobs=fields.prompt_logprobs,
@@ -308,6 +333,12 @@ class ServingPipeline(ABC):
             if e.param is None:
                 raise
             raise e.renamed(fields.name_of(e.param)) from None
+
+    def max_tokens(self, request: SamplingRequestFields, fields: SamplingFields) -> int | None:
+        """The request's own cap, else the server's default (at least min_tokens)."""
+        if fields.max_tokens is not None or self.default_max_tokens is None:
+            return fields.max_tokens
+        return max(self.default_max_tokens, request.min_tokens or 0)
 
     async def add_requests(self, prompts: list[EngineRequest], n: int) -> list[RequestStream]:
         """Hand the validated requests to the engine; if one is refused, abort the others."""
@@ -334,12 +365,10 @@ class ServingPipeline(ABC):
     async def abort_and_wait(self, streams: list[RequestStream]) -> None:
         """Abort, then wait until the engine has released the requests (none running or
         waiting, their KV blocks free, its snapshot and /metrics saying so): a 408 goes out
-        only once nothing of its request is left. An engine without `synchronize` (the data
-        parallel one: its replicas do not acknowledge aborts) is not waited for."""
+        only once nothing of its request is left (the data parallel engine's replicas do not
+        acknowledge aborts: its synchronize returns at once)."""
         self.abort(streams)
-        synchronize = getattr(self.engine, "synchronize", None)
-        if synchronize is not None:
-            await synchronize()
+        await self.engine.synchronize()
 
     def abort(self, streams: list[RequestStream]) -> None:
         for stream in streams:
@@ -357,7 +386,7 @@ class ServingPipeline(ABC):
         ]
         num_completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         return self.response_type(
-            id=job.request_id, model=self.model_name, choices=choices,
+            id=job.request_id, model=job.model_name, choices=choices,
             usage=self.usage(job, num_completion_tokens),
         )
 
@@ -412,7 +441,7 @@ class ServingPipeline(ABC):
 
     def chunk(self, job: ServingJob, choices: list[BaseModel],
               usage: UsageInfo | None = None) -> BaseModel:
-        return self.chunk_type(id=job.request_id, created=job.created, model=self.model_name,
+        return self.chunk_type(id=job.request_id, created=job.created, model=job.model_name,
                                choices=choices, usage=usage)
 
     @staticmethod
@@ -420,6 +449,12 @@ class ServingPipeline(ABC):
         return UsageInfo(prompt_tokens=job.num_prompt_tokens,
                          completion_tokens=num_completion_tokens,
                          total_tokens=job.num_prompt_tokens + num_completion_tokens)
+
+
+def check_model(model: str | None, served_as: ServedAs) -> None:
+    """A request that names a model must name the one it is served as."""
+    if model is not None and model != served_as.model_name:
+        raise model_not_found(model)
 
 
 def leave_usage(job: ServingJob, usage: UsageInfo) -> None:
