@@ -54,8 +54,11 @@ class OpenAIServingCompletion(ServingPipeline):
         asked = [request.prompt_logprobs, request.logprobs if request.echo else None]
         prompt_logprobs = max((n for n in asked if n is not None), default=None)
         structured_outputs, structured_param = structured_outputs_of(request)
+        max_tokens = request.max_tokens
+        if "max_tokens" not in request.model_fields_set and self.default_max_tokens is not None:
+            max_tokens = None  # the server's default (the pipeline's) replaces OpenAI's 16
         return SamplingFields(
-            request.max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
+            max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
             field_names={"structured_outputs": structured_param},
         )
 
