@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pagoda import SamplingParams
 from pagoda.engine.request_timeline import RequestTimeline, RequestTimelines
 from pagoda.engine.snapshot import EngineSnapshot
-from pagoda.entrypoints.openai.errors import install_error_handlers
+from pagoda.entrypoints.openai.protocol.errors import install_error_handlers
 from pagoda.entrypoints.web import routes
 from pagoda.entrypoints.web.engine_view import NUM_TIMELINE_REQUESTS, EngineView, percentiles
 

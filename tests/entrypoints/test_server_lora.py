@@ -160,7 +160,7 @@ def test_every_route_naming_an_adapter_runs_the_base_engine_with_it(adapters):
 
 def test_embeddings_carry_the_adapter(adapters):
     from pagoda.engine.input_processor import InputProcessor
-    from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest
+    from pagoda.entrypoints.openai.protocol.embedding import EmbeddingRequest
     from pagoda.pooling_params import ModelPooling
 
     with make_client(adapters) as client:

@@ -12,8 +12,8 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.entrypoints.openai.errors import OpenAIError
 from pagoda.entrypoints.openai.model_registry import ModelRegistry, ServedModel
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
 from pagoda.entrypoints.openai.server import build_app
 from pagoda.entrypoints.openai.server_state import ServerState
 from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine

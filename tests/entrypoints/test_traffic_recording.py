@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from pagoda.bench.traffic import TrafficEntry, read_traffic
-from pagoda.entrypoints.openai.responses import UsageInfo
-from pagoda.entrypoints.openai.serving_pipeline import USAGE_STATE
+from pagoda.entrypoints.openai.protocol.responses import UsageInfo
+from pagoda.entrypoints.openai.serving.pipeline import USAGE_STATE
 from pagoda.entrypoints.openai.traffic_recorder import (
     TrafficRecorder,
     TrafficRecorderMiddleware,

@@ -5,7 +5,7 @@ with the adapter (lora_registry.py).
 
 Routes
     POST /v1/completions, POST /v1/chat/completions   (OpenAI; stream or not)
-    POST /v1/embeddings                               (OpenAI; serving_embedding.py)
+    POST /v1/embeddings                               (OpenAI; serving/embedding.py)
     GET  /v1/models                                   (OpenAI; plus each model's `state`)
     POST /v1/models/load, POST /v1/models/unload      (Pagoda's; need the server's API key)
     POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter
@@ -48,16 +48,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagoda
 from pagoda.engine.protocol import EngineClient
-from pagoda.entrypoints.openai.errors import OpenAIError, install_error_handlers
-from pagoda.entrypoints.openai.guards import BodyLimitMiddleware
 from pagoda.entrypoints.openai.lora_registry import LoRARegistry
 from pagoda.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 from pagoda.entrypoints.openai.openapi import openapi_document
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError, install_error_handlers
 from pagoda.entrypoints.openai.routes import admin, generation, lora, models
 from pagoda.entrypoints.openai.server_state import ServerState
-from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
-from pagoda.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from pagoda.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from pagoda.entrypoints.openai.serving.chat import OpenAIServingChat
+from pagoda.entrypoints.openai.serving.completion import OpenAIServingCompletion
+from pagoda.entrypoints.openai.serving.embedding import OpenAIServingEmbedding
+from pagoda.entrypoints.openai.serving.guards import BodyLimitMiddleware
 from pagoda.entrypoints.openai.traffic_recorder import TrafficRecorder, TrafficRecorderMiddleware
 from pagoda.entrypoints.tools.parsers import resolve_tool_call_parser
 from pagoda.entrypoints.web.routes import add_web_routes

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.lora_args import add_lora_args
 from pagoda.entrypoints.openai.model_registry import DEFAULT_MODEL_LOAD_TIMEOUT_S
 from pagoda.entrypoints.openai.responses_api.store import DEFAULT_STORE_SIZE, DEFAULT_STORE_TTL_S
+from pagoda.entrypoints.openai.serving.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.reasoning.auto import REASONING_PARSER_CHOICES
 from pagoda.entrypoints.tools.parsers import TOOL_PARSER_CHOICES
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pagoda.entrypoints.openai.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.entrypoints.openai.model_registry import (
     DEFAULT_MODEL_LOAD_TIMEOUT_S,
     ModelBuilder,
@@ -16,6 +15,7 @@ from pagoda.entrypoints.openai.model_registry import (
     ServedModel,
 )
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore
+from pagoda.entrypoints.openai.serving.guards import DEFAULT_MAX_REQUEST_BYTES
 from pagoda.lora.lora_modules import LoRAModule
 
 if TYPE_CHECKING:

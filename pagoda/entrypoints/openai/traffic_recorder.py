@@ -32,7 +32,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagoda.bench.traffic import TrafficEntry, TrafficWriter, redact_body
-from pagoda.entrypoints.openai.serving_pipeline import USAGE_STATE
+from pagoda.entrypoints.openai.serving.pipeline import USAGE_STATE
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.entrypoints.openai.errors import OpenAIError, bad_request
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError, bad_request
 from pagoda.entrypoints.openai.responses_api.events import ResponseEvents
 from pagoda.entrypoints.openai.responses_api.input_items import (
     InputFunctionCall,
@@ -58,9 +58,9 @@ from pagoda.entrypoints.openai.responses_api.to_chat import (
     own_items,
     responses_error,
 )
-from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
-from pagoda.entrypoints.openai.serving_pipeline import ServedAs, ServingJob
-from pagoda.entrypoints.openai.streaming import ClientDisconnected, EventStreamResponse
+from pagoda.entrypoints.openai.serving.chat import OpenAIServingChat
+from pagoda.entrypoints.openai.serving.pipeline import ServedAs, ServingJob
+from pagoda.entrypoints.openai.serving.streaming import ClientDisconnected, EventStreamResponse
 from pagoda.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import pagoda
-from pagoda.entrypoints.openai.errors import server_error
 from pagoda.entrypoints.openai.merged_metrics import MergedRegistries
-from pagoda.entrypoints.openai.responses import ModelRunInfo, VersionResponse
+from pagoda.entrypoints.openai.protocol.errors import server_error
+from pagoda.entrypoints.openai.protocol.responses import ModelRunInfo, VersionResponse
 from pagoda.entrypoints.openai.routes.common import Registry, State
 from pagoda.entrypoints.openai.server_state import ServerState
 

@@ -10,15 +10,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
-from pagoda.entrypoints.openai.errors import OpenAIError
 from pagoda.entrypoints.openai.lora_registry import adapter_not_found
 from pagoda.entrypoints.openai.model_registry import (
     ModelRegistry,
     ServedModel,
     release_with_response,
 )
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
 from pagoda.entrypoints.openai.server_state import ServerState
-from pagoda.entrypoints.openai.serving_pipeline import ServedAs
+from pagoda.entrypoints.openai.serving.pipeline import ServedAs
 
 
 async def server_state(raw_request: Request) -> ServerState:

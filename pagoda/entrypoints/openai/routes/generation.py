@@ -9,15 +9,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest
-from pagoda.entrypoints.openai.errors import bad_request
-from pagoda.entrypoints.openai.protocol import (
+from pagoda.entrypoints.openai.protocol.embedding import EmbeddingRequest
+from pagoda.entrypoints.openai.protocol.errors import bad_request
+from pagoda.entrypoints.openai.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pagoda.entrypoints.openai.responses import DetokenizeResponse, TokenizeResponse
+from pagoda.entrypoints.openai.protocol.responses import DetokenizeResponse, TokenizeResponse
 from pagoda.entrypoints.openai.responses_api import serving as responses_api
 from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
 from pagoda.entrypoints.openai.routes.common import (

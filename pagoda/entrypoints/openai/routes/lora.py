@@ -6,7 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from pagoda.entrypoints.openai.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from pagoda.entrypoints.openai.protocol.requests import (
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 from pagoda.entrypoints.openai.routes.common import State, check_admin, parse_body
 
 router = APIRouter()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from pagoda.entrypoints.openai.errors import bad_request
 from pagoda.entrypoints.openai.model_registry import ServedModel
-from pagoda.entrypoints.openai.protocol import LoadModelRequest, UnloadModelRequest
-from pagoda.entrypoints.openai.responses import ModelCard, ModelList
+from pagoda.entrypoints.openai.protocol.errors import bad_request
+from pagoda.entrypoints.openai.protocol.requests import LoadModelRequest, UnloadModelRequest
+from pagoda.entrypoints.openai.protocol.responses import ModelCard, ModelList
 from pagoda.entrypoints.openai.routes.common import Registry, State, check_admin, parse_body
 
 router = APIRouter()

@@ -1,6 +1,6 @@
 """POST /v1/completions: prompts as text or token ids, echo, legacy logprobs, streaming.
 
-What completions supply to the serving pipeline (serving_pipeline.py): one engine request per
+What completions supply to the serving pipeline (serving/pipeline.py): one engine request per
 prompt (choice `i * n + j` is choice j of prompt i, as OpenAI numbers them), the echoed
 prompt in front of a choice's first text, and OpenAI's legacy logprobs shape. Output
 constraints (response_format, guided_*, structured_outputs) are taken as chat takes them
@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.engine.input_processor import EngineRequest
-from pagoda.entrypoints.openai.protocol import CompletionRequest
-from pagoda.entrypoints.openai.responses import (
+from pagoda.entrypoints.openai.protocol.requests import CompletionRequest
+from pagoda.entrypoints.openai.protocol.responses import (
     CompletionLogProbs,
     CompletionResponse,
     CompletionResponseChoice,
 )
-from pagoda.entrypoints.openai.serving_pipeline import (
+from pagoda.entrypoints.openai.protocol.structured_fields import structured_outputs_of
+from pagoda.entrypoints.openai.serving.pipeline import (
     ChoiceState,
     PromptInput,
     SamplingFields,
@@ -27,8 +28,7 @@ from pagoda.entrypoints.openai.serving_pipeline import (
     ServingPipeline,
     clamp_logprob,
 )
-from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
-from pagoda.entrypoints.openai.vllm_extras import prompt_logprobs_json, token_label
+from pagoda.entrypoints.openai.serving.vllm_extras import prompt_logprobs_json, token_label
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
 

@@ -28,16 +28,16 @@ from pagoda.engine.request_stream import (
     QueueFullError,
     RequestStream,
 )
-from pagoda.entrypoints.openai.embedding_protocol import (
+from pagoda.entrypoints.openai.protocol.embedding import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from pagoda.entrypoints.openai.errors import server_error, server_overloaded
-from pagoda.entrypoints.openai.guards import RequestTimeout, with_deadline
-from pagoda.entrypoints.openai.serving_pipeline import ServedAs, check_model, engine_error
-from pagoda.entrypoints.openai.streaming import (
+from pagoda.entrypoints.openai.protocol.errors import server_error, server_overloaded
+from pagoda.entrypoints.openai.serving.guards import RequestTimeout, with_deadline
+from pagoda.entrypoints.openai.serving.pipeline import ServedAs, check_model, engine_error
+from pagoda.entrypoints.openai.serving.streaming import (
     ClientDisconnected,
     final_outputs,
     run_until_disconnect,

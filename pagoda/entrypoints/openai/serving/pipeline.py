@@ -57,16 +57,16 @@ from pagoda.engine.request_stream import (
     QueueFullError,
     RequestStream,
 )
-from pagoda.entrypoints.openai.errors import (
+from pagoda.entrypoints.openai.protocol.errors import (
     OpenAIError,
     model_not_found,
     server_error,
     server_overloaded,
 )
-from pagoda.entrypoints.openai.guards import RequestTimeout, until_deadline, with_deadline
-from pagoda.entrypoints.openai.protocol import SamplingRequestFields
-from pagoda.entrypoints.openai.responses import UsageInfo
-from pagoda.entrypoints.openai.streaming import (
+from pagoda.entrypoints.openai.protocol.requests import SamplingRequestFields
+from pagoda.entrypoints.openai.protocol.responses import UsageInfo
+from pagoda.entrypoints.openai.serving.guards import RequestTimeout, until_deadline, with_deadline
+from pagoda.entrypoints.openai.serving.streaming import (
     SSE_DONE,
     ClientDisconnected,
     EventStreamResponse,
