@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pagoda.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 from pagoda.entrypoints.openai.protocol.errors import OpenAIError, bad_request, model_not_found
 from pagoda.entrypoints.openai.protocol.responses import ModelCard
-from pagoda.entrypoints.openai.serving.pipeline import ServedAs
+from pagoda.entrypoints.openai.serving.job import ServedAs
 from pagoda.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ Routes
     GET  /   the web page, and GET /v1/engine/stream its live engine view (web/routes.py)
 
 Only /v1 routes need the API key (as in vLLM) and only they are refused while the server
-drains for shutdown. Every error is an OpenAI error body (see errors.py). Guards (guards.py):
-a request body cap (413), a per-request deadline (408), CORS for the origins allowed, and
-HTTPS with a key and certificate. With --record-traffic, a middleware writes one line per
+drains for shutdown. Every error is an OpenAI error body (protocol/errors.py). Guards
+(serving/guards.py): a request body cap (413), a per-request deadline (408), CORS for the
+origins allowed, and HTTPS with a key and certificate. With --record-traffic, a middleware writes one line per
 completions/chat request (traffic_recorder.py).
 
 This module assembles the app: the models' registry (each model's handlers), the

@@ -59,7 +59,7 @@ from pagoda.entrypoints.openai.responses_api.to_chat import (
     responses_error,
 )
 from pagoda.entrypoints.openai.serving.chat import OpenAIServingChat
-from pagoda.entrypoints.openai.serving.pipeline import ServedAs, ServingJob
+from pagoda.entrypoints.openai.serving.job import ServedAs, ServingJob
 from pagoda.entrypoints.openai.serving.streaming import ClientDisconnected, EventStreamResponse
 from pagoda.errors import InvalidRequestError
 

@@ -18,7 +18,7 @@ from pagoda.entrypoints.openai.model_registry import (
 )
 from pagoda.entrypoints.openai.protocol.errors import OpenAIError
 from pagoda.entrypoints.openai.server_state import ServerState
-from pagoda.entrypoints.openai.serving.pipeline import ServedAs
+from pagoda.entrypoints.openai.serving.job import ServedAs
 
 
 async def server_state(raw_request: Request) -> ServerState:

@@ -33,13 +33,8 @@ from pagoda.entrypoints.openai.protocol.responses import (
     DeltaMessage,
 )
 from pagoda.entrypoints.openai.protocol.structured_fields import structured_outputs_of
-from pagoda.entrypoints.openai.serving.pipeline import (
-    PromptInput,
-    SamplingFields,
-    ServingJob,
-    ServingPipeline,
-    clamp_logprob,
-)
+from pagoda.entrypoints.openai.serving.job import PromptInput, SamplingFields, ServingJob
+from pagoda.entrypoints.openai.serving.pipeline import ServingPipeline, clamp_logprob
 from pagoda.entrypoints.openai.serving.reasoning import (
     ReasoningChoiceState,
     chat_reasoning_parser,

@@ -20,14 +20,13 @@ from pagoda.entrypoints.openai.protocol.responses import (
     CompletionResponseChoice,
 )
 from pagoda.entrypoints.openai.protocol.structured_fields import structured_outputs_of
-from pagoda.entrypoints.openai.serving.pipeline import (
+from pagoda.entrypoints.openai.serving.job import (
     ChoiceState,
     PromptInput,
     SamplingFields,
     ServingJob,
-    ServingPipeline,
-    clamp_logprob,
 )
+from pagoda.entrypoints.openai.serving.pipeline import ServingPipeline, clamp_logprob
 from pagoda.entrypoints.openai.serving.vllm_extras import prompt_logprobs_json, token_label
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 

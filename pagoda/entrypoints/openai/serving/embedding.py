@@ -36,7 +36,8 @@ from pagoda.entrypoints.openai.protocol.embedding import (
 )
 from pagoda.entrypoints.openai.protocol.errors import server_error, server_overloaded
 from pagoda.entrypoints.openai.serving.guards import RequestTimeout, with_deadline
-from pagoda.entrypoints.openai.serving.pipeline import ServedAs, check_model, engine_error
+from pagoda.entrypoints.openai.serving.job import ServedAs
+from pagoda.entrypoints.openai.serving.pipeline import check_model, engine_error
 from pagoda.entrypoints.openai.serving.streaming import (
     ClientDisconnected,
     final_outputs,

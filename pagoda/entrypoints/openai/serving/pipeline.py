@@ -8,7 +8,7 @@
                                             (endpoint's choices) with usage
     whatever happens, unfinished engine requests are aborted.
 
-The field policy (field_policy.py): fields without meaning here get one warning line, fields
+The field policy (protocol/field_policy.py): fields without meaning here get one warning line, fields
 Pagoda cannot honour a 400 (the request's `unsupported_fields`).
 A refused request raises InvalidRequestError (the server's handler makes it a 400 from its
 `param` and `code`) or OpenAIError. Engine failures after acceptance become a 5xx, or an SSE
@@ -25,7 +25,8 @@ plus its response and chunk models. Prompt i's completion j is choice i * n + j.
 
 Each call may serve as another name (`served_as`): a LoRA adapter's requests run on its base
 model's handlers, answering with the adapter's name and carrying its LoRARequest. The handlers
-themselves never change after the registry made them (one set per served model).
+themselves never change after the registry made them (one set per served model). The data a
+request carries through here (ServedAs, SamplingFields, ServingJob, ...) is job.py's.
 
 An endpoint built on another one's output (the Responses API on chat) calls its
 `validate`, `add_requests`, then `wait_for_response` (the response object) or
@@ -36,14 +37,12 @@ HTTP bodies.
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -66,6 +65,13 @@ from pagoda.entrypoints.openai.protocol.errors import (
 from pagoda.entrypoints.openai.protocol.requests import SamplingRequestFields
 from pagoda.entrypoints.openai.protocol.responses import UsageInfo
 from pagoda.entrypoints.openai.serving.guards import RequestTimeout, until_deadline, with_deadline
+from pagoda.entrypoints.openai.serving.job import (
+    ChoiceState,
+    PromptInput,
+    SamplingFields,
+    ServedAs,
+    ServingJob,
+)
 from pagoda.entrypoints.openai.serving.streaming import (
     SSE_DONE,
     ClientDisconnected,
@@ -77,10 +83,8 @@ from pagoda.entrypoints.openai.serving.streaming import (
     sse_error,
 )
 from pagoda.errors import InvalidRequestError
-from pagoda.lora.request import LoRARequest
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
-from pagoda.structured_outputs import StructuredOutputsParams
 
 MIN_LOGPROB = -9999.0
 """JSON has no -inf: logprobs are clamped here (as vLLM does)."""
@@ -89,78 +93,6 @@ USAGE_STATE = "pagoda_usage"
 """Where a request's UsageInfo is left in its ASGI scope state (`raw_request.state`) once
 counted, streamed or not, asked for or not: for middleware that records traffic
 (traffic_recorder.py). The response does not change."""
-
-
-@dataclass(frozen=True)
-class ServedAs:
-    """Who one request is served as: the `model` its response names, and the adapter every
-    engine request of it carries (None: the base model)."""
-
-    model_name: str
-    lora_request: LoRARequest | None = None
-
-
-@dataclass
-class SamplingFields:
-    """What an endpoint's request gives SamplingParams beyond the shared fields."""
-
-    max_tokens: int | None
-    logprobs: int | None
-    prompt_logprobs: int | None = None
-    structured_outputs: StructuredOutputsParams | None = None
-    """The output constraint (structured_fields.structured_outputs_of); field_names maps
-    "structured_outputs" to the request field it came from."""
-    field_names: dict[str, str] = field(default_factory=dict)
-    """SamplingParams name -> this endpoint's name, where they differ (for errors)."""
-
-    def name_of(self, param: str) -> str:
-        return self.field_names.get(param, param)
-
-
-@dataclass
-class PromptInput:
-    """One prompt as the endpoint built it, before validation."""
-
-    text: str | None
-    token_ids: list[int] | None
-    """None: the validation step tokenizes `text`."""
-    param: str
-    """The request field errors about this prompt name ("prompt", "prompt[1]", "messages")."""
-
-
-@dataclass
-class ServingJob:
-    """One accepted request on its way through the pipeline."""
-
-    request: Any
-    """The endpoint's protocol request (a SamplingRequestFields)."""
-    request_id: str
-    params: SamplingParams
-    prompts: list[EngineRequest]
-    created: int = field(default_factory=lambda: int(time.time()))
-    request_state: Any = None
-    """The HTTP request's state (raw_request.state), where the usage is left (USAGE_STATE)."""
-    served_as: ServedAs | None = None
-    """The name and adapter it is served as (set by `validate`)."""
-
-    @property
-    def model_name(self) -> str:
-        assert self.served_as is not None, "validate sets served_as"
-        return self.served_as.model_name
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(p.prompt_token_ids) for p in self.prompts)
-
-
-@dataclass
-class ChoiceState:
-    """What a stream remembers of one choice between chunks; endpoints may extend it."""
-
-    index: int
-    finished: bool = False
-    num_tokens: int = 0
-    """Output tokens so far (for the usage chunk)."""
 
 
 class ServingPipeline(ABC):

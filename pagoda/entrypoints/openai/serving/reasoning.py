@@ -19,7 +19,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from pagoda.entrypoints.openai.serving.pipeline import SamplingFields
+from pagoda.entrypoints.openai.serving.job import SamplingFields
 from pagoda.entrypoints.openai.serving.tools import ChatChoiceState
 from pagoda.entrypoints.reasoning.auto import resolve_reasoning_parser
 from pagoda.entrypoints.reasoning.parsers import (

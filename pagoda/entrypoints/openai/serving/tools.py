@@ -23,7 +23,7 @@ from pagoda.entrypoints.openai.protocol.tool_fields import (
     FunctionCall,
     ToolCall,
 )
-from pagoda.entrypoints.openai.serving.pipeline import ChoiceState, SamplingFields
+from pagoda.entrypoints.openai.serving.job import ChoiceState, SamplingFields
 from pagoda.entrypoints.tools.constraints import parameters_schema
 from pagoda.entrypoints.tools.parsers import (
     TOOL_PARSERS,
