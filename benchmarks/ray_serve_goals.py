@@ -130,9 +130,9 @@ def kill_phase(url: str, args) -> dict:
 def upgrade_phase(url: str, args, flags: list[str], port: int) -> dict:
     from ray import serve
 
-    from pagoda.cli.serve import build_server_state
     from pagoda.deploy.app import parse_serve_args
     from pagoda.deploy.application import application
+    from pagoda.entrypoints.openai.api_server import build_server_state
 
     with Load(url, args.upgrade_concurrency, model="pagoda", max_tokens=args.max_tokens) as load:
         time.sleep(10)

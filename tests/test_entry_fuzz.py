@@ -130,7 +130,7 @@ def test_responses_requests_convert_or_name_the_bad_field(input_, fields) -> Non
 
     from pydantic import ValidationError
 
-    from pagoda.entrypoints.openai.errors import from_validation_error
+    from pagoda.entrypoints.openai.protocol.errors import from_validation_error
     from pagoda.entrypoints.openai.responses_api.protocol import ResponsesRequest
     from pagoda.entrypoints.openai.responses_api.to_chat import chat_conversion, own_items
     from pagoda.errors import InvalidRequestError

@@ -14,9 +14,12 @@ import io
 
 from ray.serve import Application
 
-from pagoda.cli.main import build_parser
-from pagoda.cli.serve import build_server_state, check_server_args
 from pagoda.deploy.application import application
+from pagoda.deploy.options import add_serve_args, check_serve_args
+from pagoda.entrypoints.openai.api_server import build_server_state
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""--log-level, accepted as `pagoda serve` accepts it (a replica logs at INFO regardless)."""
 
 
 def serve_argv(args: dict) -> list[str]:
@@ -36,18 +39,26 @@ def serve_argv(args: dict) -> list[str]:
     return argv
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    """`pagoda serve`'s flags (options.add_serve_args, as cli/serve.py adds them)."""
+    parser = argparse.ArgumentParser(prog="pagoda serve")
+    add_serve_args(parser)
+    parser.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS)
+    return parser
+
+
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     """`pagoda serve`'s parser and checks over argv; ValueError on a bad flag or value."""
-    parser = build_parser()
+    parser = serve_parser()
     message = io.StringIO()
     try:
         with contextlib.redirect_stderr(message):
-            args = parser.parse_args(["serve", *argv])
+            args = parser.parse_args(argv)
     except SystemExit:
         usage_error = message.getvalue().strip().splitlines()[-1:] or ["bad flags"]
         raise ValueError(f"pagoda serve {' '.join(argv)}: {usage_error[0]}") from None
     args.ray_serve = True
-    check_server_args(args)
+    check_serve_args(args)
     return args
 
 

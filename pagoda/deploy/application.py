@@ -20,13 +20,14 @@ from pagoda.deploy.ingress import PagodaIngress
 from pagoda.deploy.options import engine_deployment_options, ingress_deployment_options
 
 if TYPE_CHECKING:
-    from pagoda.entrypoints.openai.server import ServerState
+    from pagoda.entrypoints.openai.server_state import ServerState
 
 
 def application(args: argparse.Namespace,
                 build_state: Callable[[argparse.Namespace], ServerState]) -> Application:
     """The bound application for checked `pagoda serve --ray-serve` flags; `build_state`
-    (cli/serve.build_server_state) builds each replica's engines and server state."""
+    (entrypoints/openai/api_server.build_server_state) builds each replica's engines and
+    server state."""
     replica_args = {k: v for k, v in vars(args).items() if not callable(v)}
     engine = serve.deployment(PagodaEngine, name="PagodaEngine",
                               **engine_deployment_options(args))

@@ -1,5 +1,5 @@
 """One Ray Serve replica of the PagodaEngine deployment: the engine(s) and the FastAPI app of
-`pagoda serve` (built by the same code: cli/serve.build_server_state and server.build_app),
+`pagoda serve` (built by the same code: openai/api_server.build_server_state and server.build_app),
 fed the requests the ingress forwards (forwarding.py).
 
 Lifecycle (Ray Serve drives it):
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from pagoda.deploy.forwarding import ACCEPTED, ForwardedRequest, play
 
 if TYPE_CHECKING:
-    from pagoda.entrypoints.openai.server import ServerState
+    from pagoda.entrypoints.openai.server_state import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,11 @@ class PagodaEngine:
 
     async def __init__(self, serve_args: dict,
                        build_state: Callable[[argparse.Namespace], ServerState]) -> None:
-        """`build_state`: cli/serve.build_server_state (passed in, by reference, rather than
-        imported: the CLI imports this package, so importing it back would be a cycle)."""
+        """`build_state`: entrypoints/openai/api_server.build_server_state (passed in, by
+        reference: the application is built with it, app.py and launch.py)."""
         from pagoda.deploy.replica_metrics import serve_replica_metrics
-        from pagoda.entrypoints.openai.server import build_app, metrics_page
+        from pagoda.entrypoints.openai.routes.admin import metrics_page
+        from pagoda.entrypoints.openai.server import build_app
 
         logging.getLogger("pagoda").setLevel(logging.INFO)
         args = argparse.Namespace(**serve_args)
@@ -63,7 +64,7 @@ class PagodaEngine:
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
         self.metrics_server = serve_replica_metrics(metrics_page(self.state))
-        logger.info("replica %s serving %r", self.tag.decode(), self.state.model_name)
+        logger.info("replica %s serving %r", self.tag.decode(), [m.name for m in self.state.models])
 
     async def handle(self, request: ForwardedRequest) -> AsyncIterator[object]:
         yield ACCEPTED

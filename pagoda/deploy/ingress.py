@@ -28,8 +28,8 @@ from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response, StreamingResponse
 
 from pagoda.deploy.forwarding import ACCEPTED, ForwardedRequest, routing_text
-from pagoda.entrypoints.openai.errors import OpenAIError
-from pagoda.entrypoints.openai.streaming import SSE_DONE, sse_error
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
+from pagoda.entrypoints.openai.serving.streaming import SSE_DONE, sse_error
 
 logger = logging.getLogger(__name__)
 

@@ -111,7 +111,8 @@ def stop_monitors(ledger, targets) -> None:
 
 
 def run_ray_serve(args: argparse.Namespace, build_state: Callable) -> int:
-    """`build_state`: cli/serve.build_server_state (each replica's engines and state)."""
+    """`build_state`: entrypoints/openai/api_server.build_server_state (each replica's
+    engines and state)."""
     import ray
     from ray import serve
 

@@ -1,4 +1,6 @@
-"""`pagoda serve --ray-serve` flags and the Ray Serve deployment options they make.
+"""`pagoda serve --ray-serve` flags and the Ray Serve deployment options they make; and the
+whole of `pagoda serve`'s flags (add_serve_args: the server's, these, the engine's), which
+cli/serve.py and app.py (`serve run`) both parse with.
 
 No Ray import here (the flags are parsed by every `pagoda serve`): app.py turns
 `deployment_options(args)` into the two deployments of the application:
@@ -15,6 +17,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pagoda.config import EngineConfig
+from pagoda.entrypoints.openai.server_args import add_server_args, check_server_args
+
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 2
 DEFAULT_TARGET_ONGOING_REQUESTS = 4.0
@@ -28,6 +33,21 @@ DEFAULT_ASSIGN_TIMEOUT_S = 30.0
 DEFAULT_INGRESS_REPLICAS = 2
 DEFAULT_APP_NAME = "pagoda"
 ROUTER_CLASS = "pagoda.deploy.prefix_router.PrefixAwareRequestRouter"
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """`pagoda serve`'s flags: the server's (entrypoints/openai/server_args.py), Ray
+    Serve's (below), then the engine's (pagoda/config.py; --model may repeat)."""
+    add_server_args(parser)
+    add_ray_serve_args(parser)
+    EngineConfig.add_cli_args(parser, ("model",))
+
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    """Every check of `pagoda serve`'s flags that runs before anything slow; ValueError
+    naming the flag."""
+    check_server_args(args)
+    check_ray_serve_args(args)
 
 
 def add_ray_serve_args(parser: argparse.ArgumentParser) -> None:

@@ -167,11 +167,13 @@ def test_responses_requests_are_read_whole_and_streamed() -> None:
     import httpx
 
     from pagoda.bench.soak import SoakRequest, run_request
-    from pagoda.entrypoints.openai.server import ServerState, build_app
+    from pagoda.entrypoints.openai.model_registry import ServedModel
+    from pagoda.entrypoints.openai.server import build_app
+    from pagoda.entrypoints.openai.server_state import ServerState
     from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine
 
     engine = FakeAsyncEngine()
-    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m"))
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")]))
 
     async def main(**fields) -> list:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app)) as client:

@@ -67,9 +67,9 @@ class Deployment:
         """A deployment update of the app with these flags added (a rolling upgrade)."""
         from ray import serve
 
-        from pagoda.cli.serve import build_server_state
         from pagoda.deploy.app import parse_serve_args
         from pagoda.deploy.application import application
+        from pagoda.entrypoints.openai.api_server import build_server_state
 
         args = parse_serve_args([*self.flags, "--port", str(self.server.port), *extra])
         serve.run(application(args, build_server_state), name="pagoda", route_prefix="/",

@@ -25,7 +25,7 @@ from pagoda.deploy.replica_metrics import (
     TargetsFileWriter,
     live_replica_keys,
 )
-from pagoda.entrypoints.openai.server import metrics_page
+from pagoda.entrypoints.openai.routes.admin import metrics_page
 
 PROMTOOL = shutil.which("promtool")
 

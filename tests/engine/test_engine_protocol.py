@@ -50,10 +50,10 @@ def test_each_front_end_has_the_protocols_methods(front_end) -> None:
 
 def test_the_server_is_typed_against_the_protocol() -> None:
     from pagoda.entrypoints.openai.model_registry import ServedModel
-    from pagoda.entrypoints.openai.server import ServerState
+    from pagoda.entrypoints.openai.server_state import ServerState
 
-    for cls in (ServedModel, ServerState):
-        assert cls.__annotations__["engine"] == "EngineClient"
+    assert ServedModel.__annotations__["engine"] == "EngineClient"
+    assert ServerState.__annotations__["models"] == "list[ServedModel]"
 
 
 def test_one_front_end_over_two_cores() -> None:

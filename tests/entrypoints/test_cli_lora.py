@@ -11,7 +11,7 @@ import pytest
 from pagoda.bench.metrics import RequestRecord, summarize
 from pagoda.bench.report import format_serve_summary
 from pagoda.bench.serve import spread_models
-from pagoda.cli.lora_modules import check_unique_names, parse_lora_module
+from pagoda.entrypoints.openai.lora_modules import check_unique_names, parse_lora_module
 from pagoda.lora.lora_modules import LoRAModule
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 from tests.lora.peft_adapters import base_model, make_adapter

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pagoda import SamplingParams
 from pagoda.engine.stats.request_timeline import RequestTimeline, RequestTimelines
 from pagoda.engine.stats.snapshot import EngineSnapshot
-from pagoda.entrypoints.openai.errors import install_error_handlers
+from pagoda.entrypoints.openai.protocol.errors import install_error_handlers
 from pagoda.entrypoints.web import routes
 from pagoda.entrypoints.web.engine_view import NUM_TIMELINE_REQUESTS, EngineView, percentiles
 
@@ -210,13 +210,12 @@ def test_page_and_assets_are_served() -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/static/app.js" in page.text and "/static/style.css" in page.text
-    for asset in ["app.js", "api.js", "chat.js", "engine_view.js", "charts.js", "timeline.js",
-                  "style.css"]:
+    for asset in ["app.js", "api.js", "chat.js", "engine_view.js", "charts.js", "style.css"]:
         response = client.get(f"/static/{asset}")
         assert response.status_code == 200 and len(response.text) > 500, asset
     # nothing is fetched from outside the server
     for asset in ["index.html", "app.js", "api.js", "chat.js", "engine_view.js", "charts.js",
-                  "timeline.js", "style.css"]:
+                  "style.css"]:
         text = (routes.STATIC_DIR / asset).read_text()
         assert "http://" not in text and "https://" not in text, asset
 

@@ -1,4 +1,4 @@
-"""The field policy (pagoda/entrypoints/openai/field_policy.py) and vLLM's extras, in-process
+"""The field policy (pagoda/entrypoints/openai/protocol/field_policy.py) and vLLM's extras, in-process
 against the fake engine of test_serving_pipeline.py (no model):
 
 - the policy's tables are exactly the fields of the installed `openai` SDK's request
@@ -20,16 +20,22 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import chat_completion_stream_options_param as stream_options_param
 from openai.types.chat import completion_create_params as chat_params
 
-from pagoda.entrypoints.openai.field_policy import CHAT_FIELDS, COMPLETION_FIELDS, FieldPolicy
-from pagoda.entrypoints.openai.protocol import (
+from pagoda.entrypoints.openai.model_registry import ServedModel
+from pagoda.entrypoints.openai.protocol.field_policy import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    FieldPolicy,
+)
+from pagoda.entrypoints.openai.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     StreamOptions,
 )
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine, error_of, sse_events
 
-POLICY_LOGGER = "pagoda.entrypoints.openai.field_policy"
+POLICY_LOGGER = "pagoda.entrypoints.openai.protocol.field_policy"
 CHAT = [{"role": "user", "content": "Hi"}]
 
 
@@ -75,7 +81,7 @@ def engine() -> FakeAsyncEngine:
 
 @pytest.fixture
 def client(engine):
-    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m"))
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")]))
     with TestClient(app) as client:
         yield client
 

@@ -19,8 +19,10 @@ import httpx
 import pytest
 
 from pagoda.engine.stats.metrics import EngineMetrics
+from pagoda.entrypoints.openai.model_registry import ServedModel
 from pagoda.entrypoints.openai.openapi import OPERATIONS, openapi_document
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from tests.entrypoints.server_helpers import RemoteServer
 
 API_KEY = "fuzz-key"
@@ -30,8 +32,8 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
 
 
 def test_the_document_lists_every_route_and_only_them() -> None:
-    state = ServerState(engine=SimpleNamespace(tokenizer=None), metrics=EngineMetrics("m"),
-                        model_name="m", model_root="/m", api_key="k")
+    model = ServedModel("m", SimpleNamespace(tokenizer=None), "/m", EngineMetrics("m"))
+    state = ServerState(models=[model], api_key="k")
     app = build_app(state)
     # The web page and its live view's stream are for the page, not API: left out of the
     # document (include_in_schema=False), as /openapi.json itself.

@@ -14,8 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pagoda.engine.core.input_processor import InputProcessor
+from pagoda.entrypoints.openai.model_registry import ServedModel
 from pagoda.entrypoints.openai.responses_api.store import ResponseStore
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from tests.entrypoints.test_serving_pipeline import VOCAB, FakeAsyncEngine
 
 
@@ -47,7 +49,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def http(engine, clock):
-    state = ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+    state = ServerState(models=[ServedModel("m", engine, "/m")],
                         responses_store=ResponseStore(3, 60.0, clock=clock))
     with TestClient(build_app(state)) as http:
         yield http
@@ -283,7 +285,7 @@ def test_an_unknown_model_is_a_404(http):
 
 
 def test_the_routes_need_the_api_key(engine):
-    state = ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+    state = ServerState(models=[ServedModel("m", engine, "/m")],
                         api_key="k")
     with TestClient(build_app(state)) as http:
         for method, path in [("post", "/v1/responses"), ("get", "/v1/responses/resp_1"),
@@ -307,7 +309,7 @@ def test_bad_store_flags_are_one_line_errors_before_anything_loads(capsys, flags
 
 
 def test_a_store_of_size_zero_keeps_nothing(engine):
-    state = ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+    state = ServerState(models=[ServedModel("m", engine, "/m")],
                         responses_store=ResponseStore(0))
     with TestClient(build_app(state)) as http:
         response = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 1})

@@ -11,8 +11,8 @@ from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from pagoda.entrypoints.openai.errors import server_error
-from pagoda.entrypoints.openai.responses import (
+from pagoda.entrypoints.openai.protocol.errors import server_error
+from pagoda.entrypoints.openai.protocol.responses import (
     ChatChoiceLogProbs,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -24,15 +24,15 @@ from pagoda.entrypoints.openai.responses import (
     DeltaMessage,
     UsageInfo,
 )
-from pagoda.entrypoints.openai.responses_api.events import ResponseEvents
-from pagoda.entrypoints.openai.responses_api.objects import Response
-from pagoda.entrypoints.openai.responses_api.output import output_items
-from pagoda.entrypoints.openai.tool_fields import (
+from pagoda.entrypoints.openai.protocol.tool_fields import (
     DeltaFunctionCall,
     DeltaToolCall,
     FunctionCall,
     ToolCall,
 )
+from pagoda.entrypoints.openai.responses_api.events import ResponseEvents
+from pagoda.entrypoints.openai.responses_api.objects import Response
+from pagoda.entrypoints.openai.responses_api.output import output_items
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 

@@ -1,4 +1,4 @@
-"""The server's operational guards (pagoda/entrypoints/openai/guards.py, cli/serve.py): a
+"""The server's operational guards (pagoda/entrypoints/openai/serving/guards.py, server_args.py): a
 request body cap (413), a per-request deadline (408, the engine work stopped), CORS for the
 allowed origins only, HTTPS, and one-line CLI errors for their bad values."""
 

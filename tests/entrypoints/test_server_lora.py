@@ -14,7 +14,8 @@ from transformers import LlamaConfig
 
 from pagoda.config import LoRAConfig
 from pagoda.entrypoints.openai.model_registry import ServedModel
-from pagoda.entrypoints.openai.server import ServerState, build_app, served_engines
+from pagoda.entrypoints.openai.server import build_app, served_engines
+from pagoda.entrypoints.openai.server_state import ServerState
 from pagoda.lora.lora_modules import LoRAModule
 from pagoda.lora.request import LoRARequest
 from tests.entrypoints.test_server_models import Engine
@@ -67,17 +68,19 @@ def adapters(tmp_path_factory) -> dict[str, str]:
 
 
 def make_client(adapters, *, api_key: str | None = KEY, lora=LORA,
-                allowed: tuple[str, ...] | None = None, modules=None, **kwargs) -> TestClient:
+                allowed: tuple[str, ...] | None = None, modules=None,
+                more_models=(), **kwargs) -> TestClient:
+    base = ServedModel("base", LoRAEngine(), "/base", lora=lora,
+                       hf_config=LlamaConfig(**COMMON))
     state = ServerState(
-        engine=LoRAEngine(), metrics=None, model_name="base", model_root="/base",
-        api_key=api_key, model_lora=lora, model_hf_config=LlamaConfig(**COMMON),
+        models=[base, *more_models], api_key=api_key,
         lora_modules=(LoRAModule("alpha", adapters["alpha"]),) if modules is None else modules,
         lora_allowed_paths=(adapters["allowed"],) if allowed is None else allowed, **kwargs)
     return TestClient(build_app(state))
 
 
 def engine_of(client: TestClient) -> LoRAEngine:
-    return client.app.state.pagoda.engine
+    return client.app.state.pagoda.default_model.engine
 
 
 def load(client: TestClient, name: str, path: str, **extra):
@@ -146,15 +149,18 @@ def test_every_route_naming_an_adapter_runs_the_base_engine_with_it(adapters):
                            ).status_code == 200
         unknown = complete(client, "nope")
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-        # Each handler copy answers as its adapter; the base's own are unchanged.
+        # The base's handlers serve each adapter's request as the adapter, and are
+        # unchanged by it (nothing is copied or set per adapter).
         base = client.app.state.pagoda.registry.ready["base"]
-        assert base.serving.completions.lora_request is None
+        assert not hasattr(base.serving.completions, "lora_request")
         assert base.serving.completions.model_name == "base"
+        assert complete(client, None).json()["model"] == "base"
+        assert engine.added[-1].lora_request is None
 
 
 def test_embeddings_carry_the_adapter(adapters):
     from pagoda.engine.core.input_processor import InputProcessor
-    from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest
+    from pagoda.entrypoints.openai.protocol.embedding import EmbeddingRequest
     from pagoda.pooling_params import ModelPooling
 
     with make_client(adapters) as client:
@@ -163,9 +169,9 @@ def test_embeddings_carry_the_adapter(adapters):
                                                 engine.max_model_len,
                                                 model_pooling=ModelPooling("last", True))
         state = client.app.state.pagoda
-        handlers = state.loras.adapters["alpha"].handlers(state.registry.ready["base"])
-        prompts = handlers.embeddings.validate(
-            EmbeddingRequest(model="alpha", input=["hi", "ho"]))
+        served_as = state.loras.adapters["alpha"].served_as
+        prompts = state.registry.ready["base"].serving.embeddings.validate(
+            EmbeddingRequest(model="alpha", input=["hi", "ho"]), served_as)
         assert [p.lora_request.lora_name for p in prompts] == ["alpha", "alpha"]
         assert all(p.pooling is not None for p in prompts)
 
@@ -281,7 +287,7 @@ def test_an_adapter_routes_only_while_its_base_is_served(adapters):
         # the web page's live view of an adapter is its base engine's
         state = client.app.state.pagoda
         engines = served_engines(state.registry, state.loras)
-        assert engines["on_other"] is other and engines["alpha"] is state.engine
+        assert engines["on_other"] is other and engines["alpha"] is state.default_model.engine
         assert client.post("/v1/models/unload", headers=AUTH,
                            json={"model": "other"}).status_code == 200
         assert "on_other" not in cards(client)

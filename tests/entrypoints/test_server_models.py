@@ -12,9 +12,10 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.entrypoints.openai.errors import OpenAIError
 from pagoda.entrypoints.openai.model_registry import ModelRegistry, ServedModel
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine
 
 KEY = "sk-admin"
@@ -58,7 +59,7 @@ class Builder:
 
 
 def make_client(builder: Builder, api_key: str | None = KEY, **kwargs) -> TestClient:
-    state = ServerState(engine=Engine(), metrics=None, model_name="first", model_root="/first",
+    state = ServerState(models=[ServedModel("first", Engine(), "/first")],
                         model_builder=builder, api_key=api_key, **kwargs)
     return TestClient(build_app(state))
 

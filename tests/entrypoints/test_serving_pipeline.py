@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 
 from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.loop.request_stream import EngineStepError, QueueFullError, RequestStream
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.model_registry import ServedModel
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from pagoda.errors import InvalidRequestError
 from pagoda.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -80,6 +82,9 @@ class FakeAsyncEngine:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    async def synchronize(self) -> None:
+        pass  # (aborts take effect at once here)
+
     async def _run(self, request: EngineRequest, stream: RequestStream) -> None:
         params = request.params
         completions = [CompletionOutput(index=j) for j in range(params.n)]
@@ -119,7 +124,7 @@ def engine() -> FakeAsyncEngine:
 
 @pytest.fixture
 def client(engine):
-    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m"))
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")]))
     with TestClient(app) as client:
         yield client
 

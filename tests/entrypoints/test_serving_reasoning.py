@@ -18,7 +18,9 @@ from fastapi.testclient import TestClient
 from pagoda.engine.core.grammar import GrammarCompiler
 from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.loop.request_stream import RequestStream
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.model_registry import ServedModel
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from pagoda.outputs import CompletionOutput, RequestOutput
 from tests.entrypoints.test_serving_pipeline import FakeAsyncEngine, error_of, sse_events
 from tests.thinking_tokenizer import thinking_tokenizer
@@ -109,7 +111,7 @@ class ThinkingEngine(FakeAsyncEngine):
 def client_for(scripts: list[str], reasoning_parser: str | None = "qwen3",
                chat_template: str = QWEN3_TEMPLATE) -> tuple[TestClient, ThinkingEngine]:
     engine = ThinkingEngine(scripts, chat_template)
-    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")],
                                 reasoning_parser=reasoning_parser))
     return TestClient(app), engine
 

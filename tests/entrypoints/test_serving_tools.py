@@ -14,7 +14,9 @@ from fastapi.testclient import TestClient
 
 from pagoda.engine.core.input_processor import EngineRequest, InputProcessor
 from pagoda.engine.loop.request_stream import RequestStream
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.model_registry import ServedModel
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from pagoda.outputs import CompletionOutput, RequestOutput
 from tests.entrypoints.test_serving_pipeline import VOCAB, FakeAsyncEngine, sse_events
 
@@ -63,7 +65,7 @@ class ScriptedEngine(FakeAsyncEngine):
 
 def client_for(scripts: list[str]) -> tuple[TestClient, ScriptedEngine]:
     engine = ScriptedEngine(scripts)
-    app = build_app(ServerState(engine=engine, metrics=None, model_name="m", model_root="/m"))
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")]))
     return TestClient(app), engine
 
 

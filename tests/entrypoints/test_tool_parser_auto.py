@@ -10,7 +10,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from pagoda.entrypoints.openai.server import ServerState, build_app
+from pagoda.entrypoints.openai.model_registry import ServedModel
+from pagoda.entrypoints.openai.server import build_app
+from pagoda.entrypoints.openai.server_state import ServerState
 from pagoda.entrypoints.tools.parsers import TOOL_PARSER_CHOICES, resolve_tool_call_parser
 from tests.entrypoints import tool_family_templates as templates
 from tests.entrypoints.test_serving_pipeline import sse_events
@@ -59,7 +61,7 @@ OUTPUTS = {
 def chat(parser: str, script: str, chat_template: str | None = None, **fields):
     """(whole body, streamed chunks' choices, the engine) of one chat request."""
     engine = ScriptedEngine([script])
-    state = ServerState(engine=engine, metrics=None, model_name="m", model_root="/m",
+    state = ServerState(models=[ServedModel("m", engine, "/m")],
                         chat_template=chat_template, tool_call_parser=parser)
     body = {"messages": QUESTION, "tools": TOOLS, "max_tokens": 200, **fields}
     with TestClient(build_app(state)) as client:

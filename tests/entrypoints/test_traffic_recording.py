@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from pagoda.entrypoints.openai.responses import UsageInfo
-from pagoda.entrypoints.openai.serving_pipeline import USAGE_STATE
+from pagoda.entrypoints.openai.protocol.responses import UsageInfo
+from pagoda.entrypoints.openai.serving.pipeline import USAGE_STATE
 from pagoda.entrypoints.openai.traffic_recorder import (
     TrafficRecorder,
     TrafficRecorderMiddleware,

@@ -206,6 +206,10 @@ class ReplicaSetCore:
         if request_id in self._homes:
             self._unroute(request_id)
 
+    async def synchronize(self) -> None:
+        """Returns at once: the replicas do not acknowledge aborts, so there is nothing to
+        wait for (EngineClient.synchronize)."""
+
     def _unroute(self, request_id: str) -> None:
         """Forget a request everywhere it is counted (the invariant of this module); an
         add still waiting for it returns (its stream has ended)."""

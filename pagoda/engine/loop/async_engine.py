@@ -44,11 +44,3 @@ class AsyncLLMEngine(EngineFrontEnd):
     def engine(self):
         """The LLMEngine (only the engine thread may touch it once started)."""
         return self.core.engine
-
-    async def synchronize(self) -> None:
-        """Return once the engine thread has handled every command queued before this call
-        and published its snapshot after them: after `abort(request_id)`, the engine holds
-        nothing of that request (no sequence running or waiting, no KV block) and
-        `self.snapshot` and the metrics gauges say so. Waits for the step in progress, if any.
-        Returns at once when the engine loop is not running."""
-        await self.core.synchronize()

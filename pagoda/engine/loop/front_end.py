@@ -89,6 +89,10 @@ class EngineCore(Protocol):
     def forget(self, request_id: str) -> None:
         """The request ended (last output or error delivered): drop its bookkeeping."""
 
+    async def synchronize(self) -> None:
+        """Return once the engine has handled every command sent before this call (see
+        EngineFrontEnd.synchronize); at once where the engine does not acknowledge them."""
+
     async def shutdown(self, timeout: float) -> None:
         """Stop the engine; `events.fail_all` ends the streams still open."""
 
@@ -208,6 +212,15 @@ class EngineFrontEnd:
             stream.finished = True
             stream.put(None)  # wakes a consumer still waiting on it
         self.core.abort(request_id)
+
+    async def synchronize(self) -> None:
+        """Return once the engine has handled every command queued before this call and
+        published its snapshot after them: after `abort(request_id)`, the engine holds
+        nothing of that request (no sequence running or waiting, no KV block) and
+        `self.snapshot` and the metrics gauges say so. Waits for the step in progress, if
+        any. Returns at once when the engine loop is not running, and always with the data
+        parallel core (its replicas do not acknowledge aborts)."""
+        await self.core.synchronize()
 
     # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ------------------------
 

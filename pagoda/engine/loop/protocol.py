@@ -68,6 +68,11 @@ class EngineClient(Protocol):
     def abort(self, request_id: str) -> None:
         """End a request early (its stream ends; its blocks are freed)."""
 
+    async def synchronize(self) -> None:
+        """Return once the engine has handled every command sent before this call (an abort:
+        nothing of the request is left, and the snapshot says so); at once where the engine
+        does not acknowledge commands (the data-parallel replicas)."""
+
     def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                  priority: int = 0,
                  lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:

@@ -89,7 +89,7 @@ class CostCollector:
 
 
 def served_model_registries(state) -> list[CollectorRegistry]:
-    """The metrics registries of a ServerState's served models (server.py; duck-typed to
+    """The metrics registries of a ServerState's served models (server_state.py; duck-typed to
     keep this module free of the server's imports)."""
     registry = state.registry
     if registry is None:

@@ -1,7 +1,7 @@
 """The LoRA adapters a server serves: names a request's `model` may give besides the served
 models, each over one served base model (issue 35).
 
-    --lora-modules name=path ...         added at start (cli/serve.py checked them already)
+    --lora-modules name=path ...         added at start (lora_args.py checked them already)
     POST /v1/load_lora_adapter           added while serving (path inside --lora-allowed-paths)
     POST /v1/unload_lora_adapter         removed: new requests get 404; those running finish,
                                          then the base engine frees it (engine.remove_lora)
@@ -21,16 +21,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from pagoda.entrypoints.openai.errors import OpenAIError, bad_request, model_not_found
 from pagoda.entrypoints.openai.model_registry import ModelRegistry, ServedModel
-from pagoda.entrypoints.openai.responses import ModelCard
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError, bad_request, model_not_found
+from pagoda.entrypoints.openai.protocol.responses import ModelCard
+from pagoda.entrypoints.openai.serving.job import ServedAs
 from pagoda.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -41,28 +40,17 @@ class ServedAdapter:
     request: LoRARequest
     """lora_name is the served name; base_model_name the served base model's name."""
     created: int = field(default_factory=lambda: int(time.time()))
-    _handlers: Any = None
-    _handlers_of: Any = None
-    """The base's RouteHandlers `_handlers` were copied from (a reload makes new ones)."""
 
     @property
     def base(self) -> str:
         assert self.request.base_model_name is not None
         return self.request.base_model_name
 
-    def handlers(self, model: ServedModel) -> Any:
-        """The base model's route handlers, answering as this adapter: `model` in the
-        responses is the adapter's name, and every engine request carries its
-        LoRARequest (ServingPipeline / OpenAIServingEmbedding `lora_request`)."""
-        if self._handlers_of is not model.serving:
-            handlers = copy.copy(model.serving)
-            for name in ("completions", "chat", "embeddings"):
-                serving = copy.copy(getattr(handlers, name))
-                serving.model_name = self.request.lora_name
-                serving.lora_request = self.request
-                setattr(handlers, name, serving)
-            self._handlers, self._handlers_of = handlers, model.serving
-        return self._handlers
+    @property
+    def served_as(self) -> ServedAs:
+        """What the base model's handlers serve its requests as: `model` in the responses
+        is the adapter's name, and every engine request carries its LoRARequest."""
+        return ServedAs(self.request.lora_name, self.request)
 
 
 class LoRARegistry:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import Response, StreamingResponse
 
-from pagoda.entrypoints.openai.errors import OpenAIError, model_not_found
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError, model_not_found
 
 if TYPE_CHECKING:  # `pagoda serve --help` must not import the engine (tests/entrypoints/test_cli.py)
     from pagoda.engine.loop.protocol import EngineClient

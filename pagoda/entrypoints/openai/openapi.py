@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from pagoda.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
-from pagoda.entrypoints.openai.protocol import (
+from pagoda.entrypoints.openai.protocol.embedding import EmbeddingRequest, EmbeddingResponse
+from pagoda.entrypoints.openai.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -28,7 +28,7 @@ from pagoda.entrypoints.openai.protocol import (
     UnloadLoRAAdapterRequest,
     UnloadModelRequest,
 )
-from pagoda.entrypoints.openai.responses import (
+from pagoda.entrypoints.openai.protocol.responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionResponse,

@@ -1,5 +1,5 @@
-"""`pagoda serve --record-traffic FILE [--record-redact]`: one traffic entry (pagoda/
-traffic_record.py) per request to /v1/completions and /v1/chat/completions.
+"""`pagoda serve --record-traffic FILE [--record-redact]`: one traffic entry (pagoda/bench/
+traffic.py) per request to /v1/completions and /v1/chat/completions.
 
     request ─ TrafficRecorderMiddleware ─ the app (the serving pipeline leaves the usage in
               │  copies the body as it is      the request's scope state: USAGE_STATE)
@@ -31,7 +31,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagoda.entrypoints.openai.serving_pipeline import USAGE_STATE
+from pagoda.entrypoints.openai.serving.pipeline import USAGE_STATE
 from pagoda.traffic_record import TrafficEntry, TrafficWriter, redact_body
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
-from pagoda.entrypoints.openai.server import ServerState
+from pagoda.entrypoints.openai.server_state import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class PagodaUvicornServer(uvicorn.Server):
         if not self.should_exit:
             logger.info("received %s: finishing in-flight requests (for up to %ss)",
                         signal.Signals(sig).name, self.shutdown_timeout)
-            loop = self.pagoda_state.engine.loop
+            loop = self.pagoda_state.default_model.engine.loop
             if loop is not None and not loop.is_closed():
                 reason = (f"the server shut down before this request finished (it waited "
                           f"{self.shutdown_timeout}s)")

@@ -4,7 +4,7 @@ answer, whole or streamed (parsers.py), and picking the parser a chat template's
 `StructuredOutputsParams.after_reasoning` (pagoda/structured_outputs.py,
 pagoda/engine/core/grammar.py).
 
-The server's glue is pagoda/entrypoints/openai/serving_reasoning.py: the reasoning is split
+The server's glue is pagoda/entrypoints/openai/serving/reasoning.py: the reasoning is split
 off first, then the rest is the content, read for tool calls where the request offers tools.
 """
 

@@ -10,5 +10,5 @@ The format, where the model's template has none of its own (Hermes, as Qwen2.5 u
     assistant:  <tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>
     user:       <tool_response>\\n{"temperature": 21}\\n</tool_response>
 
-The server's glue is pagoda/entrypoints/openai/serving_tools.py.
+The server's glue is pagoda/entrypoints/openai/serving/tools.py.
 """

@@ -27,8 +27,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from pagoda.engine.loop.protocol import EngineClient
-from pagoda.entrypoints.openai.errors import bad_request, model_not_found, server_error
-from pagoda.entrypoints.openai.streaming import EventStreamResponse, sse, sse_error
+from pagoda.entrypoints.openai.protocol.errors import bad_request, model_not_found, server_error
+from pagoda.entrypoints.openai.serving.streaming import EventStreamResponse, sse, sse_error
 from pagoda.entrypoints.web.engine_view import EngineView
 
 STATIC_DIR = Path(__file__).parent / "static"

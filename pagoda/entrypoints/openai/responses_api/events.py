@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.entrypoints.openai.errors import OpenAIError
-from pagoda.entrypoints.openai.responses import ChatCompletionChunk
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
+from pagoda.entrypoints.openai.protocol.responses import ChatCompletionChunk
 from pagoda.entrypoints.openai.responses_api.objects import (
     FunctionCallItem,
     MessageItem,

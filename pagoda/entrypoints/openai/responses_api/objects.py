@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pagoda.entrypoints.openai.responses import ResponseModel
+from pagoda.entrypoints.openai.protocol.responses import ResponseModel
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pagoda.entrypoints.openai.responses import ChatChoiceLogProbs, ChatCompletionResponse
+from pagoda.entrypoints.openai.protocol.responses import ChatChoiceLogProbs, ChatCompletionResponse
 from pagoda.entrypoints.openai.responses_api.objects import (
     FunctionCallItem,
     MessageItem,

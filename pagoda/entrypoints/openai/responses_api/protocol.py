@@ -30,7 +30,8 @@ from pydantic import (
     field_validator,
 )
 
-from pagoda.entrypoints.openai.json_shapes import bounded
+from pagoda.entrypoints.openai.protocol.json_shapes import bounded
+from pagoda.entrypoints.openai.protocol.tool_fields import FUNCTION_NAME_PATTERN, FunctionDefinition
 from pagoda.entrypoints.openai.responses_api.input_items import (
     InputItems,
     StrictModel,
@@ -38,7 +39,6 @@ from pagoda.entrypoints.openai.responses_api.input_items import (
     tagged,
     type_of,
 )
-from pagoda.entrypoints.openai.tool_fields import FUNCTION_NAME_PATTERN, FunctionDefinition
 from pagoda.sampling_params import MAX_LOGPROBS, MAX_REPETITION_PENALTY
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pagoda.entrypoints.openai.errors import OpenAIError, bad_request
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError, bad_request
 from pagoda.entrypoints.openai.responses_api.events import ResponseEvents
 from pagoda.entrypoints.openai.responses_api.input_items import (
     InputFunctionCall,
@@ -58,9 +58,9 @@ from pagoda.entrypoints.openai.responses_api.to_chat import (
     own_items,
     responses_error,
 )
-from pagoda.entrypoints.openai.serving_chat import OpenAIServingChat
-from pagoda.entrypoints.openai.serving_pipeline import ServingJob
-from pagoda.entrypoints.openai.streaming import ClientDisconnected, EventStreamResponse
+from pagoda.entrypoints.openai.serving.chat import OpenAIServingChat
+from pagoda.entrypoints.openai.serving.job import ServedAs, ServingJob
+from pagoda.entrypoints.openai.serving.streaming import ClientDisconnected, EventStreamResponse
 from pagoda.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -69,11 +69,14 @@ MAX_INPUT_ITEMS_PAGE = 100
 
 
 class OpenAIServingResponses:
-    """One request's Responses API, on the chat endpoint of the model it names."""
+    """One request's Responses API, on the chat endpoint of the model it names, served as
+    `served_as` (an adapter over that model; None: the model itself)."""
 
-    def __init__(self, chat: OpenAIServingChat, store: ResponseStore) -> None:
+    def __init__(self, chat: OpenAIServingChat, store: ResponseStore,
+                 served_as: ServedAs | None = None) -> None:
         self.chat = chat
         self.store = store
+        self.served_as = served_as or chat.base()
 
     async def create(self, request: ResponsesRequest, raw_request: Request) -> Response:
         for param, message in request.unsupported_fields():
@@ -88,7 +91,7 @@ class OpenAIServingResponses:
         job = self.validate(request, earlier, items)
         job.request_state = raw_request.state
         streams = await self.chat.add_requests(job.prompts, 1)
-        response = new_response(request, self.chat.model_name)
+        response = new_response(request, job.model_name)
         if request.stream:
             events = ResponseEvents(response, request.wants_logprobs, self.count_tokens)
             return EventStreamResponse(
@@ -128,7 +131,7 @@ class OpenAIServingResponses:
             conversion = chat_conversion(request, [conversation[i] for i in kept],
                                          [params[i] for i in kept])
             try:
-                return self.chat.validate(conversion.request)
+                return self.chat.validate(conversion.request, self.served_as)
             except InvalidRequestError as e:
                 raise responses_error(e, conversion) from None
 

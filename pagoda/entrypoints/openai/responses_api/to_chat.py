@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from pagoda.entrypoints.openai.errors import from_validation_error
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest
+from pagoda.entrypoints.openai.protocol.errors import from_validation_error
+from pagoda.entrypoints.openai.protocol.requests import ChatCompletionRequest
 from pagoda.entrypoints.openai.responses_api.input_items import (
     InputFunctionCall,
     InputFunctionCallOutput,

@@ -1,5 +1,5 @@
-"""`pagoda serve`'s LoRA flags: --lora-modules (adapters served from the start) and
---lora-allowed-paths (where POST /v1/load_lora_adapter may read).
+"""`pagoda serve`'s LoRA flags (server_args.py adds them): --lora-modules (adapters served
+from the start) and --lora-allowed-paths (where POST /v1/load_lora_adapter may read).
 
 Every adapter given at start is read and checked against its base model's config before
 any engine is built (headers only: seconds), so a bad one fails the start at once with one
@@ -14,8 +14,8 @@ import argparse
 import os
 from typing import Any
 
-from pagoda.cli.lora_modules import check_unique_names, parse_lora_module
 from pagoda.config import EngineConfig
+from pagoda.entrypoints.openai.lora_modules import check_unique_names, parse_lora_module
 from pagoda.lora.lora_modules import LoRAModule
 
 

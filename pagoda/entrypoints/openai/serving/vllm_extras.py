@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.entrypoints.openai.serving_pipeline import clamp_logprob
+from pagoda.entrypoints.openai.serving.pipeline import clamp_logprob
 from pagoda.outputs import Logprob, RequestOutput, TokenLogprobDict
 
 

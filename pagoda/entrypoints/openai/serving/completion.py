@@ -1,6 +1,6 @@
 """POST /v1/completions: prompts as text or token ids, echo, legacy logprobs, streaming.
 
-What completions supply to the serving pipeline (serving_pipeline.py): one engine request per
+What completions supply to the serving pipeline (serving/pipeline.py): one engine request per
 prompt (choice `i * n + j` is choice j of prompt i, as OpenAI numbers them), the echoed
 prompt in front of a choice's first text, and OpenAI's legacy logprobs shape. Output
 constraints (response_format, guided_*, structured_outputs) are taken as chat takes them
@@ -13,22 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagoda.engine.core.input_processor import EngineRequest
-from pagoda.entrypoints.openai.protocol import CompletionRequest
-from pagoda.entrypoints.openai.responses import (
+from pagoda.entrypoints.openai.protocol.requests import CompletionRequest
+from pagoda.entrypoints.openai.protocol.responses import (
     CompletionLogProbs,
     CompletionResponse,
     CompletionResponseChoice,
 )
-from pagoda.entrypoints.openai.serving_pipeline import (
+from pagoda.entrypoints.openai.protocol.structured_fields import structured_outputs_of
+from pagoda.entrypoints.openai.serving.job import (
     ChoiceState,
     PromptInput,
     SamplingFields,
     ServingJob,
-    ServingPipeline,
-    clamp_logprob,
 )
-from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
-from pagoda.entrypoints.openai.vllm_extras import prompt_logprobs_json, token_label
+from pagoda.entrypoints.openai.serving.pipeline import ServingPipeline, clamp_logprob
+from pagoda.entrypoints.openai.serving.vllm_extras import prompt_logprobs_json, token_label
 from pagoda.outputs import CompletionOutput, RequestOutput, TokenLogprobDict
 
 
@@ -54,8 +53,11 @@ class OpenAIServingCompletion(ServingPipeline):
         asked = [request.prompt_logprobs, request.logprobs if request.echo else None]
         prompt_logprobs = max((n for n in asked if n is not None), default=None)
         structured_outputs, structured_param = structured_outputs_of(request)
+        max_tokens = request.max_tokens
+        if "max_tokens" not in request.model_fields_set and self.default_max_tokens is not None:
+            max_tokens = None  # the server's default (the pipeline's) replaces OpenAI's 16
         return SamplingFields(
-            request.max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
+            max_tokens, request.logprobs, prompt_logprobs, structured_outputs,
             field_names={"structured_outputs": structured_param},
         )
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
-from pagoda.entrypoints.openai.responses import DeltaMessage
-from pagoda.entrypoints.openai.serving_pipeline import ChoiceState, SamplingFields
-from pagoda.entrypoints.openai.tool_fields import (
+from pagoda.entrypoints.openai.protocol.requests import ChatCompletionRequest, ChatMessage
+from pagoda.entrypoints.openai.protocol.responses import DeltaMessage
+from pagoda.entrypoints.openai.protocol.tool_fields import (
     DeltaFunctionCall,
     DeltaToolCall,
     FunctionCall,
     ToolCall,
 )
+from pagoda.entrypoints.openai.serving.job import ChoiceState, SamplingFields
 from pagoda.entrypoints.tools.constraints import parameters_schema
 from pagoda.entrypoints.tools.parsers import (
     TOOL_PARSERS,

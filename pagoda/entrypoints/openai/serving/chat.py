@@ -1,14 +1,14 @@
 """POST /v1/chat/completions: messages -> chat template -> tokens -> one engine request.
 
-What chat supplies to the serving pipeline (serving_pipeline.py): the prompt, built exactly
+What chat supplies to the serving pipeline (serving/pipeline.py): the prompt, built exactly
 as the offline `LLM.chat` builds it (template text, then `encode_chat_prompt`), so a greedy
 chat answer here equals the offline one; its field names (`max_completion_tokens`,
 `top_logprobs`); and its shapes. Streams send one `chat.completion.chunk` per choice with
 `{"role": "assistant", "content": ""}` first, then content deltas; the last delta of a choice
-carries its finish_reason. Tools (serving_tools.py): the prompt lists them, "required" or a
+carries its finish_reason. Tools (serving/tools.py): the prompt lists them, "required" or a
 named tool_choice constrains the output to calls, and the output's calls become
 `message.tool_calls` (streamed: `delta.tool_calls` fragments, one per chunk). Reasoning
-(serving_reasoning.py, with --reasoning-parser): the thinking is split off first, into
+(serving/reasoning.py, with --reasoning-parser): the thinking is split off first, into
 `message.reasoning_content` (streamed: `delta.reasoning_content` chunks); only the rest is
 content and read for calls, and a constraint applies only after the thinking. vLLM's
 `echo`, `prompt_logprobs` (on the response) and `return_tokens_as_token_ids` are
@@ -20,8 +20,8 @@ from __future__ import annotations
 import jinja2
 
 from pagoda.entrypoints.chat_template import encode_chat_prompt
-from pagoda.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
-from pagoda.entrypoints.openai.responses import (
+from pagoda.entrypoints.openai.protocol.requests import ChatCompletionRequest, ChatMessage
+from pagoda.entrypoints.openai.protocol.responses import (
     ChatChoiceLogProbs,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -32,21 +32,17 @@ from pagoda.entrypoints.openai.responses import (
     ChatResponseMessage,
     DeltaMessage,
 )
-from pagoda.entrypoints.openai.serving_pipeline import (
-    PromptInput,
-    SamplingFields,
-    ServingJob,
-    ServingPipeline,
-    clamp_logprob,
-)
-from pagoda.entrypoints.openai.serving_reasoning import (
+from pagoda.entrypoints.openai.protocol.structured_fields import structured_outputs_of
+from pagoda.entrypoints.openai.serving.job import PromptInput, SamplingFields, ServingJob
+from pagoda.entrypoints.openai.serving.pipeline import ServingPipeline, clamp_logprob
+from pagoda.entrypoints.openai.serving.reasoning import (
     ReasoningChoiceState,
     chat_reasoning_parser,
     constrain_after_reasoning,
     new_reasoning_parser,
     split_output,
 )
-from pagoda.entrypoints.openai.serving_tools import (
+from pagoda.entrypoints.openai.serving.tools import (
     check_tool_schemas,
     constrain_to_calls,
     conversation_of,
@@ -57,8 +53,7 @@ from pagoda.entrypoints.openai.serving_tools import (
     plan_of,
     response_calls,
 )
-from pagoda.entrypoints.openai.structured_fields import structured_outputs_of
-from pagoda.entrypoints.openai.vllm_extras import (
+from pagoda.entrypoints.openai.serving.vllm_extras import (
     echo_prefix,
     prompt_logprobs_json,
     token_label,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, WithJsonSchema, field_validator
 
-from pagoda.entrypoints.openai.json_shapes import bounded
+from pagoda.entrypoints.openai.protocol.json_shapes import bounded
 
 MAX_INPUTS = 2048
 """Most inputs in one request (OpenAI's bound)."""

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagoda.entrypoints.openai.responses import ErrorInfo, ErrorResponse
+from pagoda.entrypoints.openai.protocol.responses import ErrorInfo, ErrorResponse
 from pagoda.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)

@@ -28,24 +28,24 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pagoda.entrypoints.openai.chat_template_fields import (
+from pagoda.entrypoints.openai.protocol.chat_template_fields import (
     ChatReasoningFields,
     ChatTemplateFields,
 )
-from pagoda.entrypoints.openai.field_policy import (
+from pagoda.entrypoints.openai.protocol.field_policy import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     FieldPolicy,
 )
-from pagoda.entrypoints.openai.json_shapes import (
+from pagoda.entrypoints.openai.protocol.json_shapes import (
     CHAT_MESSAGE_RULES,
     MessageContent,
     Prompt,
     Stop,
     bounded,
 )
-from pagoda.entrypoints.openai.structured_fields import StructuredOutputFields
-from pagoda.entrypoints.openai.tool_fields import (
+from pagoda.entrypoints.openai.protocol.structured_fields import StructuredOutputFields
+from pagoda.entrypoints.openai.protocol.tool_fields import (
     MessageToolFields,
     ToolFields,
 )

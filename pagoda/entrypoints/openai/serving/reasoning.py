@@ -6,7 +6,7 @@ when the model is served):
        (whole or streamed deltas)     │                         delta.reasoning_content
                                       └─ the rest: content ──> tool-call parser when the
                                                                request offers tools
-                                                               (serving_tools.py), else
+                                                               (serving/tools.py), else
                                                                message.content / delta.content
 
     request's constraint (response_format, guided_*, tool_choice "required" / named)
@@ -19,8 +19,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from pagoda.entrypoints.openai.serving_pipeline import SamplingFields
-from pagoda.entrypoints.openai.serving_tools import ChatChoiceState
+from pagoda.entrypoints.openai.serving.job import SamplingFields
+from pagoda.entrypoints.openai.serving.tools import ChatChoiceState
 from pagoda.entrypoints.reasoning.auto import resolve_reasoning_parser
 from pagoda.entrypoints.reasoning.parsers import (
     REASONING_PARSERS,

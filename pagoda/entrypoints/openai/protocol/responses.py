@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from pagoda.entrypoints.openai.tool_fields import DeltaToolCall, ResponseToolCalls
+from pagoda.entrypoints.openai.protocol.tool_fields import DeltaToolCall, ResponseToolCalls
 
 
 class ResponseModel(BaseModel):

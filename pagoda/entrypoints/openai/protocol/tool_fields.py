@@ -17,7 +17,7 @@ from pydantic import (
     model_serializer,
 )
 
-from pagoda.entrypoints.openai.json_shapes import ToolChoice
+from pagoda.entrypoints.openai.protocol.json_shapes import ToolChoice
 
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """OpenAI's rule for function names."""

@@ -28,22 +28,22 @@ from pagoda.engine.loop.request_stream import (
     QueueFullError,
     RequestStream,
 )
-from pagoda.entrypoints.openai.embedding_protocol import (
+from pagoda.entrypoints.openai.protocol.embedding import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from pagoda.entrypoints.openai.errors import model_not_found, server_error, server_overloaded
-from pagoda.entrypoints.openai.guards import RequestTimeout, with_deadline
-from pagoda.entrypoints.openai.serving_pipeline import engine_error
-from pagoda.entrypoints.openai.streaming import (
+from pagoda.entrypoints.openai.protocol.errors import server_error, server_overloaded
+from pagoda.entrypoints.openai.serving.guards import RequestTimeout, with_deadline
+from pagoda.entrypoints.openai.serving.job import ServedAs
+from pagoda.entrypoints.openai.serving.pipeline import check_model, engine_error
+from pagoda.entrypoints.openai.serving.streaming import (
     ClientDisconnected,
     final_outputs,
     run_until_disconnect,
 )
 from pagoda.errors import InvalidRequestError
-from pagoda.lora.request import LoRARequest
 from pagoda.pooling_params import PoolingParams
 
 INPUT_PARAM = "input"
@@ -64,11 +64,12 @@ class OpenAIServingEmbedding:
         self.model_name = model_name
         self.request_timeout: float | None = None
         """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
-        self.lora_request: LoRARequest | None = None
-        """The adapter every input runs with (an adapter's copy, lora_registry.py)."""
 
-    async def serve(self, request: EmbeddingRequest, raw_request: Request) -> Response:
-        prompts = self.validate(request)
+    async def serve(self, request: EmbeddingRequest, raw_request: Request,
+                    served_as: ServedAs | None = None) -> Response:
+        """The response, served as `served_as` (an adapter; None: the base model)."""
+        served_as = served_as or ServedAs(self.model_name)
+        prompts = self.validate(request, served_as)
         streams = await self.add_requests(prompts)
         try:
             outputs = await run_until_disconnect(
@@ -79,9 +80,7 @@ class OpenAIServingEmbedding:
             raise engine_error(e) from None
         except RequestTimeout as e:
             self.abort(streams)
-            synchronize = getattr(self.engine, "synchronize", None)
-            if synchronize is not None:  # (the 408 goes once nothing of it is left)
-                await synchronize()
+            await self.engine.synchronize()  # (the 408 goes once nothing of it is left)
             raise e.error() from None
         finally:
             self.abort(streams)
@@ -95,15 +94,16 @@ class OpenAIServingEmbedding:
             data.append(EmbeddingData(index=index, embedding=embedding))
         num_tokens = sum(len(p.prompt_token_ids) for p in prompts)
         response = EmbeddingResponse(
-            data=data, model=self.model_name,
+            data=data, model=served_as.model_name,
             usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens))
         return JSONResponse(response.model_dump())
 
-    def validate(self, request: EmbeddingRequest) -> list[EngineRequest]:
+    def validate(self, request: EmbeddingRequest,
+                 served_as: ServedAs | None = None) -> list[EngineRequest]:
         """Every check before the engine sees the request; InvalidRequestError (a 400
         naming the field) for the first that fails."""
-        if request.model is not None and request.model != self.model_name:
-            raise model_not_found(request.model)
+        served_as = served_as or ServedAs(self.model_name)
+        check_model(request.model, served_as)
         params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
         inputs = request.inputs()
         request_id = f"{self.request_id_prefix}-{uuid.uuid4().hex}"
@@ -113,7 +113,7 @@ class OpenAIServingEmbedding:
             try:
                 prompts.append(self.engine.input_processor.process_pooling(
                     request_id if len(inputs) == 1 else f"{request_id}-{i}", value, params,
-                    prompt_param=name, lora_request=self.lora_request))
+                    prompt_param=name, lora_request=served_as.lora_request))
             except InvalidRequestError as e:
                 if e.param == name and name != INPUT_PARAM:
                     raise e.renamed(INPUT_PARAM) from None  # (the message names the item)

@@ -8,7 +8,7 @@
                                             (endpoint's choices) with usage
     whatever happens, unfinished engine requests are aborted.
 
-The field policy (field_policy.py): fields without meaning here get one warning line, fields
+The field policy (protocol/field_policy.py): fields without meaning here get one warning line, fields
 Pagoda cannot honour a 400 (the request's `unsupported_fields`).
 A refused request raises InvalidRequestError (the server's handler makes it a 400 from its
 `param` and `code`) or OpenAIError. Engine failures after acceptance become a 5xx, or an SSE
@@ -23,6 +23,11 @@ An endpoint subclasses `ServingPipeline` and supplies:
     opening_choices(job)         chunks sent before any output (chat's role deltas)
 plus its response and chunk models. Prompt i's completion j is choice i * n + j.
 
+Each call may serve as another name (`served_as`): a LoRA adapter's requests run on its base
+model's handlers, answering with the adapter's name and carrying its LoRARequest. The handlers
+themselves never change after the registry made them (one set per served model). The data a
+request carries through here (ServedAs, SamplingFields, ServingJob, ...) is job.py's.
+
 An endpoint built on another one's output (the Responses API on chat) calls its
 `validate`, `add_requests`, then `wait_for_response` (the response object) or
 `stream_chunks` (chunk objects, an OpenAIError last on failure): the same path without the
@@ -32,14 +37,12 @@ HTTP bodies.
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -53,16 +56,23 @@ from pagoda.engine.loop.request_stream import (
     QueueFullError,
     RequestStream,
 )
-from pagoda.entrypoints.openai.errors import (
+from pagoda.entrypoints.openai.protocol.errors import (
     OpenAIError,
     model_not_found,
     server_error,
     server_overloaded,
 )
-from pagoda.entrypoints.openai.guards import RequestTimeout, until_deadline, with_deadline
-from pagoda.entrypoints.openai.protocol import SamplingRequestFields
-from pagoda.entrypoints.openai.responses import UsageInfo
-from pagoda.entrypoints.openai.streaming import (
+from pagoda.entrypoints.openai.protocol.requests import SamplingRequestFields
+from pagoda.entrypoints.openai.protocol.responses import UsageInfo
+from pagoda.entrypoints.openai.serving.guards import RequestTimeout, until_deadline, with_deadline
+from pagoda.entrypoints.openai.serving.job import (
+    ChoiceState,
+    PromptInput,
+    SamplingFields,
+    ServedAs,
+    ServingJob,
+)
+from pagoda.entrypoints.openai.serving.streaming import (
     SSE_DONE,
     ClientDisconnected,
     EventStreamResponse,
@@ -73,10 +83,8 @@ from pagoda.entrypoints.openai.streaming import (
     sse_error,
 )
 from pagoda.errors import InvalidRequestError
-from pagoda.lora.request import LoRARequest
 from pagoda.outputs import CompletionOutput, RequestOutput
 from pagoda.sampling_params import SamplingParams
-from pagoda.structured_outputs import StructuredOutputsParams
 
 MIN_LOGPROB = -9999.0
 """JSON has no -inf: logprobs are clamped here (as vLLM does)."""
@@ -85,62 +93,6 @@ USAGE_STATE = "pagoda_usage"
 """Where a request's UsageInfo is left in its ASGI scope state (`raw_request.state`) once
 counted, streamed or not, asked for or not: for middleware that records traffic
 (traffic_recorder.py). The response does not change."""
-
-
-@dataclass
-class SamplingFields:
-    """What an endpoint's request gives SamplingParams beyond the shared fields."""
-
-    max_tokens: int | None
-    logprobs: int | None
-    prompt_logprobs: int | None = None
-    structured_outputs: StructuredOutputsParams | None = None
-    """The output constraint (structured_fields.structured_outputs_of); field_names maps
-    "structured_outputs" to the request field it came from."""
-    field_names: dict[str, str] = field(default_factory=dict)
-    """SamplingParams name -> this endpoint's name, where they differ (for errors)."""
-
-    def name_of(self, param: str) -> str:
-        return self.field_names.get(param, param)
-
-
-@dataclass
-class PromptInput:
-    """One prompt as the endpoint built it, before validation."""
-
-    text: str | None
-    token_ids: list[int] | None
-    """None: the validation step tokenizes `text`."""
-    param: str
-    """The request field errors about this prompt name ("prompt", "prompt[1]", "messages")."""
-
-
-@dataclass
-class ServingJob:
-    """One accepted request on its way through the pipeline."""
-
-    request: Any
-    """The endpoint's protocol request (a SamplingRequestFields)."""
-    request_id: str
-    params: SamplingParams
-    prompts: list[EngineRequest]
-    created: int = field(default_factory=lambda: int(time.time()))
-    request_state: Any = None
-    """The HTTP request's state (raw_request.state), where the usage is left (USAGE_STATE)."""
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(len(p.prompt_token_ids) for p in self.prompts)
-
-
-@dataclass
-class ChoiceState:
-    """What a stream remembers of one choice between chunks; endpoints may extend it."""
-
-    index: int
-    finished: bool = False
-    num_tokens: int = 0
-    """Output tokens so far (for the usage chunk)."""
 
 
 class ServingPipeline(ABC):
@@ -159,9 +111,13 @@ class ServingPipeline(ABC):
         self.tokenizer = engine.tokenizer
         self.request_timeout: float | None = None
         """Seconds a request may run before it is stopped with 408 (--request-timeout)."""
-        self.lora_request: LoRARequest | None = None
-        """The adapter every request runs with (set on an adapter's copy of the model's
-        handlers, lora_registry.py; None: the base model, `model_name`)."""
+        self.default_max_tokens: int | None = None
+        """The output cap of a request that gives none (--max-tokens-default), capped by the
+        room its prompt leaves; None: up to the context."""
+
+    def base(self) -> ServedAs:
+        """Served as the base model itself, without an adapter."""
+        return ServedAs(self.model_name)
 
     # ---- what each endpoint supplies ---------------------------------------------------------
 
@@ -190,9 +146,11 @@ class ServingPipeline(ABC):
 
     # ---- the pipeline ------------------------------------------------------------------------
 
-    async def serve(self, request, raw_request: Request) -> Response:
-        """The HTTP response to an endpoint's parsed request."""
-        job = self.validate(request)
+    async def serve(self, request, raw_request: Request,
+                    served_as: ServedAs | None = None) -> Response:
+        """The HTTP response to an endpoint's parsed request, served as `served_as` (None:
+        the base model)."""
+        job = self.validate(request, served_as)
         job.request_state = raw_request.state
         streams = await self.add_requests(job.prompts, job.params.n)
         if request.stream:
@@ -224,10 +182,12 @@ class ServingPipeline(ABC):
         leave_usage(job, response.usage)
         return response
 
-    def validate(self, request) -> ServingJob:
-        """Every check a request passes before the engine sees it; raises InvalidRequestError
-        (or OpenAIError) for the first that fails."""
-        self.check_model(request.model)
+    def validate(self, request, served_as: ServedAs | None = None) -> ServingJob:
+        """Every check a request passes before the engine sees it, served as `served_as`
+        (None: the base model); raises InvalidRequestError (or OpenAIError) for the first
+        that fails."""
+        served_as = served_as or self.base()
+        check_model(request.model, served_as)
         request.field_policy.warn_ignored(request)  # one line naming them, if any
         for param, message in request.unsupported_fields():
             raise InvalidRequestError(message, param, "unsupported_parameter")
@@ -243,10 +203,11 @@ class ServingPipeline(ABC):
                     params,
                     prompt_token_ids=prompt.token_ids,
                     priority=request.priority or 0,
-                    reject_over_length=True,
+                    # (the server's default cap yields to the room the prompt leaves)
+                    reject_over_length=fields.max_tokens is not None,
                     prompt_param=prompt.param,
                     max_tokens_param=fields.name_of("max_tokens"),
-                    lora_request=self.lora_request,
+                    lora_request=served_as.lora_request,
                 )
                 for i, prompt in enumerate(inputs)
             ]
@@ -256,11 +217,7 @@ class ServingPipeline(ABC):
             if e.param is None or fields.name_of(e.param) == e.param:
                 raise
             raise e.renamed(fields.name_of(e.param)) from None
-        return ServingJob(request, request_id, params, prompts)
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise model_not_found(model)
+        return ServingJob(request, request_id, params, prompts, served_as=served_as)
 
     def sampling_params(
         self, request: SamplingRequestFields, fields: SamplingFields
@@ -293,7 +250,7 @@ class ServingPipeline(ABC):
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=bool(request.ignore_eos),
-                max_tokens=fields.max_tokens,
+                max_tokens=self.max_tokens(request, fields),
                 min_tokens=request.min_tokens or 0,
                 logprobs=fields.logprobs,
                 prompt_logprobs=fields.prompt_logprobs,
@@ -308,6 +265,12 @@ class ServingPipeline(ABC):
             if e.param is None:
                 raise
             raise e.renamed(fields.name_of(e.param)) from None
+
+    def max_tokens(self, request: SamplingRequestFields, fields: SamplingFields) -> int | None:
+        """The request's own cap, else the server's default (at least min_tokens)."""
+        if fields.max_tokens is not None or self.default_max_tokens is None:
+            return fields.max_tokens
+        return max(self.default_max_tokens, request.min_tokens or 0)
 
     async def add_requests(self, prompts: list[EngineRequest], n: int) -> list[RequestStream]:
         """Hand the validated requests to the engine; if one is refused, abort the others."""
@@ -334,12 +297,10 @@ class ServingPipeline(ABC):
     async def abort_and_wait(self, streams: list[RequestStream]) -> None:
         """Abort, then wait until the engine has released the requests (none running or
         waiting, their KV blocks free, its snapshot and /metrics saying so): a 408 goes out
-        only once nothing of its request is left. An engine without `synchronize` (the data
-        parallel one: its replicas do not acknowledge aborts) is not waited for."""
+        only once nothing of its request is left (the data parallel engine's replicas do not
+        acknowledge aborts: its synchronize returns at once)."""
         self.abort(streams)
-        synchronize = getattr(self.engine, "synchronize", None)
-        if synchronize is not None:
-            await synchronize()
+        await self.engine.synchronize()
 
     def abort(self, streams: list[RequestStream]) -> None:
         for stream in streams:
@@ -357,7 +318,7 @@ class ServingPipeline(ABC):
         ]
         num_completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         return self.response_type(
-            id=job.request_id, model=self.model_name, choices=choices,
+            id=job.request_id, model=job.model_name, choices=choices,
             usage=self.usage(job, num_completion_tokens),
         )
 
@@ -412,7 +373,7 @@ class ServingPipeline(ABC):
 
     def chunk(self, job: ServingJob, choices: list[BaseModel],
               usage: UsageInfo | None = None) -> BaseModel:
-        return self.chunk_type(id=job.request_id, created=job.created, model=self.model_name,
+        return self.chunk_type(id=job.request_id, created=job.created, model=job.model_name,
                                choices=choices, usage=usage)
 
     @staticmethod
@@ -420,6 +381,12 @@ class ServingPipeline(ABC):
         return UsageInfo(prompt_tokens=job.num_prompt_tokens,
                          completion_tokens=num_completion_tokens,
                          total_tokens=job.num_prompt_tokens + num_completion_tokens)
+
+
+def check_model(model: str | None, served_as: ServedAs) -> None:
+    """A request that names a model must name the one it is served as."""
+    if model is not None and model != served_as.model_name:
+        raise model_not_found(model)
 
 
 def leave_usage(job: ServingJob, usage: UsageInfo) -> None:

@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pagoda.engine.loop.request_stream import RequestStream
-from pagoda.entrypoints.openai.errors import OpenAIError
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
 from pagoda.outputs import RequestOutput
 
 T = TypeVar("T")

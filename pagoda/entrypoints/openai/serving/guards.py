@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagoda.entrypoints.openai.errors import OpenAIError
+from pagoda.entrypoints.openai.protocol.errors import OpenAIError
 
 T = TypeVar("T")
 
