@@ -67,9 +67,6 @@ percentile bootstrap (`resamples` draws with replacement):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from pagoda.ab.bootstrap import (
@@ -82,9 +79,17 @@ from pagoda.ab.bootstrap import (
     widened,
 )
 from pagoda.ab.calibration import noise_floor
+from pagoda.ab.outcome import DETECT, choice_of, outcome_of
+from pagoda.ab.result_requests import (
+    ResultRequest,
+    endpoint_duration,
+    json_number,
+    read_endpoints,
+    read_requests,
+)
 from pagoda.ab.verdict import verdict
 from pagoda.bench import BenchError
-from pagoda.bench.metrics import RequestRecord, meets_slo, summarize
+from pagoda.bench.metrics import meets_slo, summarize
 
 __all__ = ["analyze", "bootstrap_ratio_ci", "verdict"]
 
@@ -94,117 +99,16 @@ MIN_BLOCKS = 6
 """Fewer blocks than this on a side (drawn whole) and no interval is given."""
 NEGLIGIBLE = 0.02
 """A relative difference smaller than this never decides, however sure."""
-DETECT = 0.05
-"""The difference a "run N more requests" estimate aims to resolve."""
 COMPARED_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 COMPARED_STATISTICS = ("mean", "median", "p95", "p99")
 DECISIVE = (("ttft", "median"), ("ttft", "p95"), ("tpot", "median"), ("tpot", "p95"),
             ("e2el", "median"), ("e2el", "p95"))
 
 
-# ---- the result's requests ---------------------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    """One request of the result: its pairing identity and its metrics."""
-
-    key: object
-    """The traffic entry's key as the result gives it (None: pairs with nothing)."""
-    pair_id: tuple | None
-    """(str(key), repeat, occurrence) or None without a key: equal ids on two endpoints
-    pair; occurrence tells apart a key given twice with one repeat number."""
-    greedy: bool
-    output_text: str | None
-    record: RequestRecord
-    block: object = None
-    """The replay block it ran in (drawn whole), or None (drawn alone)."""
-    live_history: bool = False
-    """It carried the endpoint's own earlier replies: its output is not comparable with
-    another endpoint's, whose history differs wherever an earlier reply did."""
-
-
-def _record(data: dict) -> RequestRecord:
-    """A RequestRecord back from its to_json() form (chunk times from ttft and the gaps)."""
-    ttft, gaps = data.get("ttft"), data.get("itl") or []
-    chunk_times = [] if ttft is None else [float(t) for t in np.cumsum([ttft, *gaps])]
-    return RequestRecord(
-        index=int(data.get("index") or 0), start=float(data.get("start") or 0.0),
-        success=bool(data.get("success")), error=data.get("error"),
-        error_kind=data.get("error_kind"), http_status=data.get("http_status"),
-        chunk_times=chunk_times, latency=data.get("latency"),
-        prompt_tokens=data.get("prompt_tokens"), output_tokens=data.get("output_tokens"),
-        expected_output_tokens=data.get("expected_output_tokens"),
-        finish_reason=data.get("finish_reason"))
-
-
-def _endpoints(result: dict) -> list[dict]:
-    endpoints = result.get("endpoints") if isinstance(result, dict) else None
-    if not isinstance(endpoints, list) or not endpoints:
-        raise BenchError("the A/B result has no endpoints (expected a list under 'endpoints')")
-    out, names = [], set()
-    for i, e in enumerate(endpoints):
-        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
-            raise BenchError(f"the A/B result's endpoint {i} has no name")
-        if e["name"] in names:
-            raise BenchError(f"the A/B result names endpoint {e['name']!r} twice")
-        names.add(e["name"])
-        out.append({"name": e["name"], "url": e.get("url"), "label": e.get("label"),
-                    "hardware": e.get("hardware"), "cost_per_hour": e.get("cost_per_hour")})
-    return out
-
-
-def _requests(result: dict, names: list[str]) -> dict[str, list[_Request]]:
-    by_endpoint: dict[str, list[_Request]] = {name: [] for name in names}
-    seen: dict[tuple, int] = {}
-    for i, data in enumerate(result.get("requests") or []):
-        if not isinstance(data, dict) or data.get("endpoint") not in by_endpoint:
-            got = data.get("endpoint") if isinstance(data, dict) else data
-            raise BenchError(f"the A/B result's request {i}: endpoint {got!r} is not one of "
-                             f"{', '.join(names)}")
-        try:
-            record = _record(data)
-        except (TypeError, ValueError) as e:
-            raise BenchError(f"the A/B result's request {i}: bad timing fields ({e})") from None
-        pair_id = None
-        if data.get("key") is not None:
-            base = (data["endpoint"], str(data["key"]), int(data.get("repeat") or 0))
-            occurrence = seen.get(base, 0)
-            seen[base] = occurrence + 1
-            pair_id = (*base[1:], occurrence)
-        block = data.get("block")
-        by_endpoint[data["endpoint"]].append(_Request(
-            data.get("key"), pair_id, bool(data.get("greedy")), data.get("output_text"), record,
-            None if block is None else (int(data.get("repeat") or 0), block),
-            bool(data.get("live_history"))))
-    return by_endpoint
-
-
-def _duration(result: dict, name: str, requests: list[_Request]) -> float:
-    """The endpoint's wall time; without one in the result, first send to last end."""
-    duration = (result.get("duration") or {}).get(name)
-    if isinstance(duration, (int, float)) and duration > 0:
-        return float(duration)
-    ends = [r.record.start + r.record.latency for r in requests if r.record.latency is not None]
-    starts = [r.record.start for r in requests]
-    if ends and max(ends) > min(starts):
-        return max(ends) - min(starts)
-    raise BenchError(f"the A/B result has no duration for endpoint {name!r} and its requests "
-                     "do not give one")
-
-
-def _number(x) -> float | None:
-    """A float for JSON: None for None, NaN or infinity."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 # ---- analyze -----------------------------------------------------------------------------------
 
 
-def _summary(meta: dict, requests: list[_Request], duration: float,
+def _summary(meta: dict, requests: list[ResultRequest], duration: float,
              slo: dict[str, float] | None) -> dict:
     summary = {**meta, **summarize([r.record for r in requests], duration, slo)}
     summary.setdefault("slo_s", None)
@@ -237,10 +141,10 @@ def _row(metric: str, statistic: str, name: str, higher_is_better: bool, paired:
     if values is None:
         return row
     base, cand, draws = values
-    row["baseline_value"], row["candidate_value"] = _number(base), _number(cand)
+    row["baseline_value"], row["candidate_value"] = json_number(base), json_number(cand)
     if not base:
         return row
-    row["difference"] = _number(cand / base - 1.0)
+    row["difference"] = json_number(cand / base - 1.0)
     if draws is None:  # too few blocks to draw from
         return row
     bounds = interval(draws, confidence)
@@ -251,7 +155,7 @@ def _row(metric: str, statistic: str, name: str, higher_is_better: bool, paired:
     return row
 
 
-def _draw_blocks_of(base: list[_Request], cand: list[_Request]) -> bool:
+def _draw_blocks_of(base: list[ResultRequest], cand: list[ResultRequest]) -> bool:
     """Whether every request carries the replay block it ran in (so blocks are drawn)."""
     return all(r.block is not None for r in (*base, *cand))
 
@@ -269,9 +173,9 @@ def _block_widened(draws: np.ndarray, point: float, labels: tuple[list, list] | 
     return widened(draws, point, few_clusters_widening(blocks, confidence))
 
 
-def _latency_rows(base: list[_Request], cand: list[_Request], pairs: list[tuple], paired: bool,
+def _latency_rows(base: list[ResultRequest], cand: list[ResultRequest], pairs: list[tuple], paired: bool,
                   confidence: float, resamples: int, rng: np.random.Generator) -> list[dict]:
-    """`pairs`: (baseline _Request, candidate _Request), both successful."""
+    """`pairs`: (baseline ResultRequest, candidate ResultRequest), both successful."""
     rows = []
     by_blocks = _draw_blocks_of(base, cand)
     base_ok = [r for r in base if r.record.success]
@@ -316,7 +220,7 @@ def _latency_rows(base: list[_Request], cand: list[_Request], pairs: list[tuple]
     return rows
 
 
-def _indicator_draws(base: list[_Request], cand: list[_Request], matched: list[tuple],
+def _indicator_draws(base: list[ResultRequest], cand: list[ResultRequest], matched: list[tuple],
                      paired: bool, indicator, resamples: int, rng: np.random.Generator):
     """Shares of requests for which indicator(record) holds on each side, with draws."""
     if paired:
@@ -337,8 +241,8 @@ def _indicator_draws(base: list[_Request], cand: list[_Request], matched: list[t
     return stat_a, stat_b, draws_a, draws_b
 
 
-def _compare(base: dict, cand: dict, base_requests: list[_Request],
-             cand_requests: list[_Request], slo: dict[str, float] | None, confidence: float,
+def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
+             cand_requests: list[ResultRequest], slo: dict[str, float] | None, confidence: float,
              resamples: int, rng: np.random.Generator,
              floors: dict[tuple[str, str], float] | None = None) -> dict:
     """One candidate against the baseline. `floors`: the A/A noise floor of each decisive
@@ -411,7 +315,7 @@ def _compare(base: dict, cand: dict, base_requests: list[_Request],
     differing = list(dict.fromkeys(key for key, same in greedy if not same))[:5]
 
     def ratio(x, y):
-        return _number(x / y) if x is not None and y else None
+        return json_number(x / y) if x is not None and y else None
 
     comparison = {
         "baseline": base["name"], "candidate": cand["name"], "paired": paired,
@@ -429,56 +333,8 @@ def _compare(base: dict, cand: dict, base_requests: list[_Request],
                              "share": equal / len(greedy) if greedy else None,
                              "differing_keys": differing},
     }
-    comparison.update(_outcome(comparison))
+    comparison.update(outcome_of(comparison))
     return comparison
-
-
-def _outcome(c: dict) -> dict:
-    """Rules 3-4 of the docstring: outcome, winner, and for no difference the further
-    requests per endpoint that would narrow the widest decisive interval to +-DETECT."""
-    base, cand = c["baseline"], c["candidate"]
-    differing = [r for r in c["metrics"] if r["significant"]]
-    sides = {r["favours"] for r in differing}
-    decided_by = None
-    if not differing:
-        outcome = "no_difference"
-    elif len(sides) == 1:
-        outcome = "better" if sides == {cand} else "worse"
-    else:
-        outcome = "mixed"
-        for metric in ("goodput", "e2el"):  # rule 4's tie-breaks, in order
-            tie_break = {r["favours"] for r in differing if r["metric"] == metric}
-            if len(tie_break) == 1:
-                outcome = "better" if tie_break == {cand} else "worse"
-                decided_by = metric
-                break
-    worse_errors = c["error_rate"]["worse"]
-    blocked = False
-    if worse_errors:  # rule 3: the side that fails more is never chosen
-        if {"better": cand, "worse": base}.get(outcome) == worse_errors:
-            blocked, outcome, decided_by = True, "mixed", None
-        elif outcome != ("better" if worse_errors == base else "worse"):
-            outcome = "better" if worse_errors == base else "worse"
-            decided_by = "errors"
-    more, widest = None, None
-    if outcome == "no_difference":
-        half_widths = [((r["high"] - r["low"]) / 2.0, r["name"]) for r in c["metrics"]
-                       if r["decisive"] and r["low"] is not None]
-        if half_widths:
-            half, widest = max(half_widths)
-            needed = c["num_compared"] * (half / DETECT) ** 2
-            if needed > c["num_compared"]:
-                more = _round_up(needed - c["num_compared"])
-    return {"outcome": outcome, "winner": {"better": cand, "worse": base}.get(outcome),
-            "decided_by": decided_by, "errors_block_winner": blocked, "more_requests": more,
-            "widest_metric": widest, "detect": DETECT}
-
-
-def _round_up(x: float) -> int:
-    """Up to two significant digits: 1234 -> 1300."""
-    x = max(1, math.ceil(x))
-    step = 10 ** max(len(str(x)) - 2, 0)
-    return -(-x // step) * step
 
 
 def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float = 0.95,
@@ -492,15 +348,15 @@ def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float
         raise BenchError(f"confidence must be in [0.5, 1), got {confidence}")
     if resamples < 100:
         raise BenchError(f"resamples must be at least 100, got {resamples}")
-    endpoints = _endpoints(result)
+    endpoints = read_endpoints(result)
     names = [e["name"] for e in endpoints]
-    requests = _requests(result, names)
+    requests = read_requests(result, names)
     for name in names:
         if not requests[name]:
             raise BenchError(f"the A/B result has no requests for endpoint {name!r}: "
                              "nothing to measure it by")
     summaries = [_summary(e, requests[e["name"]],
-                          _duration(result, e["name"], requests[e["name"]]), slo)
+                          endpoint_duration(result, e["name"], requests[e["name"]]), slo)
                  for e in endpoints]
     if calibrate is None:
         calibrate = same_hardware(endpoints)
@@ -515,7 +371,7 @@ def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float
                           "negligible": NEGLIGIBLE, "detect": DETECT},
                 "endpoints": summaries, "comparisons": comparisons,
                 "calibration": {"requested": bool(calibrate), **(calibration or {})}}
-    analysis["choice"] = _choice(analysis)
+    analysis["choice"] = choice_of(analysis)
     analysis["verdict"] = verdict(analysis)
     return analysis
 
@@ -526,19 +382,9 @@ def same_hardware(endpoints: list[dict]) -> bool:
     return all(h for h in hardware) and all(h == hardware[0] for h in hardware)
 
 
-def _calibration(requests: dict[str, list[_Request]], slo: dict[str, float] | None):
+def _calibration(requests: dict[str, list[ResultRequest]], slo: dict[str, float] | None):
     names = {(metric, statistic): _statistic_name(label, statistic)
              for metric, label in COMPARED_METRICS for statistic in COMPARED_STATISTICS}
     names[("goodput", "rate")] = "goodput at the SLO"
     return noise_floor(requests, DECISIVE, names,
                        (lambda record: meets_slo(record, slo)) if slo else None)
-
-
-def _choice(analysis: dict) -> str | None:
-    comparisons = analysis["comparisons"]
-    better = [c["candidate"] for c in comparisons if c["outcome"] == "better"]
-    if len(better) == 1:
-        return better[0]
-    if comparisons and not better and all(c["outcome"] == "worse" for c in comparisons):
-        return analysis["baseline"]
-    return None
