@@ -11,6 +11,7 @@ import time
 import pytest
 
 from pagoda.executor.loader.model_files import bundled_model_path
+from tests.budget import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
 
 
 @pytest.fixture(scope="session")
@@ -49,14 +50,17 @@ def bundled_llm():
 @pytest.fixture(scope="session")
 def shared_server():
     """One `pagoda serve` on the bundled model with the default engine settings
-    (server_helpers.ENGINE_ARGS) and an API key from PAGODA_API_KEY (SHARED_API_KEY), shared
-    by every test module whose server needs no flags of its own.
+    (server_helpers.ENGINE_ARGS), --tool-call-parser auto (on the bundled model it picks
+    hermes, the default: the same server for every other module) and an API key from
+    PAGODA_API_KEY (SHARED_API_KEY), shared by every test module whose server needs no flags
+    of its own.
 
     Tests must leave it as they found it: every request finished or aborted, and its
     counters read as differences (other modules' traffic comes before)."""
     from tests.entrypoints.server_helpers import SHARED_API_KEY, RemoteServer
 
-    with RemoteServer([], env={"PAGODA_API_KEY": SHARED_API_KEY}) as server:
+    with RemoteServer(["--tool-call-parser", "auto"],
+                      env={"PAGODA_API_KEY": SHARED_API_KEY}) as server:
         yield server
         assert server.proc.poll() is None, "the shared server died:\n" + server.log_text()
 

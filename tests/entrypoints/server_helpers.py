@@ -1,6 +1,7 @@
 """A real `pagoda serve` process on a free loopback port, for the server tests. A module
 whose server needs no flags of its own uses the session's shared one (tests/conftest.py's
-`shared_server`: ENGINE_ARGS, API key SHARED_API_KEY) instead of starting another: each
+`shared_server`: ENGINE_ARGS, --tool-call-parser auto, API key
+SHARED_API_KEY) instead of starting another: each
 start loads the model again, seconds of the suite's time."""
 
 from __future__ import annotations
