@@ -58,7 +58,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pagoda", "serve", "--port", str(self.port), *ENGINE_ARGS,
              *args], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
+        deadline = time.time() + 900
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {self.proc.returncode}: see {self.log.name}")
@@ -69,7 +69,7 @@ class Server:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"{name} not ready after 300 s: see {self.log.name}")
+        raise RuntimeError(f"{name} not ready after 900 s: see {self.log.name}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -10,7 +10,7 @@ recording (--record) and mirroring (or --split) to the candidate; its CPU is rea
     python benchmarks/ab_proxy_overhead.py --fake-upstream            # the proxy alone
     python benchmarks/ab_proxy_overhead.py --primary URL --candidate URL --model NAME
 
---fake-upstream starts two fake OpenAI servers (tests/bench/fake_server.py: no model, a chunk
+--fake-upstream starts two fake OpenAI servers (tests/helpers/fake_server.py: no model, a chunk
 every --fake-delay s, the first one at once), so TTFT is HTTP and proxy time only.
 """
 
@@ -58,7 +58,7 @@ def wait_for(url: str, process: subprocess.Popen, what: str) -> None:
 
 def start_fake(delay: float) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    code = ("import uvicorn; from tests.bench.fake_server import build_app; "
+    code = ("import uvicorn; from tests.helpers.fake_server import build_app; "
             f"uvicorn.run(build_app({delay}), host='127.0.0.1', port={port}, "
             "log_level='critical')")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)

@@ -10,7 +10,7 @@ OUT=${1:?usage: $0 OUT_DIR}
 mkdir -p $OUT
 .venv/bin/pagoda serve --port 8000 > $OUT/pagoda-serve.log 2>&1 &
 P=$!
-.venv/bin/python -c "import uvicorn; from tests.bench.fake_server import build_app; uvicorn.run(build_app(0.005), host='127.0.0.1', port=8003, log_level='critical')" &
+.venv/bin/python -c "import uvicorn; from tests.helpers.fake_server import build_app; uvicorn.run(build_app(0.005), host='127.0.0.1', port=8003, log_level='critical')" &
 F=$!
 trap 'kill $P $F 2>/dev/null || true' EXIT
 for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 0.5; done

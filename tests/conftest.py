@@ -1,5 +1,7 @@
-"""Shared fixtures: the bundled model's path, one engine on it reused across tests, a
-two-node Ray cluster, and the check that no process the tests start outlives them."""
+"""Shared fixtures: the bundled model's path, one engine on it reused across tests, one
+`pagoda serve` on it shared by the server test modules, a two-node Ray cluster, and the
+check that no process the tests start outlives them. (The per-test time budget's report:
+tests/budget.py.)"""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from pagoda.executor.loader.model_files import bundled_model_path
+from tests.budget import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +45,24 @@ def bundled_llm():
     from pagoda import LLM
 
     return LLM(dtype="float32", kv_cache_memory=256 * 1024 * 1024, max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """One `pagoda serve` on the bundled model with the default engine settings
+    (server_helpers.ENGINE_ARGS), --tool-call-parser auto (on the bundled model it picks
+    hermes, the default: the same server for every other module) and an API key from
+    PAGODA_API_KEY (SHARED_API_KEY), shared by every test module whose server needs no flags
+    of its own.
+
+    Tests must leave it as they found it: every request finished or aborted, and its
+    counters read as differences (other modules' traffic comes before)."""
+    from tests.entrypoints.server_helpers import SHARED_API_KEY, RemoteServer
+
+    with RemoteServer(["--tool-call-parser", "auto"],
+                      env={"PAGODA_API_KEY": SHARED_API_KEY}) as server:
+        yield server
+        assert server.proc.poll() is None, "the shared server died:\n" + server.log_text()
 
 
 ENDS_WITH_PYTEST = (b"compile_worker", b"multiprocessing.resource_tracker")

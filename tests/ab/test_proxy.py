@@ -1,4 +1,4 @@
-"""`pagoda ab-proxy` between fake OpenAI-compatible servers (tests/bench/fake_server.py): the
+"""`pagoda ab-proxy` between fake OpenAI-compatible servers (tests/helpers/fake_server.py): the
 user gets the primary's bytes as they come, whatever the candidate does (slow, failing, killed
 under load and restarted); mirror and split reach the candidate as promised; the record reads
 back as an A/B result; bad flags exit 2."""
@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,16 +28,12 @@ from pagoda.ab.proxy_record import RecordWriter, read_proxy_record
 from pagoda.ab.proxy_upstream import Upstream, UpstreamError
 from pagoda.bench import BenchError
 from pagoda.cli.main import main
-from tests.bench.fake_server import FakeServer
+from tests.helpers.fake_server import FakeServer
+from tests.helpers.fake_server import FakeServerProcess as FakeProcess
+from tests.helpers.ports import free_port
 
 ROOT = Path(__file__).parents[2]
 DONE = b"data: [DONE]\n\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ProxyServer:
@@ -71,33 +66,6 @@ class ProxyServer:
             time.sleep(0.02)
         assert self.proxy.stats.shadows_in_flight == 0
         return self.proxy.stats_json()
-
-
-class FakeProcess:
-    """fake_server.py in a process of its own, on a fixed port: killable, restartable."""
-
-    def __init__(self, port: int, delay: float) -> None:
-        self.port, self.delay = port, delay
-        self.url = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        code = ("import uvicorn; from tests.bench.fake_server import build_app; "
-                f"uvicorn.run(build_app({self.delay}), host='127.0.0.1', port={self.port}, "
-                "log_level='critical')")
-        self.process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
-        deadline = time.time() + 30
-        while True:
-            try:
-                httpx.get(self.url + "/v1/models", timeout=1)
-                return
-            except httpx.HTTPError:
-                assert time.time() < deadline and self.process.poll() is None
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
 
 
 def completion(prompt: str, max_tokens: int = 6, **extra) -> dict:

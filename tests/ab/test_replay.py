@@ -24,7 +24,7 @@ from pagoda.ab.replay import (
 )
 from pagoda.bench import BenchError
 from pagoda.traffic_record import TrafficEntry
-from tests.bench.fake_server import MODEL, FakeServer
+from tests.helpers.fake_server import MODEL, FakeServer
 
 
 def entry(i: int, arrival: float, output_tokens: int = 3, chat: bool = False) -> TrafficEntry:

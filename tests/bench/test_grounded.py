@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pagoda.bench import datasets, prose
-from tests.bench.fake_server import FakeServer
 from tests.bench.test_serve_fake import run_bench
+from tests.helpers.fake_server import FakeServer
 
 LONGEST_SENTENCE = 30
 """More tokens than any sentence of pagoda/bench/prose.py takes (with the bundled tokenizer)."""

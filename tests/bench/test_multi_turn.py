@@ -14,8 +14,8 @@ import pytest
 from pagoda.bench import datasets, report
 from pagoda.bench.metrics import RequestRecord, summarize
 from pagoda.cli.main import main
-from tests.bench.fake_server import FakeServer
-from tests.bench.test_serve_fake import closed_port
+from tests.helpers.fake_server import FakeServer
+from tests.helpers.ports import free_port
 
 USERS, TURNS, SYSTEM_LEN, INPUT_LEN, OUTPUT_LEN = 4, 3, 24, 8, 3
 
@@ -200,7 +200,7 @@ def test_compare_shows_the_turns_side_by_side(tmp_path, capsys):
     (["--dataset", "random", "--system-prompt-len", "100"], "multi-turn only"),
 ])
 def test_bad_multi_turn_flags_exit_2(args, message, capsys):
-    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{closed_port()}",
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{free_port()}",
                "--dataset", "multi-turn", *args])
     err = capsys.readouterr().err.strip()
     assert rc == 2

@@ -4,14 +4,14 @@ counted and reported, never dropped; traffic shaping; JSON and PNG; CLI errors e
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from pagoda.cli.main import main
-from tests.bench.fake_server import MODEL, FakeServer
+from tests.helpers.fake_server import MODEL, FakeServer
+from tests.helpers.ports import free_port
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -98,12 +98,6 @@ def test_max_concurrency_bounds_requests_in_flight(tmp_path):
         assert server.app.state.max_in_flight == 2
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("args, message", [
     (["--slo", "ttft=fast"], "--slo"),
     (["--slo", "speed=5ms"], "--slo"),
@@ -117,7 +111,7 @@ def closed_port() -> int:
     ([], "cannot reach"),
 ])
 def test_cli_errors_print_one_line_and_exit_2(args, message, capsys):
-    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{closed_port()}", *args])
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{free_port()}", *args])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and message in err, err

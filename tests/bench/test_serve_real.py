@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from pagoda.cli.main import main
+from tests.entrypoints.server_helpers import SHARED_API_KEY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -25,41 +21,9 @@ def metric_total(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def pagoda_server(tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pagoda", "serve", "--port", str(port),
-             "--dtype", "float32", "--kv-cache-memory", str(256 * 1024 * 1024),
-             "--max-model-len", "1024", "--no-access-log"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"pagoda serve exited with {proc.returncode}:\n"
-                                   + log_path.read_text())
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("pagoda serve not ready after 300 s:\n" + log_path.read_text())
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def pagoda_server(shared_server) -> str:
+    """The session's shared `pagoda serve` (tests/conftest.py): its URL."""
+    return shared_server.url
 
 
 @pytest.mark.slow
@@ -68,7 +32,8 @@ def test_bench_serve_against_pagoda_serve(pagoda_server, endpoint, tmp_path, cap
     out, png = tmp_path / "result.json", tmp_path / "result.png"
     generated_before = metric_total(pagoda_server, "generation_tokens")
     prompt_before = metric_total(pagoda_server, "prompt_tokens")
-    rc = main(["bench", "serve", "--base-url", pagoda_server, "--endpoint", endpoint,
+    rc = main(["bench", "serve", "--base-url", pagoda_server, "--api-key", SHARED_API_KEY,
+               "--endpoint", endpoint,
                "--num-requests", "8", "--input-len", "24", "--output-len", "16",
                "--max-concurrency", "4", "--num-warmups", "0", "--no-progress",
                "--slo", "ttft=60s,tpot=10s", "--output", str(out), "--plot", str(png)])

@@ -11,8 +11,9 @@ import pytest
 from pagoda.bench.server_cost import parse_cost_per_hour
 from pagoda.cli.main import main
 from pagoda.cost import cost_figures
-from tests.bench.fake_server import FakeServer
-from tests.bench.test_serve_fake import closed_port, run_bench, write_jsonl
+from tests.bench.test_serve_fake import run_bench, write_jsonl
+from tests.helpers.fake_server import FakeServer
+from tests.helpers.ports import free_port
 
 SERVER_PAGE = """\
 # TYPE pagoda:cost_per_hour gauge
@@ -92,7 +93,7 @@ def test_no_price_no_cost(tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
 def test_a_bad_price_is_one_line_and_exit_2(value, capsys):
-    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{closed_port()}",
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{free_port()}",
                "--cost-per-hour", value])
     err = capsys.readouterr().err.strip()
     assert rc == 2

@@ -14,8 +14,8 @@ from pagoda.bench.server_metrics import (
     parse_spec_decode_counters,
     spec_decode_figures,
 )
-from tests.bench.fake_server import FakeServer
 from tests.bench.test_serve_fake import run_bench, write_jsonl
+from tests.helpers.fake_server import FakeServer
 
 PAGODA_BEFORE = """\
 # HELP pagoda:prompt_tokens_total Prompt tokens processed.

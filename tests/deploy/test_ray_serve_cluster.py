@@ -35,7 +35,8 @@ from tests.deploy.serve_load import (
     stream_one,
     wait_until,
 )
-from tests.entrypoints.server_helpers import RemoteServer, free_port
+from tests.entrypoints.server_helpers import RemoteServer
+from tests.helpers.ports import free_port
 
 ray = pytest.importorskip("ray", reason="make test installs Ray (the [ray] extra)")
 pytest.importorskip("ray.serve", reason="make test installs Ray Serve (ray[serve])")

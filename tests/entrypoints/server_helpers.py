@@ -1,10 +1,13 @@
-"""A real `pagoda serve` process on a free loopback port, for the server tests."""
+"""A real `pagoda serve` process on a free loopback port, for the server tests. A module
+whose server needs no flags of its own uses the session's shared one (tests/conftest.py's
+`shared_server`: ENGINE_ARGS, --tool-call-parser auto, API key
+SHARED_API_KEY) instead of starting another: each
+start loads the model again, seconds of the suite's time."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -13,16 +16,16 @@ import time
 
 import httpx
 
+from tests.helpers.ports import free_port
+
 # Small engine settings shared by the server tests and the offline reference LLM.
 ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory", str(256 * 1024 * 1024),
                "--max-model-len", "2048"]
 MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The shared server's key, given through PAGODA_API_KEY (the --api-key flag is what the
+# modules with servers of their own use).
+SHARED_API_KEY = "env-key-123"
+SHARED_AUTH = {"Authorization": f"Bearer {SHARED_API_KEY}"}
 
 
 class RemoteServer:

@@ -30,7 +30,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.llms.openai_like import OpenAILike
 from pydantic import BaseModel, Field
 
-from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+from tests.entrypoints.server_helpers import MODEL_NAME, SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -52,19 +52,18 @@ def get_weather(city: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteServer([]) as server:
-        yield server
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")
 def sdk(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=SHARED_API_KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
 def chat_model(server) -> ChatOpenAI:
-    return ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model=MODEL_NAME,
+    return ChatOpenAI(base_url=server.url + "/v1", api_key=SHARED_API_KEY, model=MODEL_NAME,
                       temperature=0, seed=7, max_tokens=MAX_TOKENS, max_retries=0)
 
 
@@ -138,7 +137,7 @@ def test_langchain_bind_tools_with_a_forced_call(chat_model) -> None:
 
 
 def llama_index(server, is_chat_model: bool, max_tokens: int = MAX_TOKENS) -> OpenAILike:
-    return OpenAILike(model=MODEL_NAME, api_base=server.url + "/v1", api_key="unused",
+    return OpenAILike(model=MODEL_NAME, api_base=server.url + "/v1", api_key=SHARED_API_KEY,
                       is_chat_model=is_chat_model, temperature=0, max_tokens=max_tokens,
                       additional_kwargs={"seed": 7}, max_retries=0)
 
@@ -177,7 +176,8 @@ def test_llama_index_completions_model(server, sdk) -> None:
 @pytest.mark.parametrize("mode", [instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS])
 def test_instructor_response_model(server, mode) -> None:
     client = instructor.from_openai(
-        openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0), mode=mode)
+        openai.OpenAI(base_url=server.url + "/v1", api_key=SHARED_API_KEY, max_retries=0),
+        mode=mode)
     city, completion = client.chat.completions.create_with_completion(
         model=MODEL_NAME, response_model=City, max_retries=0, temperature=0, seed=7,
         max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": "Name a city in France."}])

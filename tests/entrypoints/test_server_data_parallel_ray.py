@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from pagoda import LLM, SamplingParams
+from pagoda import SamplingParams
 from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
 from tests.ray_cluster import wait_for_free_cpus
 
@@ -34,8 +34,8 @@ def generated(server: RemoteServer) -> list[float]:
     return [server.metric("generation_tokens_total", f'replica="{i}"') for i in (0, 1)]
 
 
-def test_data_parallel_replicas_as_ray_actors(two_node_cluster) -> None:
-    offline = LLM(dtype="float32", max_model_len=2048).generate(
+def test_data_parallel_replicas_as_ray_actors(two_node_cluster, bundled_llm) -> None:
+    offline = bundled_llm.generate(
         PROMPTS, SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
     server = RemoteServer(["--data-parallel-size", "2", "--distributed-executor-backend", "ray"],
                           env={"RAY_ADDRESS": two_node_cluster.address})

@@ -6,12 +6,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+from tests.entrypoints.server_helpers import (
+    MODEL_NAME,
+    SHARED_API_KEY,
+    SHARED_AUTH,
+    RemoteServer,
+)
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "env-key-123"
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
+API_KEY, AUTH = SHARED_API_KEY, SHARED_AUTH
 CMPL = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -120,9 +124,9 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteServer([], env={"PAGODA_API_KEY": API_KEY}) as server:
-        yield server
+def server(shared_server):
+    """The session's shared server: its API key comes from PAGODA_API_KEY."""
+    return shared_server
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ import openai
 import pytest
 
 from pagoda import SamplingParams
-from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+from tests.entrypoints.server_helpers import MODEL_NAME, SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "sk-test-key"
+API_KEY = SHARED_API_KEY
 PROMPTS = [
     "The capital of France is",
     "Here is a short poem about the sea:",
@@ -30,9 +30,8 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteServer(["--api-key", API_KEY]) as server:
-        yield server
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis_jsonschema import from_schema
 from pydantic import BaseModel, ConfigDict
 
-from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+from tests.entrypoints.server_helpers import MODEL_NAME, SHARED_API_KEY, SHARED_AUTH
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +28,19 @@ MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteServer([]) as server:
-        yield server
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=300) as client:
+    with httpx.Client(base_url=server.url, timeout=300, headers=SHARED_AUTH) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=SHARED_API_KEY, max_retries=0)
 
 
 def chat(http: httpx.Client, **fields) -> dict:
@@ -155,7 +154,8 @@ def test_random_schemas_outputs_validate(server):
         return response.json()["choices"][0]
 
     async def main() -> list[dict]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=600) as aclient:
+        async with httpx.AsyncClient(base_url=server.url, timeout=600,
+                                     headers=SHARED_AUTH) as aclient:
             return await asyncio.gather(*(one(aclient, schema) for schema in schemas))
 
     choices = asyncio.run(main())

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from pagoda import LLM, SamplingParams
+from pagoda import SamplingParams
 from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
 from tests.process_tree import descendant_pids, is_alive
 
@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 WORKER = b"pagoda.executor.parallel.worker_process"
 
 
-def test_tensor_parallel_server_streams_and_stops_cleanly() -> None:
+def test_tensor_parallel_server_streams_and_stops_cleanly(bundled_llm) -> None:
     prompt = "Write a haiku about the sea."
-    expected = LLM(dtype="float32", max_model_len=2048).generate(
+    expected = bundled_llm.generate(
         prompt, SamplingParams(max_tokens=20, temperature=0), use_tqdm=False)[0].outputs[0].text
     server = RemoteServer(["--tensor-parallel-size", "2"])
     try:

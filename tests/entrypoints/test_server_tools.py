@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from pagoda.entrypoints.tools.constraints import tool_call_grammar
-from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
+from tests.entrypoints.server_helpers import MODEL_NAME, SHARED_API_KEY, SHARED_AUTH
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +39,14 @@ GREEDY = {"model": MODEL_NAME, "temperature": 0, "seed": 7, "max_tokens": 60}
 
 
 @pytest.fixture(scope="module")
-def server():
-    with RemoteServer(["--tool-call-parser", "auto"]) as server:
-        yield server
+def server(shared_server):
+    """The session's shared server: it runs --tool-call-parser auto."""
+    return shared_server
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=SHARED_API_KEY, max_retries=0)
 
 
 def calls_of(message) -> list[tuple[str, str]]:
@@ -217,7 +217,8 @@ CALL = {"id": "call_1", "type": "function",
 ])
 def test_bad_tool_inputs_are_400s_naming_the_field(server, fields, param):
     body = {"model": MODEL_NAME, "messages": QUESTION, "max_tokens": 4, **fields}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60,
+                          headers=SHARED_AUTH)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error

@@ -1,4 +1,6 @@
-"""A tiny OpenAI-compatible SSE server for the bench tests, run by uvicorn in a thread.
+"""The tests' one fake OpenAI-compatible SSE server (no model): FakeServer runs it under
+uvicorn in a thread; FakeServerProcess in a process of its own, which can be killed and
+started again on the same port (`python -m tests.helpers.fake_server --port P --delay D`).
 
 What it does is steered by markers in the prompt (the last user message for chat):
     [[500]]        HTTP 500 with an OpenAI error body
@@ -17,15 +19,22 @@ one for every later call (e.g. spec-decode counters before and after a run).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
-import socket
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from tests.helpers.ports import free_port
 
 MODEL = "fake-model"
 
@@ -118,9 +127,7 @@ def build_app(delay: float = 0.0, metrics_texts: list[str] | None = None,
 class FakeServer:
     def __init__(self, delay: float = 0.0, metrics_texts: list[str] | None = None,
                  unique_replies: bool = False) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = build_app(delay, metrics_texts, unique_replies)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical")
@@ -144,3 +151,38 @@ class FakeServer:
         self.server.should_exit = True
         self.server.force_exit = True  # do not wait for [[hang]] streams
         self.thread.join(10)
+
+
+class FakeServerProcess:
+    """build_app(delay) in a process of its own on a fixed port: killable, restartable."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.port, self.delay = port, delay
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.fake_server", "--port", str(self.port),
+             "--delay", str(self.delay)], cwd=Path(__file__).parents[2])
+        deadline = time.time() + 30
+        while True:
+            try:
+                httpx.get(self.url + "/v1/models", timeout=1)
+                return
+            except httpx.HTTPError:
+                assert time.time() < deadline and self.process.poll() is None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=0.0)
+    options = parser.parse_args()
+    uvicorn.run(build_app(options.delay), host="127.0.0.1", port=options.port,
+                log_level="critical")
