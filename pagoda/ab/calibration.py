@@ -17,9 +17,12 @@ occurrence), `block` is (repeat, block number) or None):
   floor also holds the spread of the traffic itself, and is wider);
 - neither (one block, one pass): no floor.
 
-The floor of a statistic is the largest relative difference between the halves over the
-endpoints (|median(odd) / median(even) - 1|); `analyze` calls a decisive difference only
-when it is at least max(NEGLIGIBLE, that floor).
+The floor is the largest relative difference between the halves (|P50(odd) / P50(even) - 1|
+and so on) over the decisive statistics and the endpoints, one number for the run: on a
+shared machine the statistic that happened to move most between two passes says how far
+any of them can move, and a floor per statistic let a quiet one call a false winner (2 of
+4 A/A runs where the one floor called none: BENCHMARKS.md). `analyze` calls a decisive
+difference only when it is at least max(NEGLIGIBLE, the floor).
 """
 
 from __future__ import annotations
@@ -103,10 +106,9 @@ def _endpoint_differences(requests: Sequence, decisive: Sequence[tuple[str, str]
 def noise_floor(requests_by_endpoint: dict[str, Sequence], decisive: Sequence[tuple[str, str]],
                 names: dict[tuple[str, str], str],
                 slo_indicator: Callable | None = None) -> dict | None:
-    """The module docstring's floor, JSON-ready: {"method", "floor" (the largest),
-    "per_metric": {name: floor}, "by_endpoint": {endpoint: {name: difference}}}, and
-    "_floors" {(metric, statistic): floor} for the caller (popped before it is written).
-    None when no endpoint could be split."""
+    """The module docstring's floor, JSON-ready: {"method", "floor" (the largest difference),
+    "per_metric": {name: the largest over the endpoints}, "by_endpoint": {endpoint: {name:
+    difference}}}. None when no endpoint could be split."""
     by_endpoint, floors, methods = {}, {}, set()
     for endpoint, requests in requests_by_endpoint.items():
         found = _endpoint_differences(requests, decisive, slo_indicator)
@@ -122,4 +124,4 @@ def noise_floor(requests_by_endpoint: dict[str, Sequence], decisive: Sequence[tu
     return {"method": "repeats" if methods == {"repeats"} else "blocks",
             "floor": max(floors.values()),
             "per_metric": {names[k]: round(v, 6) for k, v in floors.items()},
-            "by_endpoint": by_endpoint, "_floors": floors}
+            "by_endpoint": by_endpoint}

@@ -48,9 +48,9 @@ percentile bootstrap (`resamples` draws with replacement):
    servers are called different at most 5% of the time, not once per metric) and the
    difference is at least `NEGLIGIBLE` (2%): smaller ones do not choose an engine. With
    calibration (`--calibrate`, or by default when every endpoint reports the same
-   hardware) the bar is the larger of 2% and the A/A noise floor of that metric, measured
-   from each endpoint's own passes (calibration.py): two processes of one configuration
-   differ by more than the bootstrap sees, and an A/A must not call a winner.
+   hardware) the bar is the larger of 2% and the A/A noise floor, the most any decisive
+   metric moved between an endpoint's own passes (calibration.py): two processes of one
+   configuration differ by more than the bootstrap sees, and an A/A must not call a winner.
 3. An endpoint whose error rate is worse (its 95% interval excludes zero) is said so first
    and is never chosen: "B is faster but fails more requests".
 4. Every differing metric favours the candidate: *better*; all favour the baseline: *worse*;
@@ -244,10 +244,9 @@ def _indicator_draws(base: list[ResultRequest], cand: list[ResultRequest], match
 def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
              cand_requests: list[ResultRequest], slo: dict[str, float] | None, confidence: float,
              resamples: int, rng: np.random.Generator,
-             floors: dict[tuple[str, str], float] | None = None) -> dict:
-    """One candidate against the baseline. `floors`: the A/A noise floor of each decisive
-    (metric, statistic) (calibration.py); a difference is called only at or above
-    max(NEGLIGIBLE, its floor)."""
+             floor: float | None = None) -> dict:
+    """One candidate against the baseline. `floor`: the A/A noise floor (calibration.py); a
+    difference is called only at or above max(NEGLIGIBLE, floor)."""
     by_id = {r.pair_id: r for r in base_requests if r.pair_id is not None}
     matched = [(by_id[r.pair_id], r) for r in cand_requests if r.pair_id in by_id]
     ok_pairs = [(a, b) for a, b in matched if a.record.success and b.record.success]
@@ -284,8 +283,7 @@ def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
         if r["difference"]:
             candidate_better = (r["difference"] > 0) == r["higher_is_better"]
             r["favours"] = cand["name"] if candidate_better else base["name"]
-        r["min_difference"] = max(NEGLIGIBLE, (floors or {}).get((r["metric"], r["statistic"]),
-                                                                 0.0))
+        r["min_difference"] = max(NEGLIGIBLE, floor or 0.0)
         bounds = interval(draws, family) if draws is not None and r["decisive"] else None
         if bounds:
             r["family_low"], r["family_high"] = bounds
@@ -361,10 +359,10 @@ def analyze(result: dict, slo: dict[str, float] | None = None, confidence: float
     if calibrate is None:
         calibrate = same_hardware(endpoints)
     calibration = _calibration(requests, slo) if calibrate else None
-    floors = calibration.pop("_floors") if calibration else None
+    floor = calibration["floor"] if calibration else None
     rng = np.random.default_rng(seed)
     comparisons = [_compare(summaries[0], s, requests[names[0]], requests[s["name"]], slo,
-                            confidence, resamples, rng, floors) for s in summaries[1:]]
+                            confidence, resamples, rng, floor) for s in summaries[1:]]
     analysis = {"baseline": names[0], "confidence": confidence, "resamples": resamples,
                 "seed": seed, "slo_s": dict(slo) if slo else None,
                 "rules": {"min_pairs": MIN_PAIRS, "min_blocks": MIN_BLOCKS,

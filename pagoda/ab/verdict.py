@@ -162,4 +162,4 @@ def _calibration_sentence(calibration: dict) -> str:
     halves = ("passes" if calibration["method"] == "repeats" else "blocks")
     return (f"A/A noise floor from each endpoint's own {halves}, odd against even: up to "
             f"{_magnitude(calibration['floor'])}% ({widest}); no difference below the larger "
-            "of 2% and a metric's floor is called.")
+            "of 2% and that floor is called.")

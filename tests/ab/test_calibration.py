@@ -14,12 +14,12 @@ SAME_HARDWARE = {"engine": "pagoda 0.1.0", "cpu": "test", "dtype": "float32"}
 
 
 def two_process_run(offset: float, drift: float, repeats: int = 2, num_blocks: int = 6,
-                    block_size: int = 8, seed: int = 0) -> dict:
+                    block_size: int = 8, seed: int = 0, tpot_drifts: bool = True) -> dict:
     """Two endpoints replayed in blocks, every request once per repeat. B's latencies are
     A's times (1 + offset) (what differs between two processes: no noise at all), and
     every endpoint's odd passes run (1 + drift) slower than its even ones (what differs
     between two passes of one process). Requests vary in size (lognormal), the same on
-    both endpoints."""
+    both endpoints. tpot_drifts False: only TTFT drifts between passes."""
     rng = np.random.default_rng(seed)
     base = np.exp(rng.normal(np.log(0.2), 0.4, size=num_blocks * block_size))
     requests = []
@@ -28,7 +28,8 @@ def two_process_run(offset: float, drift: float, repeats: int = 2, num_blocks: i
         for name, factor in (("A", 1.0), ("B", 1.0 + offset)):
             for key, ttft in enumerate(base):
                 requests.append(request(name, key, float(ttft * slow * factor),
-                                        tpot=0.02 * slow * factor, repeat=repeat,
+                                        tpot=0.02 * (slow if tpot_drifts else 1.0) * factor,
+                                        repeat=repeat,
                                         block=key // block_size))
     run = result(requests)
     for endpoint in run["endpoints"]:
@@ -63,6 +64,20 @@ def test_a_process_offset_under_the_floor_is_not_called_a_winner():
     assert comparison["outcome"] == "no_difference" and calibrated["choice"] is None
     assert "A/A noise floor" in calibrated["verdict"] and "6.0%" in calibrated["verdict"]
     assert "A/A noise floor" not in uncalibrated["verdict"]
+
+
+def test_one_floor_for_every_metric_so_a_quiet_one_calls_no_false_winner():
+    # TTFT moves 6% between passes, TPOT not at all; the 4% process offset shows on both
+    run = two_process_run(offset=0.04, drift=0.06, tpot_drifts=False)
+    calibration = analyze(run, resamples=300, calibrate=True)["calibration"]
+    assert calibration["per_metric"]["P50 TPOT"] == pytest.approx(0.0, abs=1e-9)
+    assert calibration["floor"] == pytest.approx(0.06, rel=1e-6)
+    analysis = analyze(run, resamples=300, calibrate=True)
+    [comparison] = analysis["comparisons"]
+    tpot = next(m for m in comparison["metrics"] if m["name"] == "P50 TPOT")
+    assert tpot["difference"] == pytest.approx(0.04) and tpot["excludes_zero"]
+    assert tpot["min_difference"] == pytest.approx(0.06) and not tpot["significant"]
+    assert comparison["outcome"] == "no_difference"
 
 
 def test_a_real_difference_over_the_floor_is_still_called():

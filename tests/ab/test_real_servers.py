@@ -122,9 +122,9 @@ def test_identical_servers_are_called_the_same(servers, tmp_path):
     decisive = [m for m in comparison["metrics"] if m["decisive"]]
     assert decisive and not any(m["significant"] for m in decisive)
     # every decisive interval includes zero, or its difference is under the bar: the
-    # larger of 2% and that metric's A/A floor
+    # larger of 2% and the A/A floor
     for m in decisive:
-        assert m["min_difference"] == max(0.02, calibration["per_metric"].get(m["name"], 0))
+        assert m["min_difference"] == max(0.02, calibration["floor"])
         assert (m["family_low"] <= 0 <= m["family_high"]
                 or abs(m["difference"]) < m["min_difference"])
     assert "no difference" in analysis["verdict"].lower()
