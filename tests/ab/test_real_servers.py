@@ -153,8 +153,6 @@ def test_identical_servers_are_called_the_same(servers, tmp_path):
     (["--from-record", "{traffic}", "--endpoint", "A=http://x"], "--from-record"),
     (["--endpoint", "A=http://x", "--endpoint", "B=http://y", "--traffic", "{traffic}",
       "--confidence", "1.5"], "--confidence"),
-    (["--endpoint", "A=http://x", "--endpoint", "B=http://y", "--traffic", "{traffic}",
-      "--calibrate", "maybe"], "--calibrate"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, args, message):
     traffic = tmp_path / "t.jsonl"
