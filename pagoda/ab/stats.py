@@ -241,6 +241,41 @@ def _indicator_draws(base: list[ResultRequest], cand: list[ResultRequest], match
     return stat_a, stat_b, draws_a, draws_b
 
 
+def _error_rate(base: dict, cand: dict, base_requests: list[ResultRequest],
+                cand_requests: list[ResultRequest], matched: list[tuple], paired: bool,
+                confidence: float, resamples: int, rng: np.random.Generator) -> dict:
+    """The failed shares of both sides, their difference's interval, and the side that fails
+    more when the interval excludes zero (rule 3)."""
+    failed = _indicator_draws(base_requests, cand_requests, matched, paired,
+                              lambda r: not r.success, resamples, rng)
+    errors = {"baseline_rate": None, "candidate_rate": None, "difference": None, "low": None,
+              "high": None, "worse": None}
+    if failed:
+        rate_a, rate_b, draws_a, draws_b = failed
+        bounds = None if draws_a is None else interval(draws_b - draws_a, confidence)
+        errors.update(baseline_rate=rate_a, candidate_rate=rate_b, difference=rate_b - rate_a)
+        if bounds:
+            errors["low"], errors["high"] = bounds
+            if bounds[0] > 0:
+                errors["worse"] = cand["name"]
+            elif bounds[1] < 0:
+                errors["worse"] = base["name"]
+    return errors
+
+
+def _output_agreement(matched: list[tuple]) -> dict:
+    """The share of greedy pairs with the same text (histories alike), and up to five keys
+    that differed."""
+    greedy = [(a.key, a.output_text == b.output_text) for a, b in matched
+              if a.record.success and b.record.success and a.greedy and b.greedy
+              and not (a.live_history or b.live_history)
+              and isinstance(a.output_text, str) and isinstance(b.output_text, str)]
+    equal = sum(1 for _, same in greedy if same)
+    differing = list(dict.fromkeys(key for key, same in greedy if not same))[:5]
+    return {"pairs": len(greedy), "equal": equal,
+            "share": equal / len(greedy) if greedy else None, "differing_keys": differing}
+
+
 def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
              cand_requests: list[ResultRequest], slo: dict[str, float] | None, confidence: float,
              resamples: int, rng: np.random.Generator,
@@ -290,28 +325,8 @@ def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
             r["significant"] = ((bounds[0] > 0 or bounds[1] < 0)
                                 and abs(r["difference"]) >= r["min_difference"])
 
-    failed = _indicator_draws(base_requests, cand_requests, matched, paired,
-                              lambda r: not r.success, resamples, rng)
-    errors = {"baseline_rate": None, "candidate_rate": None, "difference": None, "low": None,
-              "high": None, "worse": None}
-    if failed:
-        rate_a, rate_b, draws_a, draws_b = failed
-        bounds = None if draws_a is None else interval(draws_b - draws_a, confidence)
-        errors.update(baseline_rate=rate_a, candidate_rate=rate_b, difference=rate_b - rate_a)
-        if bounds:
-            errors["low"], errors["high"] = bounds
-            if bounds[0] > 0:
-                errors["worse"] = cand["name"]
-            elif bounds[1] < 0:
-                errors["worse"] = base["name"]
-
-    greedy = [(a.key, a.output_text == b.output_text) for a, b in matched
-              if a.record.success and b.record.success and a.greedy and b.greedy
-              and not (a.live_history or b.live_history)
-              and isinstance(a.output_text, str) and isinstance(b.output_text, str)]
-    equal = sum(1 for _, same in greedy if same)
-    differing = list(dict.fromkeys(key for key, same in greedy if not same))[:5]
-
+    errors = _error_rate(base, cand, base_requests, cand_requests, matched, paired, confidence,
+                         resamples, rng)
     def ratio(x, y):
         return json_number(x / y) if x is not None and y else None
 
@@ -327,9 +342,7 @@ def _compare(base: dict, cand: dict, base_requests: list[ResultRequest],
         "output_throughput_ratio": ratio(cand["output_throughput"], base["output_throughput"]),
         "cost_per_million_output_tokens_ratio": ratio(cand["cost_per_million_output_tokens"],
                                                       base["cost_per_million_output_tokens"]),
-        "output_agreement": {"pairs": len(greedy), "equal": equal,
-                             "share": equal / len(greedy) if greedy else None,
-                             "differing_keys": differing},
+        "output_agreement": _output_agreement(matched),
     }
     comparison.update(outcome_of(comparison))
     return comparison
