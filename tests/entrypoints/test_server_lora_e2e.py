@@ -153,32 +153,24 @@ def test_the_web_page_picker_lists_the_adapter_and_chats_with_it(server, expecte
     from selenium.webdriver.support.ui import Select
 
     from tests.entrypoints import test_web_page as page  # (skips without Chromium)
+    from tests.entrypoints import web_browser as browser
 
-    webdriver = page.webdriver
-    options = webdriver.ChromeOptions()
-    options.binary_location = page.CHROMIUM
-    for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage"]:
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(page.CHROMEDRIVER),
-                              options=options)
-    try:
+    with browser.chromium() as driver:
         driver.get(server.url + "/")
         driver.execute_script("localStorage.setItem('pagoda.apiKey', arguments[0])", KEY)
         driver.get(server.url + "/")
-        page.wait(driver, lambda d: len(d.find_elements(page.By.CSS_SELECTOR,
-                                                        "#model option")) >= 2, 20)
+        browser.wait(driver, lambda d: len(d.find_elements(browser.By.CSS_SELECTOR,
+                                                           "#model option")) >= 2, 20)
         labels = {o.get_attribute("value"): o.text
-                  for o in driver.find_elements(page.By.CSS_SELECTOR, "#model option")}
+                  for o in driver.find_elements(browser.By.CSS_SELECTOR, "#model option")}
         assert labels["base"] == "base" and labels["a"] == "a (LoRA on base)"
-        Select(page.by_id(driver, "model")).select_by_value("a")
-        page.wait(driver, lambda d: int(page.by_id(d, "engine").get_attribute("data-ticks"))
-                  >= 2, 20, "no live view of the adapter's base engine")
+        Select(browser.by_id(driver, "model")).select_by_value("a")
+        browser.wait(driver, lambda d: int(browser.by_id(d, "engine").get_attribute(
+            "data-ticks")) >= 2, 20, "no live view of the adapter's base engine")
         page.send(driver, "Hello", 4)
-        page.wait(driver, lambda d: page.by_id(d, "chat").get_attribute("data-state")
-                  == "done", 60, "the answer did not finish")
-        assert [e for e in page.console_errors(driver) if "401" not in e["message"]] == []
-    finally:
-        driver.quit()
+        browser.wait(driver, lambda d: browser.by_id(d, "chat").get_attribute("data-state")
+                     == "done", 60, "the answer did not finish")
+        assert [e for e in browser.console_errors(driver) if "401" not in e["message"]] == []
 
 
 def test_data_parallel_replicas_serve_the_adapter_and_metrics_name_it(files, expected):
