@@ -9,20 +9,7 @@ packages together."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-PACKAGE = Path(__file__).parents[1] / "pagoda"
-
-
-def imported_modules(path: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-        elif isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-    return names
+from tests.engine.test_layering import PACKAGE, imported_modules
 
 
 def offenders(folder: str, above: tuple[str, ...]) -> list[str]:
