@@ -20,8 +20,8 @@ occurrence), `block` is (repeat, block number) or None):
 The floor is the largest relative difference between the halves (|P50(odd) / P50(even) - 1|
 and so on) over the decisive statistics and the endpoints, one number for the run: on a
 shared machine the statistic that happened to move most between two passes says how far
-any of them can move, and a floor per statistic let a quiet one call a false winner (2 of
-4 A/A runs where the one floor called none: BENCHMARKS.md). `analyze` calls a decisive
+any of them can move, and a floor per statistic let a quiet one call a false winner (1 of
+the first 4 A/A runs, P95 E2E -19 %, where the one floor called none: BENCHMARKS.md). `analyze` calls a decisive
 difference only when it is at least max(NEGLIGIBLE, the floor).
 """
 
