@@ -5,13 +5,23 @@ tests/budget.py.)"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 
 import pytest
 
 from pagoda.executor.loader.model_files import bundled_model_path
 from tests.budget import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
+
+_TOKENIZER_CACHE = tempfile.mkdtemp(prefix="pagoda-tokenizers-")
+"""This session's GGUF tokenizer cache (pagoda/executor/loader/tokenizer.py), shared by every
+engine and server process the tests start (they inherit the environment), gone at the end:
+the suite never writes into the user's ~/.cache."""
+os.environ.setdefault("PAGODA_TOKENIZER_CACHE", _TOKENIZER_CACHE)
+atexit.register(shutil.rmtree, _TOKENIZER_CACHE, True)
 
 
 @pytest.fixture(scope="session")
