@@ -9,6 +9,9 @@ one of two arrangements:
 - `twins`: two processes of one configuration: what a user A/B testing two replicas of
   one deployment runs (start order, memory layout and warm-up differ between them).
 
+The compared servers are started afresh every --restart-every runs (default: every run), so
+the runs sample many pairs of processes, not one pair's lasting difference.
+
 Each replay's result (requests and timings) is analysed twice, offline: with the
 calibration off and on (pagoda/ab/calibration.py: the A/A noise floor measured from the
 run's own passes), and the script prints the rate at which each called a winner. Every
@@ -129,6 +132,8 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=12)
     parser.add_argument("--max-concurrency", type=int, default=16, help="while recording")
     parser.add_argument("--max-num-seqs", type=int, default=16, help="of the compared servers")
+    parser.add_argument("--restart-every", type=int, default=1,
+                        help="start the compared servers afresh every N runs (0: never)")
     parser.add_argument("--out", default=None, help="folder for every run's result (default: "
                         "a new temporary folder)")
     args, ab_args = parser.parse_known_args()
@@ -152,13 +157,16 @@ def main() -> int:
         recorder.stop()
         servers.remove(recorder)
         compared = ["--max-num-seqs", str(args.max_num_seqs)]
-        one = Server(compared, out, "one")
-        servers.append(one)
-        two = one if args.arrangement == "same" else Server(compared, out, "two")
-        if two is not one:
-            servers.append(two)
         runs = []
         for run in range(args.runs):
+            if run == 0 or (args.restart_every and run % args.restart_every == 0):
+                for server in servers:
+                    server.stop()
+                one = Server(compared, out, f"one-{run:02d}")
+                servers = [one]
+                two = one if args.arrangement == "same" else Server(compared, out, f"two-{run:02d}")
+                if two is not one:
+                    servers.append(two)
             path = out / f"run-{run:02d}.json"
             bench("bench", "ab", "--no-progress", "--endpoint", f"one={one.url}",
                   "--endpoint", f"two={two.url}", "--traffic", str(traffic),
@@ -168,7 +176,7 @@ def main() -> int:
     finally:
         for server in servers:
             server.stop()
-    summary = {"arrangement": args.arrangement, "trace": {
+    summary = {"arrangement": args.arrangement, "restart_every": args.restart_every, "trace": {
         "num_requests": args.num_requests, "input_len": args.input_len,
         "output_len": args.output_len}, "ab_args": ab_args, "cpu_count": os.cpu_count(),
         **summarize(runs), "runs": runs}

@@ -178,12 +178,14 @@ def llama_quantize(build: bool = True) -> Path:
     return binary
 
 
-def quantize(source: str, target: str, type_name: str, binary: Path | None = None) -> str:
+def quantize(source: str, target: str, type_name: str, binary: Path | None = None,
+             options: Sequence[str] = ()) -> str:
     """llama-quantize `source` (a converted GGUF) into `target` as `type_name` (Q4_K_M, Q4_0,
-    Q8_0, ...); returns its output (which lists each tensor's chosen type)."""
+    Q8_0, ...), with its `options` (--imatrix FILE, --tensor-type NAME=TYPE, ...); returns
+    its output (which lists each tensor's chosen type)."""
     binary = binary or llama_quantize()
-    result = subprocess.run([str(binary), "--allow-requantize", source, target, type_name],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([str(binary), "--allow-requantize", *options, source, target,
+                             type_name], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(
             f"llama-quantize failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from pagoda.executor.loader.gguf_dequant import SUPPORTED_GGUF_TYPES, dequantize_tensor
+from pagoda.executor.loader.gguf_writer import random_blocks as writer_random_blocks
 from pagoda.executor.loader.model_files import bundled_model_path
 
 Q = gguf.GGMLQuantizationType
-QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TORCH_DECODED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+NEW_TYPES = [Q.Q2_K, Q.Q3_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
+             Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4]
+"""Every other type llama.cpp writes: decoded by gguf.quants itself (gguf_dequant.py)."""
+QUANTIZED_TYPES = TORCH_DECODED_TYPES + NEW_TYPES
 # gguf.quants can quantize these; the k-quants only have a reference dequantizer.
 QUANTIZABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
-# Byte offsets of the f16 scale fields (d, dmin / m) inside one block.
-SCALE_OFFSETS = {
-    Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
-    Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
-}  # fmt: skip
 SHAPE = (6, 512)  # two k-quant super-blocks / 16 legacy blocks per row
 
 
@@ -42,15 +42,8 @@ def quantized(qtype: Q, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.nda
 
 
 def random_blocks(qtype: Q, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.ndarray:
-    """Random block bytes (every bit pattern) with finite f16 scales in [-0.1, 0.1]."""
-    rng = np.random.default_rng(seed)
-    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    num_blocks = shape[0] * shape[1] // block_size
-    blocks = rng.integers(0, 256, size=(num_blocks, type_size), dtype=np.uint8)
-    for offset in SCALE_OFFSETS[qtype]:
-        scales = rng.uniform(-0.1, 0.1, size=num_blocks).astype(np.float16)
-        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(num_blocks, 2)
-    return blocks.reshape(shape[0], -1)
+    """Random block bytes (every bit pattern) with finite scales of about 0.05."""
+    return writer_random_blocks(qtype, shape[0], shape[1], seed, scale=0.05)
 
 
 def test_supported_types() -> None:
@@ -101,11 +94,19 @@ def test_result_does_not_alias_input() -> None:
     assert raw[0, 0] == 0
 
 
+def test_every_type_llama_cpp_writes_is_supported() -> None:
+    """Every GGML type with a block layout, but for the Q8_1/Q8_K intermediates llama.cpp
+    never stores in a file, the integer and F64 types no model weight uses, and Q1_0, which
+    the reference (gguf.quants) cannot decode yet."""
+    never_in_weights = {Q.Q8_1, Q.Q8_K, Q.I8, Q.I16, Q.I32, Q.I64, Q.F64}
+    assert set(gguf.GGML_QUANT_SIZES) - never_in_weights - SUPPORTED_GGUF_TYPES == {Q.Q1_0}
+
+
 def test_unsupported_type_raises() -> None:
-    raw = np.zeros((1, gguf.GGML_QUANT_SIZES[Q.Q2_K][1]), dtype=np.uint8)
-    with pytest.raises(ValueError, match="Q2_K is not supported") as info:
-        dequantize_tensor(raw, Q.Q2_K, (1, 256), torch.float32)
-    for name in ("Q4_K", "Q8_0", "BF16", "F32"):
+    raw = np.zeros((1, gguf.GGML_QUANT_SIZES[Q.Q8_K][1]), dtype=np.uint8)
+    with pytest.raises(ValueError, match="Q8_K is not supported") as info:
+        dequantize_tensor(raw, Q.Q8_K, (1, 256), torch.float32)
+    for name in ("Q4_K", "Q8_0", "BF16", "F32", "IQ4_XS", "MXFP4"):
         assert name in str(info.value)
 
 

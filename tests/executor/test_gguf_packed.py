@@ -25,8 +25,9 @@ from pagoda.executor.kernels.packed_weight import (
     gemm_packed,
 )
 from pagoda.executor.kernels.packing import quantize_groups
-from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
-from pagoda.executor.loader.gguf_writer import SCALE_OFFSETS, random_blocks
+from pagoda.executor.loader.gguf_dequant import REFERENCE_DECODED_TYPES
+from pagoda.executor.loader.gguf_packing import GGUF_FORMATS, gguf_type_packable, pack_gguf
+from pagoda.executor.loader.gguf_writer import random_blocks
 from tests.executor.test_cpu_kernels import (
     amx_build,
     isa_build_cache,
@@ -35,7 +36,7 @@ from tests.executor.test_cpu_kernels import (
 )
 
 Q = gguf.GGMLQuantizationType
-TYPES = list(SCALE_OFFSETS)
+TYPES = list(GGUF_FORMATS)
 SIZE_RATIO = {Q.Q4_0: 10 / 9, Q.Q4_1: 1.0, Q.Q5_0: 12 / 11, Q.Q5_1: 1.0, Q.Q8_0: 1.0,
               Q.Q4_K: 37 / 36, Q.Q5_K: 45 / 44, Q.Q6_K: 1.0}
 """packed bytes / GGUF bytes: Q4_0 and Q5_0 store their implicit m = -8 d / -16 d; the
@@ -264,9 +265,31 @@ def test_big_tensors_pack_slice_by_slice(monkeypatch) -> None:
     assert torch.equal(pack_gguf(raw, Q.Q4_0, (48, 256)).dequantize(), reference)
 
 
+@pytest.mark.parametrize("ggml_type", sorted(REFERENCE_DECODED_TYPES), ids=lambda t: t.name)
+def test_types_without_a_kernel_pack_as_their_values_requantized_to_q8_0(ggml_type,
+                                                                         monkeypatch) -> None:
+    """Q2_K, Q3_K, the i-quants, TQ1_0/TQ2_0, MXFP4, NVFP4: packed as Q8_0 blocks of the
+    values the spec decodes (slice by slice), within Q8_0's rounding of them, and the
+    packed matrix multiplies as those Q8_0 weights."""
+    from pagoda.executor.loader import gguf_packing
+    monkeypatch.setattr(gguf_packing, "PACK_SLICE_WEIGHTS", 16 * 512)  # 3 slices of 16 rows
+    raw, packed, reference = case(ggml_type)
+    assert packed.format == "q8"
+    q8_0 = gguf.quants.quantize(reference.numpy(), Q.Q8_0)
+    as_q8_0 = torch.from_numpy(dequantize(q8_0, Q.Q8_0).reshape(reference.shape))
+    assert torch.equal(packed.dequantize(), as_q8_0)
+    # half a code step of each block's d = max / 127, plus d's own float16 rounding (a
+    # relative 2^-11, or half a subnormal step, 2^-25) times up to 127 codes
+    d = reference.abs().reshape(-1, 32).amax(-1, keepdim=True) / 127
+    bound = d / 2 + 127 * torch.maximum(d * 2.0**-11, torch.tensor(2.0**-25))
+    assert ((as_q8_0 - reference).abs().reshape(-1, 32) <= bound * 1.0001).all()
+    x = torch.randn(3, 512)
+    assert_matmul_close(gemm_packed(x, packed), x, as_q8_0)
+
+
 def test_shapes_the_kernels_cannot_tile_are_refused_clearly() -> None:
     assert gguf_type_packable(Q.Q4_K, (32, 512)) and not gguf_type_packable(Q.Q4_K, (32, 576))
-    assert not gguf_type_packable(Q.Q4_0, (40, 64)) and not gguf_type_packable(Q.Q2_K, (32, 512))
+    assert not gguf_type_packable(Q.Q4_0, (40, 64)) and not gguf_type_packable(Q.F16, (32, 512))
     with pytest.raises(ValueError, match=r"multiple of 16 and in_features of 256"):
         pack_gguf(np.zeros(20 * 2 * 144, np.uint8), Q.Q4_K, (20, 512))
     with pytest.raises(ValueError, match=r"multiple of 16 and in_features of 256"):
@@ -274,7 +297,7 @@ def test_shapes_the_kernels_cannot_tile_are_refused_clearly() -> None:
     with pytest.raises(ValueError, match="does not hold|is not the uint8 bytes"):
         pack_gguf(np.zeros(100, np.uint8), Q.Q8_0, (16, 64))
     with pytest.raises(ValueError, match="no packed kernel format"):
-        pack_gguf(np.zeros(16 * 84, np.uint8), Q.Q2_K, (16, 256))
+        pack_gguf(np.zeros(16 * 256 * 2, np.uint8), Q.F16, (16, 256))
     _, packed, _ = case(Q.Q8_0)
     assert gemm_packed(torch.empty(0, 512), packed).shape == (0, 48)
     with pytest.raises(ValueError, match="contiguous float32"):

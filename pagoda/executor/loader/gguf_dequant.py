@@ -24,9 +24,17 @@ import torch
 Q = gguf.GGMLQuantizationType
 QK_K = gguf.QK_K  # 256 elements per k-quant super-block
 
+REFERENCE_DECODED_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset(
+    {Q.Q2_K, Q.Q3_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
+     Q.IQ4_NL, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4}
+)
+"""Types decoded by the spec itself (`gguf.quants.dequantize`, numpy, vectorised over
+blocks: ~10 ms per million weights): the lower-bit K-quants, the i-quants with their grids,
+the ternary types, MXFP4 and NVFP4. (Q1_0, which gguf.quants cannot decode yet, is
+refused.) The packed path requantizes them to Q8_0 (gguf_packing.py)."""
 SUPPORTED_GGUF_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
-)
+) | REFERENCE_DECODED_TYPES
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,6 +176,21 @@ _DECODERS: dict[gguf.GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor
     Q.Q5_K: _q5_k,
     Q.Q6_K: _q6_k,
 }
+
+
+
+def reference_decoder(qtype: gguf.GGMLQuantizationType) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A decoder of `qtype`'s (n, type_size) blocks into (n, block_size) float32 through
+    `gguf.quants.dequantize`, the spec's own numpy code (bit-exact by definition)."""
+
+    def decode(blocks: torch.Tensor) -> torch.Tensor:
+        values = gguf.quants.dequantize(blocks.cpu().numpy(), qtype)  # (n, block_size) f32
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(blocks.device)
+
+    return decode
+
+
+_DECODERS.update((qtype, reference_decoder(qtype)) for qtype in REFERENCE_DECODED_TYPES)
 
 # Plain float types: how their bytes are read. BF16 arrives from GGUFReader as raw uint8
 # bytes, (rows, 2 * cols), not as a float array; F32/F16 arrive as float32/float16 arrays.

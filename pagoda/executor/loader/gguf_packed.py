@@ -12,7 +12,9 @@ type. What is packed:
 
 A fused module is packed only if every part is (all its parts quantized, in packable types
 and shapes): else all of its parts load as float. So is a matrix the kernels cannot take
-(outputs not a multiple of 16 rows, a type they lack).
+(outputs not a multiple of 16 rows). A type without a packed kernel of its own (Q2_K, Q3_K,
+the i-quants, TQ1_0/TQ2_0, MXFP4) is requantized to Q8_0 as it is packed, with one log line
+naming the types and their tensor counts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from pagoda.executor.kernels.packed_weight import PackedWeight
 from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.packed_linear import PackedEmbedding, PackedLinear
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint, RawGGUFTensor
-from pagoda.executor.loader.gguf_packing import gguf_type_packable, pack_gguf
+from pagoda.executor.loader.gguf_packing import (
+    GGUF_FORMATS,
+    REQUANTIZED_AS,
+    gguf_type_packable,
+    pack_gguf,
+)
 from pagoda.executor.loader.heap import release_freed_memory
 from pagoda.executor.loader.linear_parts import (
     QuantizedLinearParts,
@@ -66,6 +73,8 @@ class PackedGGUFLoader:
             _drop_weight(model.lm_head)
             self.raw_names.add(HEAD)
         self.formats: Counter[str] = Counter()
+        self.requantized: Counter[str] = Counter()
+        """source GGUF type name -> tensors requantized to REQUANTIZED_AS"""
 
     def _linear_targets(self, matrices: dict) -> dict[str, tuple[str, object]]:
         """checkpoint linear -> (module, shard) for the modules whose parts all pack."""
@@ -96,6 +105,8 @@ class PackedGGUFLoader:
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
             self.formats[packed.format] += 1
+            if tensor.ggml_type not in GGUF_FORMATS:
+                self.requantized[tensor.ggml_type.name] += 1
             release_freed_memory()  # the slices' temporaries: never a heap of them at once
             if name == EMBEDDING:
                 self.embedding = packed
@@ -121,6 +132,11 @@ class PackedGGUFLoader:
             self.model.quantized_head = PackedLinear([self.embedding])  # tied: one table
         logger.info("packed GGUF weights: %s", ", ".join(
             f"{count} {fmt}" for fmt, count in sorted(self.formats.items())))
+        if self.requantized:
+            logger.warning("GGUF types without a packed kernel, requantized to %s at load: %s",
+                           REQUANTIZED_AS.name, ", ".join(
+                               f"{name} ({count} tensors)"
+                               for name, count in sorted(self.requantized.items())))
 
 
 def _packed_linear(module: Linear, parts: list[PackedWeight]) -> nn.Module:

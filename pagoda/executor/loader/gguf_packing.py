@@ -12,13 +12,24 @@ import torch
 
 from pagoda.executor.kernels.packed_weight import PackedWeight, planes_of
 from pagoda.executor.kernels.packing import TILE_N
-from pagoda.executor.loader.gguf_dequant import bits, nibbles, qh_bit_per_element
+from pagoda.executor.loader.gguf_dequant import (
+    REFERENCE_DECODED_TYPES,
+    bits,
+    nibbles,
+    qh_bit_per_element,
+)
 
 Q = gguf.GGMLQuantizationType
 SUPER_K = 256
 GGUF_FORMATS = {Q.Q4_0: "q4", Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q5_0: "q5", Q.Q5_1: "q5",
                 Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k"}
-"""the GGUF types pack_gguf takes -> their kernel format"""
+"""the GGUF types pack_gguf packs as they are -> their kernel format"""
+REQUANTIZED_AS = Q.Q8_0
+"""What the types without a packed kernel (REFERENCE_DECODED_TYPES: Q2_K, Q3_K, the i-quants,
+TQ1_0/TQ2_0, MXFP4) are packed as: each slice of rows is decoded by the spec and quantized
+again to Q8_0, whose 8-bit codes with a scale per 32 weights hold a 2- to 4-bit type's values
+to within 0.4% of each block's largest (far inside the source type's own error), at 8.5 bits
+a weight instead of the file's 2-4.5."""
 PACK_SLICE_WEIGHTS = 1 << 20
 """Weights packed at once by pack_gguf (a slice of whole tiles of output rows)."""
 
@@ -97,23 +108,35 @@ def gguf_type_packable(ggml_type, shape) -> bool:
         ggml_type = Q(ggml_type)
     except ValueError:
         return False
+    if ggml_type in REFERENCE_DECODED_TYPES:
+        ggml_type = REQUANTIZED_AS  # (every source block size is a multiple of Q8_0's)
     if ggml_type not in GGUF_FORMATS or len(shape) != 2:
         return False
     block_size = gguf.GGML_QUANT_SIZES[ggml_type][0]
     return shape[0] % TILE_N == 0 and shape[1] % block_size == 0 and shape[1] > 0
 
 
+def requantized(part: np.ndarray, ggml_type) -> np.ndarray:
+    """(rows, row_bytes) blocks of a REFERENCE_DECODED_TYPES type -> the same rows as
+    REQUANTIZED_AS blocks (rows, row_bytes'), through float32 values (rows, K) by the spec."""
+    values = gguf.quants.dequantize(part, ggml_type)
+    return gguf.quants.quantize(values.astype(np.float32, copy=False), REQUANTIZED_AS)
+
+
 def pack_gguf(data, ggml_type, shape: tuple[int, int]) -> PackedWeight:
     """One GGUF tensor's raw bytes (numpy or torch uint8, (N, row_bytes) or flat) of type
-    `ggml_type` and torch shape (N, K) -> PackedWeight, a slice of rows at a time."""
-    ggml_type = Q(ggml_type)
+    `ggml_type` and torch shape (N, K) -> PackedWeight, a slice of rows at a time (a
+    REFERENCE_DECODED_TYPES type: requantized to REQUANTIZED_AS, slice by slice)."""
+    source_type = ggml_type = Q(ggml_type)
+    if ggml_type in REFERENCE_DECODED_TYPES:
+        ggml_type = REQUANTIZED_AS
     if ggml_type not in GGUF_FORMATS:
         raise ValueError(f"GGUF type {ggml_type.name} has no packed kernel format; packable: "
                          f"{', '.join(t.name for t in GGUF_FORMATS)}")
     if len(shape) != 2:
         raise ValueError(f"a packed weight is 2-D, got shape {tuple(shape)}")
     n, k = shape
-    block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[source_type]
     if not gguf_type_packable(ggml_type, shape):
         raise ValueError(f"GGUF {ggml_type.name} tensor of shape {tuple(shape)} cannot be "
                          f"packed: out_features must be a multiple of {TILE_N} and in_features "
@@ -121,16 +144,19 @@ def pack_gguf(data, ggml_type, shape: tuple[int, int]) -> PackedWeight:
     row_bytes = k // block_size * type_size
     nbytes = data.nbytes if isinstance(data, np.ndarray) else data.numel() * data.element_size()
     if nbytes != n * row_bytes or data.dtype not in (np.uint8, torch.uint8):
-        raise ValueError(f"GGUF {ggml_type.name} data of {nbytes} bytes ({data.dtype}) is not "
+        raise ValueError(f"GGUF {source_type.name} data of {nbytes} bytes ({data.dtype}) is not "
                          f"the uint8 bytes of a tensor of shape {tuple(shape)}")
     data = data.reshape(n, row_bytes)
     format = GGUF_FORMATS[ggml_type]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]  # of the blocks decoded below
     decode = _decode_kquant if block_size == SUPER_K else _decode_legacy
     slice_rows = max(TILE_N, PACK_SLICE_WEIGHTS // k // TILE_N * TILE_N)
     planes: dict[str, torch.Tensor] = {}
     for start in range(0, n, slice_rows):
         part = data[start:start + slice_rows]
-        if isinstance(part, np.ndarray):  # a copy: the GGUF memmap is read-only
+        if source_type != ggml_type:
+            part = torch.from_numpy(requantized(np.asarray(part), source_type))
+        elif isinstance(part, np.ndarray):  # a copy: the GGUF memmap is read-only
             part = torch.from_numpy(np.array(part, dtype=np.uint8, copy=True))
         rows = part.shape[0]
         q, fields = decode(part.contiguous().view(-1, type_size), ggml_type, rows)

@@ -79,8 +79,12 @@ def write_tensors(writer: gguf.GGUFWriter, layout: Iterable[TensorSource]) -> No
 # --- random blocks of any type ------------------------------------------------------------
 
 SCALE_OFFSETS = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
-                 Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
-"""byte offsets of each block's float16 d / dmin / m"""
+                 Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+                 Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ1_S: [0], Q.IQ1_M: [], Q.IQ2_XXS: [0],
+                 Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0], Q.IQ4_NL: [0],
+                 Q.IQ4_XS: [0], Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: [], Q.NVFP4: []}
+"""byte offsets of each block's float16 d / dmin / m (IQ1_M's scale is spread over four
+fields, MXFP4's and NVFP4's are 8-bit floats: random_blocks sets those)"""
 
 KQUANT_LARGEST_CODE = {  # largest |code x sub-block scale| of a K-quant weight
     Q.Q4_K: 15 * 63,
@@ -99,6 +103,14 @@ def random_blocks(ggml_type, n: int, k: int, seed: int = 0, scale: float = 0.01)
     for offset in SCALE_OFFSETS[ggml_type]:
         scales = (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
         blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    if ggml_type == Q.IQ1_M:  # its float16 scale: the top nibbles of the 4 uint16 at 48-55
+        d = (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            nibble = ((d >> (4 * i)) & 0xF).astype(np.uint8)
+            blocks[:, 49 + 2 * i] = (blocks[:, 49 + 2 * i] & 0x0F) | (nibble << 4)
+    elif ggml_type == Q.MXFP4:  # an e8m0 scale byte, 2^(e - 127): about `scale`
+        center = 127 + int(np.round(np.log2(scale)))
+        blocks[:, 0] = rng.integers(center - 3, center + 3, size=blocks.shape[0])
     return blocks.reshape(n, -1)
 
 
