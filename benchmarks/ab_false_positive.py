@@ -21,7 +21,13 @@ result is kept under --out, so other rules can be tried on the very same replays
         --num-requests 32 --input-len 48 --output-len 12 -- \\
         --block-size 8 --request-rate inf --repeats 2 --num-warmups 1
 
-Arguments after `--` go to `pagoda bench ab` as they are.
+Arguments after `--` go to `pagoda bench ab` as they are. `--from-results FILE...` starts
+nothing: it analyses `pagoda bench ab --output` files already written (for example by
+`KEEP=DIR benchmarks/flake_check.sh 20 tests/ab/test_real_servers.py -k identical`, whose
+every run is a twins A/A on the fixture's traffic) the same two ways.
+
+    .venv/bin/python benchmarks/ab_false_positive.py --arrangement twins \\
+        --from-results DIR/run-*/test_identical*/ab.json
 """
 
 from __future__ import annotations
@@ -136,9 +142,19 @@ def main() -> int:
                         help="start the compared servers afresh every N runs (0: never)")
     parser.add_argument("--out", default=None, help="folder for every run's result (default: "
                         "a new temporary folder)")
+    parser.add_argument("--from-results", nargs="+", metavar="FILE", help="analyse these "
+                        "`pagoda bench ab --output` files instead of running anything")
     args, ab_args = parser.parse_known_args()
     ab_args = [a for a in ab_args if a != "--"]
     from pagoda.ab.stats import analyze
+
+    if args.from_results:
+        runs = [{"run": path, **analyses(json.loads(Path(path).read_text()), analyze)}
+                for path in args.from_results]
+        summary = {"arrangement": args.arrangement, "from_results": len(runs),
+                   **summarize(runs), "runs": runs}
+        print(json.dumps(summary, indent=1))
+        return 0
 
     out = Path(args.out or tempfile.mkdtemp(prefix="ab-false-positive-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,10 @@
 #   benchmarks/flake_check.sh 20 tests/ab/test_real_servers.py -k identical
 #   benchmarks/flake_check.sh 3                                   # every slow test, 3 runs
 #
+# KEEP=DIR keeps each run's pytest temporary folder as DIR/run-N (what the tests wrote: for
+# example the A/B results of tests/ab/test_real_servers.py, which
+# benchmarks/ab_false_positive.py --from-results reads).
+#
 # Exit status: 0 when every run passed, 1 when some test failed at least once, 2 on bad use.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +28,13 @@ python=${PYTHON:-.venv/bin/python}
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 for ((run = 1; run <= runs; run++)); do
+  keep=()
+  if [[ -n "${KEEP:-}" ]]; then
+    mkdir -p "$KEEP"
+    keep=(--basetemp="$KEEP/run-$run")
+  fi
   "$python" -m pytest -q -p no:cacheprovider --junitxml="$reports/run-$run.xml" \
-    "${selection[@]}" >"$reports/run-$run.log" 2>&1
+    "${keep[@]}" "${selection[@]}" >"$reports/run-$run.log" 2>&1
   echo "run $run/$runs: pytest exit $? ($(tail -n 1 "$reports/run-$run.log"))"
 done
 "$python" - "$reports" "$runs" <<'EOF'

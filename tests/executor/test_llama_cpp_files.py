@@ -56,12 +56,13 @@ SPM_VOCAB = 384
 (the converter pads the token list to the config's vocab_size)."""
 TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "spm"
     "llama": "bpe", "llama3.1-rope": "bpe", "smollm-tied": "bpe", "mistral": "bpe",
-    "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "gemma3": "bpe",
+    "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "gemma3": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
-GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe"]
+GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
+                "olmoe"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 LLAMA_FILE_CLASSES = {"MistralForCausalLM": "LlamaForCausalLM"}
 """A Mistral checkpoint converts to a `llama` file (Mistral is Llama with a window)."""

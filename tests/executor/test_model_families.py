@@ -1,4 +1,5 @@
-"""The families beyond dense Llama: Gemma 2/3, Phi-3, Mixtral, Qwen3-MoE.
+"""The families beyond dense Llama: Gemma 2/3, Phi-3, Mixtral, Qwen3-MoE (OLMoE: its HF
+folder in test_model_parity.py, its GGUF as llama.cpp converts it in test_llama_cpp_files.py).
 
 Their HF-folder logits are in test_model_parity.py (ARCHITECTURES); here: the GGUF form
 (written as llama.cpp's converter writes it), greedy decoding through the engine and the
@@ -37,6 +38,7 @@ GGUF_SETTINGS = {
     "phi3-longrope": {},
     "mixtral": {"sliding_window": None},  # a llama file has no window
     "qwen3-moe": {"mlp_only_layers": [], "norm_topk_prob": True},  # llama.cpp renormalises
+    "olmoe": {"clip_qkv": None},  # llama.cpp's converter writes no clamp, its graph has none
 }
 
 

@@ -17,6 +17,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -82,6 +84,12 @@ ARCHITECTURES = {
         Qwen3MoeConfig, Qwen3MoeForCausalLM,
         {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
          "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": False},
+    ),
+    # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
+    "olmoe": (
+        OlmoeConfig, OlmoeForCausalLM,
+        {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+         "clip_qkv": 1.5, "tie_word_embeddings": False},
     ),
 }
 

@@ -6,6 +6,8 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
   qwen2, qwen3
   qwen3moe   experts stacked in one 3D tensor per projection (ffn_{gate,up,down}_exps),
              split back into experts.{i}; top-k weights renormalised (llama.cpp always does).
+  olmoe      as qwen3moe, but top-k weights never renormalised and q/k norms over all
+             heads (attn_{q,k}_norm of num_heads * head_dim); clip_qkv from clamp_kqv.
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -27,6 +29,7 @@ GGUF_ARCHITECTURES = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "olmoe": ("olmoe", "OlmoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -91,6 +94,7 @@ LAYER_NAMES = {
     "qwen2": _LAYER_NAMES,
     "qwen3": _LAYER_NAMES,
     "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
+    "olmoe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_NAMES,
@@ -153,10 +157,14 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
     """Add the family's own config fields to `kwargs` (the common ones are there).
     `field(key, default)` reads `{arch}.key` metadata; `read_tensor(name)` a small tensor."""
-    if family in ("mixtral", "qwen3moe"):
+    if family in ("mixtral", "qwen3moe", "olmoe"):
         kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
         experts = int(field("expert_count", 0))
-        if family == "mixtral":
+        if family == "olmoe":  # llama.cpp's olmoe graph: weights as routed, no clamp unless set
+            kwargs["num_experts"], kwargs["norm_topk_prob"] = experts, False
+            clamp = field("attention.clamp_kqv", None)
+            kwargs["clip_qkv"] = float(clamp) if clamp else None
+        elif family == "mixtral":
             kwargs["num_local_experts"] = experts
             kwargs["intermediate_size"] = int(
                 field("expert_feed_forward_length", None) or kwargs["intermediate_size"])

@@ -102,10 +102,10 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(
         self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, mlp: nn.Module,
-        mlp_name: str = "mlp",
+        mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, qkv_bias, qk_norm)
+        self.self_attn = attention_class(config, rotary, qkv_bias, qk_norm)
         self.mlp_name = mlp_name
         self.add_module(mlp_name, mlp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -135,11 +135,12 @@ def unfilled_embedding(config) -> nn.Embedding:
 
 class LlamaModel(nn.Module):
     """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
-    mixture-of-experts layers), named `mlp_name` in the checkpoint."""
+    mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class`: the
+    layers' attention (a LlamaAttention subclass: OLMoE's)."""
 
     def __init__(
         self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
-        mlp_name: str = "mlp",
+        mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
     ) -> None:
         super().__init__()
         self.embed_tokens = unfilled_embedding(config)
@@ -147,7 +148,8 @@ class LlamaModel(nn.Module):
         self.rotary = rotary
         make_mlp = make_mlp or (lambda index: LlamaMLP(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name)
+            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
+                              attention_class)
             for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

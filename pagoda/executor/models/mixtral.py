@@ -1,4 +1,4 @@
-"""Mixture-of-experts families on Llama blocks: Mixtral and Qwen3-MoE.
+"""Mixture-of-experts families on Llama blocks: Mixtral, Qwen3-MoE and OLMoE.
 
 Attention is Llama's (Mixtral: Mistral's, sliding window included; Qwen3-MoE: Qwen3's, with
 q/k norms); the MLP of each layer is a `SparseMoeBlock` (layers/moe.py) whose experts are
@@ -11,6 +11,9 @@ SwiGLU MLPs, named as in the checkpoints:
                 model.layers.{l}.mlp.experts.{i}.gate_proj/up_proj   -> fused gate_up_proj
                 model.layers.{l}.mlp.experts.{i}.down_proj
                 (layers in mlp_only_layers, or off decoder_sparse_step, are dense MLPs)
+    OLMoE       as Qwen3-MoE, every layer sparse; its q/k norms span all heads at once
+                (q_norm over num_heads * head_dim, before the heads are split) and
+                clip_qkv, where set, clamps q, k and v
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from torch import nn
 from pagoda.executor.layers.activation import gated_activation
 from pagoda.executor.layers.linear import Linear, MergedLinear
 from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.models.llama import (
     STACKED_PARAMS,
+    LlamaAttention,
     LlamaForCausalLM,
     LlamaMLP,
     LlamaModel,
@@ -91,3 +96,47 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         if getattr(self.config, "use_sliding_window", False):
             return self.config.sliding_window
         return None
+
+
+class OlmoeAttention(LlamaAttention):
+    """Llama attention whose q and k norms are each one RMSNorm over all heads' features
+    (q: num_heads * head_dim, k: num_kv_heads * head_dim), applied before the heads are
+    split and rotated; then q, k and v are clamped to +-clip_qkv where the config sets it."""
+
+    def __init__(self, config, rotary, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__(config, rotary, qkv_bias, qk_norm=False)
+        self.q_size, self.kv_size = (self.num_heads * self.head_dim,
+                                     self.num_kv_heads * self.head_dim)
+        self.q_norm = RMSNorm(self.q_size, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.kv_size, config.rms_norm_eps)
+        self.clip_qkv = getattr(config, "clip_qkv", None)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        qk = torch.cat((q, k), dim=-1).view(num_tokens, self.num_heads + self.num_kv_heads,
+                                            self.head_dim)
+        q, k = self.rotary(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        return self.o_proj(self.attn(q, k, v.reshape(num_tokens, self.num_kv_heads,
+                                                     self.head_dim)))
+
+
+class OlmoeForCausalLM(LlamaForCausalLM):
+    """OLMoE: OlmoeAttention; every layer a sparse MoE of SwiGLU experts (softmax, top-k,
+    renormalised only with norm_topk_prob, weights cast to the run dtype)."""
+
+    def build_model(self, config, max_position: int) -> nn.Module:
+        def make_mlp(index: int) -> nn.Module:
+            experts = [LlamaMLP(config) for _ in range(config.num_experts)]
+            return SparseMoeBlock(
+                config.hidden_size, experts, config.num_experts_per_tok,
+                normalize_top_k=bool(getattr(config, "norm_topk_prob", False)),
+                weights_in_run_dtype=True,
+            )
+
+        qkv_bias = bool(getattr(config, "attention_bias", False))
+        return LlamaModel(config, qkv_bias, False, max_position, make_mlp,
+                          attention_class=OlmoeAttention)

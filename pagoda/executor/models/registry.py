@@ -12,7 +12,11 @@ from pagoda.executor.models.llama import (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
 )
-from pagoda.executor.models.mixtral import MixtralForCausalLM, Qwen3MoeForCausalLM
+from pagoda.executor.models.mixtral import (
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -24,6 +28,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
