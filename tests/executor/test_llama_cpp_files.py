@@ -56,14 +56,17 @@ SPM_VOCAB = 384
 (the converter pads the token list to the config's vocab_size)."""
 TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "spm"
     "llama": "bpe", "llama3.1-rope": "bpe", "smollm-tied": "bpe", "mistral": "bpe",
-    "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "gemma3": "bpe",
+    "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "granite": "bpe",
+    "granite-moe": "bpe", "gemma3": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe"]
+                "olmoe", "granite-moe"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
+LLAMA_CONVERTED = {"llama", "granite", "granitemoe"}
+"""Architectures llama.cpp's converter writes through its Llama converter class."""
 LLAMA_FILE_CLASSES = {"MistralForCausalLM": "LlamaForCausalLM"}
 """A Mistral checkpoint converts to a `llama` file (Mistral is Llama with a window)."""
 Q = gguf.GGMLQuantizationType
@@ -134,12 +137,12 @@ def converted_file(converted, arch: str, outtype: str) -> tuple[torch.nn.Module,
 @pytest.mark.parametrize("arch", list(TOKENIZER))
 def test_the_vocabulary_size_is_the_token_lists_length(arch, converted) -> None:
     """The converter writes `<arch>.vocab_size` only for `llama` files: elsewhere the size is
-    the token list's length, read from its header whether the reader kept the list (<= 1024
+    the token list's length (Granite's converter is Llama's: it writes it too), read from its header whether the reader kept the list (<= 1024
     entries) or skipped it."""
     reference, path = converted_file(converted, arch, "f32")
     reader = CompactGGUFReader(path, "r")
     architecture = str(reader.fields["general.architecture"].contents())
-    assert (f"{architecture}.vocab_size" in reader.fields) == (architecture == "llama")
+    assert (f"{architecture}.vocab_size" in reader.fields) == (architecture in LLAMA_CONVERTED)
     assert array_length(reader, "tokenizer.ggml.tokens") == reference.config.vocab_size
     checkpoint = open_checkpoint(resolve_model_files(path))
     assert checkpoint.hf_config.vocab_size == reference.config.vocab_size
@@ -155,6 +158,7 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
 
     checkpoint = open_checkpoint(resolve_model_files(path))
     state = load_file(os.path.join(folder, "model.safetensors"))
+    rounded = set()
     for tensor in checkpoint.reader.tensors:
         if tensor.tensor_type == Q.F32:
             continue
@@ -162,11 +166,26 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
         assert len(shape) >= 2, tensor.name  # (a norm would need its 1 + w rounded)
         for name in hf_tensor_names(checkpoint.family, tensor.name, shape,
                                     checkpoint.num_experts):
-            state[name] = round_trip(state[name], tensor.tensor_type)
+            if name not in state:  # Granite MoE's experts, stacked in the checkpoint
+                name = granite_stacked_name(name)
+                if name in rounded:
+                    continue  # input_linear holds both ffn_gate_exps and ffn_up_exps
+                rows = state[name].reshape(-1, state[name].shape[-1])  # Q8_0 blocks: in rows
+                state[name] = round_trip(rows, tensor.tensor_type).reshape(state[name].shape)
+            else:
+                state[name] = round_trip(state[name], tensor.tensor_type)
+            rounded.add(name)
     os.makedirs(out_folder, exist_ok=True)
     shutil.copy(os.path.join(folder, "config.json"), out_folder)
     save_file(state, os.path.join(out_folder, "model.safetensors"), metadata={"format": "pt"})
     return AutoModelForCausalLM.from_pretrained(out_folder, dtype=torch.float32).eval()
+
+
+def granite_stacked_name(expert_name: str) -> str:
+    """model.layers.{l}.block_sparse_moe.experts.{e}.{gate,up,down}_proj.weight -> the
+    checkpoint's stacked tensor of that layer (input_linear: gate and up; output_linear)."""
+    prefix = expert_name.split(".experts.")[0]
+    return f"{prefix}.{'output' if expert_name.endswith('down_proj.weight') else 'input'}_linear.weight"
 
 
 def round_trip(weight: torch.Tensor, qtype) -> torch.Tensor:

@@ -11,6 +11,10 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
+    GraniteMoeConfig,
+    GraniteMoeForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -84,6 +88,18 @@ ARCHITECTURES = {
         Qwen3MoeConfig, Qwen3MoeForCausalLM,
         {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
          "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": False},
+    ),
+    # Granite's four scalars away from 1, so that each one's place shows.
+    "granite": (
+        GraniteConfig, GraniteForCausalLM,
+        {"embedding_multiplier": 6.0, "attention_multiplier": 0.05, "residual_multiplier": 0.3,
+         "logits_scaling": 4.0, "tie_word_embeddings": True},
+    ),
+    "granite-moe": (
+        GraniteMoeConfig, GraniteMoeForCausalLM,
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+         "embedding_multiplier": 6.0, "attention_multiplier": 0.05, "residual_multiplier": 0.3,
+         "logits_scaling": 4.0, "tie_word_embeddings": False},
     ),
     # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
     "olmoe": (

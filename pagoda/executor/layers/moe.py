@@ -53,13 +53,14 @@ class SparseMoeBlock(nn.Module):
     """`gate` (the router) and `experts.{i}`, named as in the Hugging Face checkpoints.
 
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
-    1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob). Mixtral
+    1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
+    `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
 
     def __init__(
         self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
-        weights_in_run_dtype: bool = False,
+        weights_in_run_dtype: bool = False, softmax_after_top_k: bool = False,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= len(experts):
@@ -68,6 +69,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.top_k, self.normalize_top_k = top_k, normalize_top_k
         self.weights_in_run_dtype = weights_in_run_dtype
+        self.softmax_after_top_k = softmax_after_top_k
         self.block_id = next(_next_block_id)  # how the custom op finds this block
         _blocks[self.block_id] = self
 
@@ -79,8 +81,12 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
-        probs = torch.softmax(self.gate(hidden).float(), dim=-1)  # (T, E)
-        weights, choices = torch.topk(probs, k, dim=-1)  # (T, k)
+        logits = self.gate(hidden).float()  # (T, E)
+        if self.softmax_after_top_k:
+            top_logits, choices = torch.topk(logits, k, dim=-1)  # (T, k)
+            weights = torch.softmax(top_logits, dim=-1)
+        else:
+            weights, choices = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
         if self.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.weights_in_run_dtype:

@@ -8,6 +8,10 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              split back into experts.{i}; top-k weights renormalised (llama.cpp always does).
   olmoe      as qwen3moe, but top-k weights never renormalised and q/k norms over all
              heads (attn_{q,k}_norm of num_heads * head_dim); clip_qkv from clamp_kqv.
+  granite    Llama's layout (q/k permuted), with the four Granite scalars as embedding_scale,
+             attention.scale, residual_scale and logit_scale (each absent: no scaling)
+  granitemoe as granite, experts stacked like qwen3moe's (the converter split Granite's
+             fused input_linear into ffn_gate_exps and ffn_up_exps)
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -30,6 +34,8 @@ GGUF_ARCHITECTURES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "olmoe": ("olmoe", "OlmoeForCausalLM"),
+    "granite": ("granite", "GraniteForCausalLM"),
+    "granitemoe": ("granitemoe", "GraniteMoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -37,7 +43,7 @@ GGUF_ARCHITECTURES = {
 MIXTRAL = ("mixtral", "MixtralForCausalLM")
 """A `llama` file with experts."""
 # Architectures whose q/k weights llama.cpp's converter permuted for its interleaved rotary.
-PERMUTED_QK_ARCHITECTURES = {"llama"}
+PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe"}
 NORM_PLUS_ONE_ARCHITECTURES = {"gemma2", "gemma3"}
 """The converter stored (1 + w) for every norm weight of these (Gemma's RMSNorm scale)."""
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -78,6 +84,12 @@ _EXPERT_NAMES = {  # {e}: the expert's index
         "ffn_up_exps": "mlp.experts.{e}.up_proj",
         "ffn_down_exps": "mlp.experts.{e}.down_proj",
     },
+    "granitemoe": {
+        "ffn_gate_inp": "block_sparse_moe.gate",
+        "ffn_gate_exps": "block_sparse_moe.experts.{e}.gate_proj",
+        "ffn_up_exps": "block_sparse_moe.experts.{e}.up_proj",
+        "ffn_down_exps": "block_sparse_moe.experts.{e}.down_proj",
+    },
     "mixtral": {
         "ffn_gate_inp": "block_sparse_moe.gate",
         "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
@@ -95,6 +107,8 @@ LAYER_NAMES = {
     "qwen3": _LAYER_NAMES,
     "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "olmoe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
+    "granite": _LAYER_NAMES,
+    "granitemoe": {**_LAYER_NAMES, **_EXPERT_NAMES["granitemoe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_NAMES,
@@ -174,10 +188,27 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
                                                   or kwargs["intermediate_size"])
             kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
             kwargs["mlp_only_layers"], kwargs["decoder_sparse_step"] = [], 1
+    if family in ("granite", "granitemoe"):
+        _granite_config(family, field, kwargs)
     elif family == "phi3":
         _phi3_config(field, kwargs, read_tensor)
     elif family in GEMMA_27B_LAYERS:
         _gemma_config(family, field, kwargs)
+
+
+def _granite_config(family: str, field, kwargs: dict) -> None:
+    head_dim = kwargs.pop("head_dim")  # Granite's config derives it: hidden / heads
+    scales = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+              "logits_scaling": "logit_scale", "attention_multiplier": "attention.scale"}
+    for name, key in scales.items():
+        value = field(key, None)  # absent (or 0): llama.cpp applies no scaling
+        kwargs[name] = float(value) if value else (head_dim ** -0.5 if key == "attention.scale"
+                                                    else 1.0)
+    if family == "granitemoe":
+        kwargs["num_local_experts"] = int(field("expert_count", 0))
+        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
+        kwargs["intermediate_size"] = int(field("expert_feed_forward_length", None)
+                                          or kwargs["intermediate_size"])
 
 
 def _phi3_config(field, kwargs: dict, read_tensor) -> None:

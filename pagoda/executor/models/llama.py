@@ -135,12 +135,13 @@ def unfilled_embedding(config) -> nn.Embedding:
 
 class LlamaModel(nn.Module):
     """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
-    mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class`: the
-    layers' attention (a LlamaAttention subclass: OLMoE's)."""
+    mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class` and
+    `layer_class`: the layers' attention and layer (subclasses: OLMoE's, Granite's)."""
 
     def __init__(
         self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
         mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
+        layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer,
     ) -> None:
         super().__init__()
         self.embed_tokens = unfilled_embedding(config)
@@ -148,8 +149,8 @@ class LlamaModel(nn.Module):
         self.rotary = rotary
         make_mlp = make_mlp or (lambda index: LlamaMLP(config))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
-                              attention_class)
+            layer_class(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
+                        attention_class)
             for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from pagoda.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from pagoda.executor.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from pagoda.executor.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -29,6 +30,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)
     "LlamaModel": LlamaForCausalLM,
     "MistralModel": MistralForCausalLM,
