@@ -54,17 +54,19 @@ pytestmark = pytest.mark.slow  # (make test-fast skips it)
 SPM_VOCAB = 384
 """The SentencePiece checkpoints' vocabulary: the tokenizer's 256 pieces, the rest padding
 (the converter pads the token list to the config's vocab_size)."""
-TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "spm"
+TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "llama": "bpe", "llama3.1-rope": "bpe", "smollm-tied": "bpe", "mistral": "bpe",
     "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "granite": "bpe",
-    "granite-moe": "bpe", "gemma3": "bpe",
+    "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe", "granite-moe"]
+                "olmoe", "granite-moe", "glm4-moe"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
+GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
+"""Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""
 LLAMA_CONVERTED = {"llama", "granite", "granitemoe"}
 """Architectures llama.cpp's converter writes through its Llama converter class."""
 LLAMA_FILE_CLASSES = {"MistralForCausalLM": "LlamaForCausalLM"}
@@ -99,18 +101,22 @@ def converted(tmp_path_factory) -> tuple[dict, dict[str, str]]:
         pytest.fail(f"llama.cpp's converter is not available: {e}")
     root = tmp_path_factory.mktemp("llama_cpp")
     bpe, spm = bundled_tokenizer(), spm_model()
+    glm = bundled_tokenizer()  # GLM's converter looks its special tokens up by name
+    glm.add_tokens(GLM_SPECIAL_TOKENS, special_tokens=True)
     files, jobs = {}, []
     for arch, kind in TOKENIZER.items():
         folder = root / arch
         base = arch.removesuffix("-spm")
-        if kind == "bpe":
-            settings = {"vocab_size": len(bpe), "max_position_embeddings": 2048,
-                        "bos_token_id": bpe.bos_token_id, "eos_token_id": bpe.eos_token_id}
+        if kind in ("bpe", "glm"):
+            tokenizer = bpe if kind == "bpe" else glm
+            settings = {"vocab_size": len(tokenizer), "max_position_embeddings": 2048,
+                        "bos_token_id": tokenizer.bos_token_id,
+                        "eos_token_id": tokenizer.eos_token_id}
         else:  # the SentencePiece model's <s> and </s>
             settings = {"vocab_size": SPM_VOCAB, "bos_token_id": 1, "eos_token_id": 2}
         model = build_checkpoint(base, str(folder), **GGUF_SETTINGS.get(base, {}), **settings)
-        if kind == "bpe":
-            bpe.save_pretrained(str(folder))
+        if kind in ("bpe", "glm"):
+            tokenizer.save_pretrained(str(folder))
         else:
             (folder / "tokenizer.model").write_bytes(spm)
         files[arch] = (model, {outtype: str(root / f"{arch}-{outtype}.gguf")

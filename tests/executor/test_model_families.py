@@ -39,6 +39,7 @@ GGUF_SETTINGS = {
     "mixtral": {"sliding_window": None},  # a llama file has no window
     "qwen3-moe": {"mlp_only_layers": [], "norm_topk_prob": True},  # llama.cpp renormalises
     "olmoe": {"clip_qkv": None},  # llama.cpp's converter writes no clamp, its graph has none
+    "glm4-moe": {"n_group": 1, "topk_group": 1},  # llama.cpp's graph has no expert groups
 }
 
 

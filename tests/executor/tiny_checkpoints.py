@@ -11,6 +11,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     GraniteMoeConfig,
@@ -89,6 +91,16 @@ ARCHITECTURES = {
         {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
          "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": False},
     ),
+    # GLM-4.5: 8 experts in 4 groups (2 kept), a shared expert, layer 0 dense, q/k norms,
+    # half the head rotated, a correction bias set below (not zero) so that it steers choices.
+    "glm4-moe": (
+        Glm4MoeConfig, Glm4MoeForCausalLM,
+        {"head_dim": 32, "num_hidden_layers": 3, "n_routed_experts": 8, "num_experts_per_tok": 2,
+         "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+         "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+         "use_qk_norm": True, "attention_bias": True, "partial_rotary_factor": 0.5,
+         "tie_word_embeddings": False},
+    ),
     # Granite's four scalars away from 1, so that each one's place shows.
     "granite": (
         GraniteConfig, GraniteForCausalLM,
@@ -122,6 +134,9 @@ def build_checkpoint(
     with torch.no_grad():
         for param in model.parameters():  # larger than default init so errors show
             param.normal_(0, 0.2)
+        for name, buffer in model.named_buffers():  # a routing input, not a parameter
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.2)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, safe_serialization=True, **kwargs)
     return model

@@ -49,24 +49,63 @@ class Router(nn.Module):
         return F.linear(x, self.weight)
 
 
+class GroupedSigmoidRouter(Router):
+    """DeepSeek-V3's and GLM-4.5's routing (noaux_tc): sigmoid scores; the choice adds each
+    expert's `e_score_correction_bias` and keeps only the `topk_group` best of `n_group`
+    expert groups (a group's score: its two best); the weights are the chosen experts' plain
+    scores, renormalised (+1e-20) where `normalize`, times `routed_scaling_factor`."""
+
+    def __init__(self, hidden_size: int, num_experts: int, n_group: int, topk_group: int,
+                 normalize: bool, routed_scaling_factor: float) -> None:
+        super().__init__(hidden_size, num_experts)
+        if num_experts % n_group or not 0 < topk_group <= n_group:
+            raise ValueError(f"{num_experts} experts cannot be routed in {n_group} groups, "
+                             f"{topk_group} of them kept")
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts),
+                                                    requires_grad=False)
+        self.e_score_correction_bias.weight_loader = default_weight_loader
+        self.n_group, self.topk_group = n_group, topk_group
+        self.normalize, self.routed_scaling_factor = normalize, routed_scaling_factor
+
+    def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (T, hidden) -> float32 weights (T, top_k), expert ids (T, top_k)."""
+        scores = F.linear(hidden.float(), self.weight.float()).sigmoid()  # (T, E)
+        choice = scores + self.e_score_correction_bias.float()
+        groups = choice.view(choice.shape[0], self.n_group, -1)  # (T, groups, E / groups)
+        group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)  # (T, groups)
+        kept = torch.topk(group_scores, self.topk_group, dim=-1, sorted=False)[1]
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        choice = choice.masked_fill(~mask.unsqueeze(-1).expand_as(groups).reshape_as(choice),
+                                    float("-inf"))
+        choices = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, choices)
+        if self.normalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scaling_factor, choices
+
+
 class SparseMoeBlock(nn.Module):
     """`gate` (the router) and `experts.{i}`, named as in the Hugging Face checkpoints.
 
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
     1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
-    `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them. Mixtral
+    `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
+    GroupedSigmoidRouter's own rule (GLM-4.5, DeepSeek-V3). `shared_experts`, where given, is
+    an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
 
     def __init__(
         self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
         weights_in_run_dtype: bool = False, softmax_after_top_k: bool = False,
+        router: GroupedSigmoidRouter | None = None, shared_experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= len(experts):
             raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{len(experts)}")
-        self.gate = Router(hidden_size, len(experts))
+        self.gate = router or Router(hidden_size, len(experts))
         self.experts = nn.ModuleList(experts)
+        self.shared_experts = shared_experts
         self.top_k, self.normalize_top_k = top_k, normalize_top_k
         self.weights_in_run_dtype = weights_in_run_dtype
         self.softmax_after_top_k = softmax_after_top_k
@@ -81,6 +120,31 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
+        if isinstance(self.gate, GroupedSigmoidRouter):
+            weights, choices = self.gate.route(hidden, k)
+        else:
+            weights, choices = self._softmax_route(hidden)
+        if self.weights_in_run_dtype:
+            weights = weights.to(hidden.dtype)
+        choices = choices.reshape(-1)
+        order = torch.argsort(choices, stable=True)  # (T * k,) rows grouped by expert
+        token_of_row = order // k
+        counts = torch.bincount(choices, minlength=len(self.experts)).tolist()  # one sync
+        rows = hidden.index_select(0, token_of_row)  # (T * k, hidden)
+        row_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1)  # (T * k, 1)
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                end = start + count
+                out[start:end] = (expert(rows[start:end]) * row_weights[start:end]).to(out.dtype)
+                start = end
+        routed = torch.zeros_like(hidden).index_add_(0, token_of_row, out)
+        return routed if self.shared_experts is None else routed + self.shared_experts(hidden)
+
+    def _softmax_route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 weights (T, k) and expert ids (T, k) by the softmax rules above."""
+        k = self.top_k
         logits = self.gate(hidden).float()  # (T, E)
         if self.softmax_after_top_k:
             top_logits, choices = torch.topk(logits, k, dim=-1)  # (T, k)
@@ -89,22 +153,7 @@ class SparseMoeBlock(nn.Module):
             weights, choices = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
         if self.normalize_top_k:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        if self.weights_in_run_dtype:
-            weights = weights.to(hidden.dtype)
-        choices = choices.view(-1)
-        order = torch.argsort(choices, stable=True)  # (T * k,) rows grouped by expert
-        token_of_row = order // k
-        counts = torch.bincount(choices, minlength=len(self.experts)).tolist()  # one sync
-        rows = hidden.index_select(0, token_of_row)  # (T * k, hidden)
-        row_weights = weights.view(-1).index_select(0, order).unsqueeze(1)  # (T * k, 1)
-        out = torch.empty_like(rows)
-        start = 0
-        for expert, count in zip(self.experts, counts):
-            if count:
-                end = start + count
-                out[start:end] = (expert(rows[start:end]) * row_weights[start:end]).to(out.dtype)
-                start = end
-        return torch.zeros_like(hidden).index_add_(0, token_of_row, out)
+        return weights, choices
 
 
 def _moe_op(hidden: torch.Tensor, block_id: int) -> torch.Tensor:

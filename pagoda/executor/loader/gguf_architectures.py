@@ -12,6 +12,10 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              attention.scale, residual_scale and logit_scale (each absent: no scaling)
   granitemoe as granite, experts stacked like qwen3moe's (the converter split Granite's
              fused input_linear into ffn_gate_exps and ffn_up_exps)
+  glm4moe    GLM-4.5: experts as qwen3moe's, a shared expert (ffn_*_shexp), the router's
+             correction bias (exp_probs_b), the first leading_dense_block_count layers dense;
+             sigmoid routing without expert groups (llama.cpp's graph); no q/k permutation;
+             the MTP layers after block_count - nextn_predict_layers are not loaded
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -36,6 +40,7 @@ GGUF_ARCHITECTURES = {
     "olmoe": ("olmoe", "OlmoeForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "granitemoe": ("granitemoe", "GraniteMoeForCausalLM"),
+    "glm4moe": ("glm4_moe", "Glm4MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -108,6 +113,12 @@ LAYER_NAMES = {
     "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "olmoe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "granite": _LAYER_NAMES,
+    "glm4moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"],
+                "post_attention_norm": "post_attention_layernorm",
+                "exp_probs_b": "mlp.gate.e_score_correction_bias!",
+                "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                "ffn_down_shexp": "mlp.shared_experts.down_proj"},
     "granitemoe": {**_LAYER_NAMES, **_EXPERT_NAMES["granitemoe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -115,6 +126,9 @@ LAYER_NAMES = {
     "gemma3": _GEMMA_NAMES,
 }
 """Name table by family (a `llama` file with experts reads as "mixtral")."""
+WHOLE_NAME = "!"
+"""A target ending in it is the parameter's whole name (the GGUF tensor's `.bias` / `.weight`
+suffix is not appended): the router's correction bias, a tensor of its own in HF."""
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+?)(?:\.(\d+))?\.(weight|bias)$")
 """blk.{layer}.{part}[.{expert}].{weight|bias}"""
 
@@ -135,6 +149,8 @@ def hf_tensor_names(family: str, gguf_name: str, shape: tuple, num_experts: int)
     layer, part, expert, kind = match.groups()
     target = names[part]
     prefix = f"model.layers.{layer}."
+    if target.endswith(WHOLE_NAME):
+        return None if expert is not None else [prefix + target.removesuffix(WHOLE_NAME)]
     if "{e}" not in target:
         return None if expert is not None else [f"{prefix}{target}.{kind}"]
     if expert is not None:  # one expert's own tensor
@@ -190,6 +206,8 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
             kwargs["mlp_only_layers"], kwargs["decoder_sparse_step"] = [], 1
     if family in ("granite", "granitemoe"):
         _granite_config(family, field, kwargs)
+    elif family == "glm4moe":
+        _glm4_moe_config(field, kwargs, read_tensor)
     elif family == "phi3":
         _phi3_config(field, kwargs, read_tensor)
     elif family in GEMMA_27B_LAYERS:
@@ -209,6 +227,22 @@ def _granite_config(family: str, field, kwargs: dict) -> None:
         kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
         kwargs["intermediate_size"] = int(field("expert_feed_forward_length", None)
                                           or kwargs["intermediate_size"])
+
+
+def _glm4_moe_config(field, kwargs: dict, read_tensor) -> None:
+    head_dim = kwargs["head_dim"]
+    kwargs["partial_rotary_factor"] = int(field("rope.dimension_count", head_dim)) / head_dim
+    kwargs["n_routed_experts"] = int(field("expert_count", 0))
+    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
+    kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0))
+    kwargs["n_shared_experts"] = int(field("expert_shared_count", 0))
+    kwargs["first_k_dense_replace"] = int(field("leading_dense_block_count", 0))
+    kwargs["routed_scaling_factor"] = float(field("expert_weights_scale", 1.0))
+    kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
+    kwargs["n_group"] = kwargs["topk_group"] = 1
+    kwargs["num_nextn_predict_layers"] = 0  # (not loaded: GGUFCheckpoint.num_layers)
+    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
+    kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
 
 
 def _phi3_config(field, kwargs: dict, read_tensor) -> None:

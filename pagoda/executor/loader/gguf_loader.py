@@ -73,6 +73,10 @@ class GGUFCheckpoint:
             )
         self.num_experts = int(self._field(f"{self.architecture}.expert_count", 0) or 0)
         self.family = family_of(self.architecture, self.num_experts)
+        self.num_layers = int(self._field(f"{self.architecture}.block_count", required=True)) - \
+            int(self._field(f"{self.architecture}.nextn_predict_layers", 0) or 0)
+        """The decoder layers run: block_count less the next-token-prediction (MTP) layers
+        that GLM-4.5 and DeepSeek files store after them (not loaded)."""
         self.pooling_type = self._field(f"{self.architecture}.pooling_type")
         """llama.cpp's embedding pooling (0 none, 1 mean, 2 cls, 3 last), or None."""
         self.hf_config = self._build_hf_config()
@@ -102,7 +106,7 @@ class GGUFCheckpoint:
             # MoE files may give only the experts' size
             "intermediate_size": int(self._field(f"{arch}.feed_forward_length") or self._field(
                 f"{arch}.expert_feed_forward_length", required=True)),
-            "num_hidden_layers": int(self._field(f"{arch}.block_count", required=True)),
+            "num_hidden_layers": self.num_layers,
             "num_attention_heads": num_heads,
             "num_key_value_heads": int(self._field(f"{arch}.attention.head_count_kv", num_heads)),
             "head_dim": int(self._field(f"{arch}.attention.key_length", hidden_size // num_heads)),
@@ -191,7 +195,11 @@ class GGUFCheckpoint:
         return [name for tensor in self._weight_tensors() for name in self._hf_names(tensor)]
 
     def _weight_tensors(self) -> list:
-        return [t for t in self.reader.tensors if t.name not in SKIPPED_TENSORS]
+        """The tensors loaded: not the SKIPPED_TENSORS, not the MTP layers' (blk.{i} with
+        i >= num_layers)."""
+        return [t for t in self.reader.tensors if t.name not in SKIPPED_TENSORS
+                and not (t.name.startswith("blk.")
+                         and int(t.name.split(".", 2)[1]) >= self.num_layers)]
 
     def quantized_matrices(self) -> dict[str, tuple[object, tuple[int, int]]]:
         """Hugging Face name -> (GGUF type, (rows, in_features)) of every matrix the file

@@ -1,4 +1,4 @@
-"""Mixture-of-experts families on Llama blocks: Mixtral, Qwen3-MoE and OLMoE.
+"""Mixture-of-experts families on Llama blocks: Mixtral, Qwen3-MoE, OLMoE and GLM-4.5.
 
 Attention is Llama's (Mixtral: Mistral's, sliding window included; Qwen3-MoE: Qwen3's, with
 q/k norms); the MLP of each layer is a `SparseMoeBlock` (layers/moe.py) whose experts are
@@ -14,6 +14,12 @@ SwiGLU MLPs, named as in the checkpoints:
     OLMoE       as Qwen3-MoE, every layer sparse; its q/k norms span all heads at once
                 (q_norm over num_heads * head_dim, before the heads are split) and
                 clip_qkv, where set, clamps q, k and v
+    GLM-4.5     (Glm4Moe) model.layers.{l}.mlp.gate (+ e_score_correction_bias): grouped
+                sigmoid routing (layers/moe.py: GroupedSigmoidRouter); mlp.experts.{i} and
+                mlp.shared_experts (one MLP of n_shared_experts * moe_intermediate_size);
+                the first first_k_dense_replace layers dense; qkv bias, optional per-head
+                q/k norms, partial rotary; the next-token-prediction (MTP) layers stored
+                after num_hidden_layers are not run and not loaded
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from torch import nn
 
 from pagoda.executor.layers.activation import gated_activation
 from pagoda.executor.layers.linear import Linear, MergedLinear
-from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.layers.moe import GroupedSigmoidRouter, SparseMoeBlock
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.models.llama import (
     STACKED_PARAMS,
@@ -140,3 +146,40 @@ class OlmoeForCausalLM(LlamaForCausalLM):
         qkv_bias = bool(getattr(config, "attention_bias", False))
         return LlamaModel(config, qkv_bias, False, max_position, make_mlp,
                           attention_class=OlmoeAttention)
+
+
+class Glm4MoeForCausalLM(LlamaForCausalLM):
+    """GLM-4.5 / GLM-4.5-Air (see the module docstring)."""
+
+    def build_model(self, config, max_position: int) -> nn.Module:
+        experts_size = config.moe_intermediate_size
+
+        def make_mlp(index: int) -> nn.Module:
+            if index < config.first_k_dense_replace:
+                return LlamaMLP(config)
+            router = GroupedSigmoidRouter(
+                config.hidden_size, config.n_routed_experts, config.n_group, config.topk_group,
+                bool(config.norm_topk_prob), float(config.routed_scaling_factor))
+            shared = (LlamaMLP(config, intermediate_size=experts_size * config.n_shared_experts)
+                      if config.n_shared_experts else None)
+            return SparseMoeBlock(
+                config.hidden_size,
+                [LlamaMLP(config, intermediate_size=experts_size)
+                 for _ in range(config.n_routed_experts)],
+                config.num_experts_per_tok, normalize_top_k=False, router=router,
+                shared_experts=shared)
+
+        return LlamaModel(config, bool(config.attention_bias), bool(config.use_qk_norm),
+                          max_position, make_mlp)
+
+    def load_weights(self, weights) -> None:
+        layers = self.config.num_hidden_layers
+        super().load_weights((name, tensor) for name, tensor in weights
+                             if not _is_layer_at_or_past(name, layers))
+
+
+def _is_layer_at_or_past(name: str, num_layers: int) -> bool:
+    """Whether `name` belongs to model.layers.{i} with i >= num_layers (an MTP layer)."""
+    parts = name.split(".")
+    return (len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
+            and int(parts[2]) >= num_layers)

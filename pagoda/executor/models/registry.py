@@ -14,6 +14,7 @@ from pagoda.executor.models.llama import (
     Qwen3ForCausalLM,
 )
 from pagoda.executor.models.mixtral import (
+    Glm4MoeForCausalLM,
     MixtralForCausalLM,
     OlmoeForCausalLM,
     Qwen3MoeForCausalLM,
@@ -30,6 +31,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)
