@@ -24,7 +24,6 @@ from torch import nn
 from pagoda.executor.layers.moe import SparseMoeBlock
 from pagoda.executor.models.llama import (
     LlamaAttention,
-    LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
     LlamaModel,
@@ -32,73 +31,72 @@ from pagoda.executor.models.llama import (
 
 
 class GraniteAttention(LlamaAttention):
-    """Llama attention scaled by attention_multiplier."""
+    """Llama attention scaled by attention_multiplier, its output by residual_multiplier."""
 
     def __init__(self, config, rotary, qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__(config, rotary, qkv_bias, qk_norm,
                          scale=float(config.attention_multiplier))
-
-
-class GraniteDecoderLayer(LlamaDecoderLayer):
-    """A Llama layer whose attention and MLP outputs are scaled by residual_multiplier before
-    the (fused, in the next norm) residual add."""
-
-    def __init__(self, config, *args, **kwargs) -> None:
-        super().__init__(config, *args, **kwargs)
         self.residual_multiplier = float(config.residual_multiplier)
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden) * self.residual_multiplier
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return getattr(self, self.mlp_name)(hidden) * self.residual_multiplier, residual
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return super().forward(positions, hidden) * self.residual_multiplier
+
+
+class GraniteMLP(LlamaMLP):
+    """A Llama MLP whose output is multiplied by residual_multiplier."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.residual_multiplier = float(config.residual_multiplier)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.residual_multiplier
+
+
+class GraniteMoeBlock(SparseMoeBlock):
+    """Granite MoE's sparse block (its experts plain Llama MLPs), output multiplied by
+    residual_multiplier."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config.hidden_size,
+                         [LlamaMLP(config) for _ in range(config.num_local_experts)],
+                         config.num_experts_per_tok, normalize_top_k=False,
+                         weights_in_run_dtype=True, softmax_after_top_k=True)
+        self.residual_multiplier = float(config.residual_multiplier)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden) * self.residual_multiplier
 
 
 class GraniteModel(LlamaModel):
-    """Llama's stack of GraniteDecoderLayers over embeddings times embedding_multiplier."""
+    """Llama's stack with Granite's attention and MLPs, over embeddings times
+    embedding_multiplier."""
 
-    def __init__(self, config, qkv_bias: bool, max_position: int, make_mlp=None,
-                 mlp_name: str = "mlp") -> None:
-        super().__init__(config, qkv_bias, False, max_position, make_mlp, mlp_name,
-                         attention_class=GraniteAttention, layer_class=GraniteDecoderLayer)
+    def __init__(self, config, max_position: int, make_mlp, mlp_name: str = "mlp") -> None:
+        super().__init__(config, bool(getattr(config, "attention_bias", False)), False,
+                         max_position, make_mlp, mlp_name, attention_class=GraniteAttention)
         self.embedding_multiplier = float(config.embedding_multiplier)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids) * self.embedding_multiplier, None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.embedding_multiplier
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
     """Dense Granite: GraniteModel, logits divided by logits_scaling."""
 
     def build_model(self, config, max_position: int) -> nn.Module:
-        return GraniteModel(config, bool(getattr(config, "attention_bias", False)), max_position)
+        return GraniteModel(config, max_position, lambda index: GraniteMLP(config))
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().head_logits(hidden) / float(self.config.logits_scaling)
 
 
 class GraniteMoeForCausalLM(GraniteForCausalLM):
-    """Granite MoE: every layer a sparse MoE of SwiGLU experts, stored stacked."""
+    """Granite MoE: every layer a GraniteMoeBlock, its experts stored stacked."""
 
     def build_model(self, config, max_position: int) -> nn.Module:
-        def make_mlp(index: int) -> nn.Module:
-            experts = [LlamaMLP(config) for _ in range(config.num_local_experts)]
-            return SparseMoeBlock(config.hidden_size, experts, config.num_experts_per_tok,
-                                  normalize_top_k=False, weights_in_run_dtype=True,
-                                  softmax_after_top_k=True)
-
-        return GraniteModel(config, bool(getattr(config, "attention_bias", False)),
-                            max_position, make_mlp, mlp_name="block_sparse_moe")
+        return GraniteModel(config, max_position, lambda index: GraniteMoeBlock(config),
+                            mlp_name="block_sparse_moe")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(split_stacked_experts(weights))
@@ -109,7 +107,8 @@ def split_stacked_experts(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Granite MoE's stacked expert tensors and router as the block's module names:
     input_linear (E, 2I, H) -> experts.{e}.gate_up_proj (stored fused, [gate | up]),
-    output_linear (E, H, I) -> experts.{e}.down_proj, router.layer -> gate."""
+    output_linear (E, H, I) -> experts.{e}.down_proj, router.layer -> gate. (A GGUF file's
+    names are already per expert: they pass through.)"""
     for name, tensor in weights:
         if name.endswith("block_sparse_moe.router.layer.weight"):
             yield name.replace("router.layer", "gate"), tensor

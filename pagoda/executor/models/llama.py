@@ -135,13 +135,12 @@ def unfilled_embedding(config) -> nn.Embedding:
 
 class LlamaModel(nn.Module):
     """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
-    mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class` and
-    `layer_class`: the layers' attention and layer (subclasses: OLMoE's, Granite's)."""
+    mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class`: the
+    layers' attention (a LlamaAttention subclass: OLMoE's, Granite's)."""
 
     def __init__(
         self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
         mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
-        layer_class: type[LlamaDecoderLayer] = LlamaDecoderLayer,
     ) -> None:
         super().__init__()
         self.embed_tokens = unfilled_embedding(config)
@@ -149,14 +148,18 @@ class LlamaModel(nn.Module):
         self.rotary = rotary
         make_mlp = make_mlp or (lambda index: LlamaMLP(config))
         self.layers = nn.ModuleList(
-            layer_class(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
-                        attention_class)
+            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
+                              attention_class)
             for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input's token embeddings (Granite scales them)."""
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
