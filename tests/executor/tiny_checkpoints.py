@@ -7,6 +7,10 @@ import os
 import torch
 from transformers import (
     AutoTokenizer,
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
+    Ernie4_5_MoeConfig,
+    Ernie4_5_MoeForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -90,6 +94,15 @@ ARCHITECTURES = {
         Qwen3MoeConfig, Qwen3MoeForCausalLM,
         {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
          "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": False},
+    ),
+    # ERNIE 4.5: pairwise rotary; MoE layers 1 and 3 of 4 (start 1, interval 2) with a shared
+    # expert and a correction bias (set below: not zero).
+    "ernie4.5": (Ernie4_5Config, Ernie4_5ForCausalLM, {"head_dim": 32}),
+    "ernie4.5-moe": (
+        Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM,
+        {"head_dim": 32, "num_hidden_layers": 4, "num_experts": 4, "moe_k": 2,
+         "moe_intermediate_size": 32, "moe_num_shared_experts": 1, "moe_layer_start_index": 1,
+         "moe_layer_interval": 2, "moe_layer_end_index": 3, "tie_word_embeddings": False},
     ),
     # GLM-4.5: 8 experts in 4 groups (2 kept), a shared expert, layer 0 dense, q/k norms,
     # half the head rotated, a correction bias set below (not zero) so that it steers choices.

@@ -49,34 +49,42 @@ class Router(nn.Module):
         return F.linear(x, self.weight)
 
 
-class GroupedSigmoidRouter(Router):
-    """DeepSeek-V3's and GLM-4.5's routing (noaux_tc): sigmoid scores; the choice adds each
-    expert's `e_score_correction_bias` and keeps only the `topk_group` best of `n_group`
-    expert groups (a group's score: its two best); the weights are the chosen experts' plain
-    scores, renormalised (+1e-20) where `normalize`, times `routed_scaling_factor`."""
+class CorrectionBiasRouter(Router):
+    """Routing whose choice adds a learned per-expert `e_score_correction_bias` to the
+    scores while the weights use the scores alone: DeepSeek-V3's and GLM-4.5's noaux_tc
+    (`scoring` "sigmoid", the choice limited to the `topk_group` best of `n_group` expert
+    groups, a group's score its two best) and Ernie 4.5's (`scoring` "softmax", one group).
+    The chosen experts' scores are renormalised where `normalize` (sum + 1e-20; Ernie's
+    clamp of the sum at 1e-12 is the same wherever the sum is not ~0), then multiplied by
+    `routed_scaling_factor`."""
 
-    def __init__(self, hidden_size: int, num_experts: int, n_group: int, topk_group: int,
-                 normalize: bool, routed_scaling_factor: float) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, scoring: str, normalize: bool,
+                 routed_scaling_factor: float = 1.0, n_group: int = 1,
+                 topk_group: int = 1) -> None:
         super().__init__(hidden_size, num_experts)
+        if scoring not in ("sigmoid", "softmax"):
+            raise ValueError(f"router scoring {scoring!r}: sigmoid or softmax")
         if num_experts % n_group or not 0 < topk_group <= n_group:
             raise ValueError(f"{num_experts} experts cannot be routed in {n_group} groups, "
                              f"{topk_group} of them kept")
         self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts),
                                                     requires_grad=False)
         self.e_score_correction_bias.weight_loader = default_weight_loader
-        self.n_group, self.topk_group = n_group, topk_group
+        self.scoring, self.n_group, self.topk_group = scoring, n_group, topk_group
         self.normalize, self.routed_scaling_factor = normalize, routed_scaling_factor
 
     def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden (T, hidden) -> float32 weights (T, top_k), expert ids (T, top_k)."""
-        scores = F.linear(hidden.float(), self.weight.float()).sigmoid()  # (T, E)
+        logits = F.linear(hidden.float(), self.weight.float())  # (T, E)
+        scores = logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(dim=-1)
         choice = scores + self.e_score_correction_bias.float()
-        groups = choice.view(choice.shape[0], self.n_group, -1)  # (T, groups, E / groups)
-        group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)  # (T, groups)
-        kept = torch.topk(group_scores, self.topk_group, dim=-1, sorted=False)[1]
-        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        choice = choice.masked_fill(~mask.unsqueeze(-1).expand_as(groups).reshape_as(choice),
-                                    float("-inf"))
+        if self.topk_group < self.n_group:
+            groups = choice.view(choice.shape[0], self.n_group, -1)  # (T, groups, E / groups)
+            group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)  # (T, groups)
+            kept = torch.topk(group_scores, self.topk_group, dim=-1, sorted=False)[1]
+            mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+            choice = choice.masked_fill(
+                ~mask.unsqueeze(-1).expand_as(groups).reshape_as(choice), float("-inf"))
         choices = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, choices)
         if self.normalize:
@@ -90,7 +98,7 @@ class SparseMoeBlock(nn.Module):
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
     1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
     `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
-    GroupedSigmoidRouter's own rule (GLM-4.5, DeepSeek-V3). `shared_experts`, where given, is
+    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3). `shared_experts`, where given, is
     an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
@@ -98,7 +106,7 @@ class SparseMoeBlock(nn.Module):
     def __init__(
         self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
         weights_in_run_dtype: bool = False, softmax_after_top_k: bool = False,
-        router: GroupedSigmoidRouter | None = None, shared_experts: nn.Module | None = None,
+        router: CorrectionBiasRouter | None = None, shared_experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= len(experts):
@@ -120,7 +128,7 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
-        if isinstance(self.gate, GroupedSigmoidRouter):
+        if isinstance(self.gate, CorrectionBiasRouter):
             weights, choices = self.gate.route(hidden, k)
         else:
             weights, choices = self._softmax_route(hidden)

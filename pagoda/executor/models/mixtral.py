@@ -15,7 +15,7 @@ SwiGLU MLPs, named as in the checkpoints:
                 (q_norm over num_heads * head_dim, before the heads are split) and
                 clip_qkv, where set, clamps q, k and v
     GLM-4.5     (Glm4Moe) model.layers.{l}.mlp.gate (+ e_score_correction_bias): grouped
-                sigmoid routing (layers/moe.py: GroupedSigmoidRouter); mlp.experts.{i} and
+                sigmoid routing (layers/moe.py: CorrectionBiasRouter); mlp.experts.{i} and
                 mlp.shared_experts (one MLP of n_shared_experts * moe_intermediate_size);
                 the first first_k_dense_replace layers dense; qkv bias, optional per-head
                 q/k norms, partial rotary; the next-token-prediction (MTP) layers stored
@@ -29,7 +29,7 @@ from torch import nn
 
 from pagoda.executor.layers.activation import gated_activation
 from pagoda.executor.layers.linear import Linear, MergedLinear
-from pagoda.executor.layers.moe import GroupedSigmoidRouter, SparseMoeBlock
+from pagoda.executor.layers.moe import CorrectionBiasRouter, SparseMoeBlock
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.models.llama import (
     STACKED_PARAMS,
@@ -157,9 +157,10 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
         def make_mlp(index: int) -> nn.Module:
             if index < config.first_k_dense_replace:
                 return LlamaMLP(config)
-            router = GroupedSigmoidRouter(
-                config.hidden_size, config.n_routed_experts, config.n_group, config.topk_group,
-                bool(config.norm_topk_prob), float(config.routed_scaling_factor))
+            router = CorrectionBiasRouter(
+                config.hidden_size, config.n_routed_experts, "sigmoid",
+                bool(config.norm_topk_prob), float(config.routed_scaling_factor),
+                config.n_group, config.topk_group)
             shared = (LlamaMLP(config, intermediate_size=experts_size * config.n_shared_experts)
                       if config.n_shared_experts else None)
             return SparseMoeBlock(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagoda.executor.models.ernie import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
 from pagoda.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagoda.executor.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from pagoda.executor.models.llama import (
@@ -32,6 +33,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)

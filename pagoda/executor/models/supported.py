@@ -11,7 +11,7 @@ HF_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
     "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM",
     "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
-    "Glm4MoeForCausalLM",
+    "Glm4MoeForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM",
     # bare decoder stacks, as embedding models are saved (no head: embeddings only)
     "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
 )
