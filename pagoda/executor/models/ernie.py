@@ -4,7 +4,7 @@ Llama blocks whose difference is the rotary layout:
 
 - the rotary embedding rotates adjacent pairs of each head's features (x0, x1), (x2, x3),
   ... (GPT-J's layout) where Pagoda's RotaryEmbedding rotates the two halves. Attention
-  scores do not change when q and k are permuted alike, so the q and k rows (and biases)
+  scores do not change when q and k are permuted alike, so the q and k weight rows
   are reordered at load, evens first then odds per head (`unpermute_rotary`, the same
   reordering llama.cpp's Llama converter needs undone), and the halves rotate as pairs did;
 - no biases (`use_bias`, which no released model sets, is refused).
