@@ -273,7 +273,7 @@ def test_types_without_a_kernel_pack_as_their_values_requantized_to_q8_0(ggml_ty
     packed matrix multiplies as those Q8_0 weights."""
     from pagoda.executor.loader import gguf_packing
     monkeypatch.setattr(gguf_packing, "PACK_SLICE_WEIGHTS", 16 * 512)  # 3 slices of 16 rows
-    raw, packed, reference = case(ggml_type)
+    _, packed, reference = case(ggml_type)
     assert packed.format == "q8"
     q8_0 = gguf.quants.quantize(reference.numpy(), Q.Q8_0)
     as_q8_0 = torch.from_numpy(dequantize(q8_0, Q.Q8_0).reshape(reference.shape))

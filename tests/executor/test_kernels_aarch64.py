@@ -19,7 +19,7 @@ from pagoda.executor.kernels.abi import weight_format
 from pagoda.executor.kernels.build import SOURCE_DIR, kernel_sources
 from pagoda.executor.kernels.packing import pack, quantize_groups
 from tests.executor.test_attention_backend import reference_attention
-from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86
+from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, isa_build_cache
 
 CROSS_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
 SYSROOT = "/usr/aarch64-linux-gnu"
@@ -31,36 +31,42 @@ pytestmark = [pytest.mark.slow,  # (make test-fast skips it)
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory) -> Path:
     """kernel_driver.c with the kernel sources, for ARM64 (-march=armv8-a: NEON)."""
-    target = tmp_path_factory.mktemp("aarch64") / "kernel_driver"
-    source = Path(__file__).with_name("kernel_driver.c")
-    subprocess.run([CROSS_CC, "-O3", "-march=armv8-a", "-fopenmp", f"-I{SOURCE_DIR}", "-o",
-                    str(target), str(source), *map(str, kernel_sources()), "-lm"], check=True)
-    return target
+    return driver_build(CROSS_CC, ("-O3", "-march=armv8-a", "-fopenmp"),
+                        tmp_path_factory.mktemp("aarch64"))
 
 
 @pytest.fixture(scope="module")
 def dotprod_driver(tmp_path_factory) -> Path:
     """The driver for ARM64 with the dot-product extension (-march=armv8.2-a+dotprod: sdot
     in gemm_int8.c's dot4), run under qemu's `max` CPU, which has it."""
-    target = tmp_path_factory.mktemp("aarch64-dotprod") / "kernel_driver"
-    source = Path(__file__).with_name("kernel_driver.c")
-    subprocess.run([CROSS_CC, "-O3", "-march=armv8.2-a+dotprod", "-fopenmp", f"-I{SOURCE_DIR}",
-                    "-o", str(target), str(source), *map(str, kernel_sources()), "-lm"],
-                   check=True)
-    return target
+    return driver_build(CROSS_CC, ("-O3", "-march=armv8.2-a+dotprod", "-fopenmp"),
+                        tmp_path_factory.mktemp("aarch64-dotprod"))
 
 
 @pytest.fixture(scope="module")
 def emulating_driver(tmp_path_factory) -> Path:
-    """The same driver for this x86 CPU, its kernels as build.ISA_BUILDS["arm64-emulated"]
-    builds them (with the library's own optional flags)."""
+    """The same driver for this x86 CPU, its kernels the library Pagoda loads as
+    build.ISA_BUILDS["arm64-emulated"] (the session's shared build: test_cpu_kernels.py
+    runs it too)."""
     if not ON_X86 or "fma" not in CPU_FLAGS:
         pytest.skip("the ARM64 emulation build runs on x86 CPUs with FMA")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
+        library = build.build_library(extra_flags=build.ISA_BUILDS["arm64-emulated"])
     target = tmp_path_factory.mktemp("arm64-emulated") / "kernel_driver"
-    source = Path(__file__).with_name("kernel_driver.c")
-    subprocess.run(["cc", "-O3", *build.OPTIONAL_FLAGS[0], *build.ISA_BUILDS["arm64-emulated"],
-                    f"-I{SOURCE_DIR}", "-o", str(target), str(source),
-                    *map(str, kernel_sources()), "-lm"], check=True)
+    subprocess.run(["cc", "-O3", f"-I{SOURCE_DIR}", "-o", str(target),
+                    str(Path(__file__).with_name("kernel_driver.c")), str(library),
+                    f"-Wl,-rpath,{library.parent}", "-lm"], check=True)
+    return target
+
+
+def driver_build(compiler: str, flags: tuple[str, ...], folder: Path) -> Path:
+    """kernel_driver.c and the kernel sources built into folder/kernel_driver, each source
+    compiled by its own process (build.compile_and_link: the cores share the build)."""
+    target = folder / "kernel_driver"
+    sources = [Path(__file__).with_name("kernel_driver.c"), *kernel_sources()]
+    complaint = build.compile_and_link(compiler, (*flags, f"-I{SOURCE_DIR}"), sources, target)
+    assert complaint is None, complaint
     return target
 
 

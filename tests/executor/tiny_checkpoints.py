@@ -7,10 +7,10 @@ import os
 import torch
 from transformers import (
     AutoTokenizer,
-    Ernie4_5Config,
-    Ernie4_5ForCausalLM,
     Ernie4_5_MoeConfig,
     Ernie4_5_MoeForCausalLM,
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,

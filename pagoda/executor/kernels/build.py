@@ -111,7 +111,7 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
             partial = Path(tmp.name)
         try:
-            complaint = _compile_and_link(compiler, (*BASE_FLAGS, *optional, *extra_flags),
+            complaint = compile_and_link(compiler, (*BASE_FLAGS, *optional, *extra_flags),
                                           sources, partial)
             if complaint is None:
                 if optional != OPTIONAL_FLAGS[0]:
@@ -125,10 +125,11 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
     raise RuntimeError(f"{compiler} failed on {source_dir}: {errors[0]}")
 
 
-def _compile_and_link(compiler: str, flags: tuple[str, ...], sources: list[Path],
-                      output: Path) -> str | None:
+def compile_and_link(compiler: str, flags: tuple[str, ...], sources: list[Path],
+                     output: Path) -> str | None:
     """Each source compiled to an object at once (one process each: the cores share the
-    build, several minutes of one core for an emulation build), then linked into `output`.
+    build, several minutes of one core for an emulation build), then linked into `output`
+    (a shared library where `flags` say -shared, else a program: the tests' ARM64 driver).
     Returns None, or the compiler's complaint."""
     with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
         objects = [Path(scratch) / f"{source.stem}.o" for source in sources]

@@ -37,8 +37,7 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
         return LlamaModel(config, False, False, max_position, self.make_mlp(config))
 
     def make_mlp(self, config):
-        """Each layer's MLP by index; None: a LlamaMLP everywhere."""
-        return None
+        """Each layer's MLP by index; None (the dense model's): a LlamaMLP everywhere."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(half_rotary(self.renamed(weights), self.config))
