@@ -6,6 +6,7 @@ waits for it, memory returns after the unload, and a reload keeps a stream in fl
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 
@@ -138,3 +139,17 @@ def test_reload_keeps_the_stream_in_flight(server):
     assert events[-1]["usage"]["completion_tokens"] == 2000
     assert states(server)["tiny"] == "ready"
     assert complete(server, "tiny").status_code == 200
+
+
+def test_sigterm_after_the_default_model_was_reloaded_stops_the_server(server):
+    """Reloading the start-up default ("smol") replaces its engine; SIGTERM must still drain
+    and exit 0 (it once raised in the signal handler, on the old model's engine, and the
+    server never stopped). Last in the module: it stops the module's server."""
+    reloaded = httpx.post(server.url + "/v1/models/load", headers=AUTH, timeout=300,
+                          json={"model": "smol"})
+    assert reloaded.status_code == 200, reloaded.text
+    assert complete(server, "smol").status_code == 200
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    log = server.log_text()
+    assert "received SIGTERM" in log and "Traceback" not in log

@@ -3,6 +3,7 @@ PagodaUvicornServer); server.py builds the app and its state."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -11,6 +12,7 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
+from pagoda.entrypoints.openai.model_registry import ModelRegistry
 from pagoda.entrypoints.openai.server_state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -36,8 +38,8 @@ class PagodaUvicornServer(uvicorn.Server):
         if not self.should_exit:
             logger.info("received %s: finishing in-flight requests (for up to %ss)",
                         signal.Signals(sig).name, self.shutdown_timeout)
-            loop = self.pagoda_state.default_model.engine.loop
-            if loop is not None and not loop.is_closed():
+            loop = live_engine_loop(registry)
+            if loop is not None:
                 reason = (f"the server shut down before this request finished (it waited "
                           f"{self.shutdown_timeout}s)")
                 loop.call_soon_threadsafe(
@@ -58,6 +60,16 @@ class PagodaUvicornServer(uvicorn.Server):
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+
+def live_engine_loop(registry: ModelRegistry) -> asyncio.AbstractEventLoop | None:
+    """The event loop of a model still running (ready or draining), or None. Not the start-up
+    default's: /v1/models/load may have replaced it, its engine gone."""
+    for model in registry.all_models():
+        loop = model.engine.loop if model.engine is not None else None
+        if loop is not None and not loop.is_closed():
+            return loop
+    return None
 
 
 def run_server(
