@@ -62,10 +62,10 @@ class PagodaUvicornServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def live_engine_loop(registry: ModelRegistry) -> asyncio.AbstractEventLoop | None:
+def live_engine_loop(registry: ModelRegistry | None) -> asyncio.AbstractEventLoop | None:
     """The event loop of a model still running (ready or draining), or None. Not the start-up
     default's: /v1/models/load may have replaced it, its engine gone."""
-    for model in registry.all_models():
+    for model in registry.all_models() if registry is not None else ():
         loop = model.engine.loop if model.engine is not None else None
         if loop is not None and not loop.is_closed():
             return loop

@@ -112,7 +112,7 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
             partial = Path(tmp.name)
         try:
             complaint = compile_and_link(compiler, (*BASE_FLAGS, *optional, *extra_flags),
-                                          sources, partial)
+                                         sources, partial)
             if complaint is None:
                 if optional != OPTIONAL_FLAGS[0]:
                     logger.warning("Pagoda's CPU kernels built without %s (the compiler "
