@@ -11,8 +11,10 @@ attention and RMSNorm kernels, so its hidden states match the eager forward's to
 rounding (tests/executor/test_decode_kernel.py).
 
 What it covers, checked once per KV cache (`WholeStackDecode.plan`):
-    - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, LlamaMLP with SiLU, RMSNorm):
-      Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norms), Phi-3; not Gemma or MoE;
+    - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, RMSNorm), each MLP a
+      LlamaMLP with SiLU or a SparseMoeBlock of SwiGLU experts whose routing rule the C
+      routing has (layers/moe_kernel.py): Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3
+      (q/k norms), Phi-3, Mixtral, Qwen3-MoE, GLM-4.5; not Gemma, OLMoE or Granite;
     - every projection packed: a PackedLinear of at most MAX_SEGMENTS parts (a GGUF file's
       own types; `--quantization int4/int8`, AWQ / GPTQ folders: a QuantizedLinear on
       Pagoda's kernel with no float weight kept);
@@ -38,24 +40,17 @@ from torch import nn
 
 from pagoda.executor.attention.cpu_backend import CpuKernelAttentionBackend, KernelDecodeGroup
 from pagoda.executor.forward_context import get_forward_context
-from pagoda.executor.kernels.abi import (
-    MAX_SEGMENTS,
-    Decoder,
-    DecoderLayer,
-    DecoderLinear,
-    kv_cache_format,
-    weight_format,
-)
+from pagoda.executor.kernels.abi import Decoder, DecoderLayer, DecoderLinear, kv_cache_format
 from pagoda.executor.kernels.ops import (
     DEQUANTIZE_FROM_ROWS,
     SIXTEEN_BIT_CACHES,
     kernels_available,
     load_cpu_kernels,
 )
-from pagoda.executor.kernels.packed_weight import PLANE_NAMES
 from pagoda.executor.layers.activation import SiluAndMul
+from pagoda.executor.layers.moe import SparseMoeBlock
 from pagoda.executor.layers.norm import RMSNorm
-from pagoda.executor.layers.packed_linear import PackedLinear
+from pagoda.executor.layers.packed_linear import decoder_linear
 from pagoda.executor.lora.step import current_lora_step
 from pagoda.executor.lora.whole_stack_tables import LoRATables
 from pagoda.executor.models.llama import (
@@ -64,36 +59,6 @@ from pagoda.executor.models.llama import (
     LlamaMLP,
     LlamaModel,
 )
-
-
-def _segments(module: nn.Module) -> list[tuple[str, int, dict[str, torch.Tensor]]] | None:
-    """A linear's weight as (format, out_features, planes) segments in the kernels' formats:
-    a PackedLinear's (a GGUF file's own types, or `--quantization int4/int8` of a float
-    checkpoint and AWQ / GPTQ folders: a QuantizedLinear's one segment) where it runs
-    Pagoda's float32 kernels on its packed weight alone; None for any other linear."""
-    if isinstance(module, PackedLinear) and module.segments and module.takes_float32:
-        return [(w.format, w.out_features, w.planes) for w in module.segments]
-    return None
-
-
-def _linear(module: nn.Module) -> DecoderLinear | None:
-    """The C description of a linear layer, or None where the kernel cannot take it."""
-    segments = _segments(module)
-    if segments is None or len(segments) > MAX_SEGMENTS:
-        return None
-    bias = module.bias
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        return None
-    linear = DecoderLinear(num_segments=len(segments), in_features=module.in_features,
-                           out_features=module.out_features,
-                           bias=None if bias is None else bias.data_ptr(),
-                           activation_parts=module.activation_parts)
-    for slot, (format, out_features, planes) in zip(linear.segments, segments):
-        slot.format, slot.out_features = weight_format(format), out_features
-        for name in PLANE_NAMES:
-            plane = planes.get(name)
-            setattr(slot, name, None if plane is None else plane.data_ptr())
-    return linear
 
 
 class WholeStackDecode:
@@ -213,13 +178,15 @@ class WholeStackDecode:
                 return None
         attention = model.layers[0].self_attn
         kv_cache = attention.attn.kv_cache
-        mlp = getattr(model.layers[0], model.layers[0].mlp_name)
+        dense_widths = [mlp.down_proj.in_features for mlp in
+                        (getattr(layer, layer.mlp_name) for layer in model.layers)
+                        if type(mlp) is LlamaMLP]
         layers = (DecoderLayer * len(described))(*described)
         self._keep = [layers, cos, sin]
         return Decoder(
             num_layers=len(described), hidden=model.norm.weight.shape[0],
             num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
-            head_dim=attention.head_dim, intermediate=mlp.down_proj.in_features,
+            head_dim=attention.head_dim, intermediate=max(dense_widths, default=0),
             rotary_dim=rotary.rotary_dim, num_blocks=kv_cache.shape[2],
             block_size=kv_cache.shape[3], eps=model.norm.eps,
             kv_format=-1 if kv_cache.dtype == torch.float32 else kv_cache_format(
@@ -235,8 +202,10 @@ class WholeStackDecode:
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if attention.q_norm is not None:
             norms += [attention.q_norm, attention.k_norm]
+        moe = mlp.kernel_plan() if type(mlp) is SparseMoeBlock else None
         if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
-                or type(mlp) is not LlamaMLP or type(mlp.act) is not SiluAndMul
+                or not (type(mlp) is LlamaMLP and type(mlp.act) is SiluAndMul
+                        or moe is not None and moe.routed)
                 or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
                        or n.weight.dtype != torch.float32 for n in norms)
                 or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
@@ -247,8 +216,10 @@ class WholeStackDecode:
                 or attn.kv_cache.dtype != first.self_attn.attn.kv_cache.dtype
                 or attn.kv_cache.shape != first.self_attn.attn.kv_cache.shape):
             return None
-        linears = [_linear(m) for m in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj,
-                                        mlp.down_proj)]
+        mlp_linears = [DecoderLinear(), DecoderLinear()] if moe is not None else [
+            decoder_linear(mlp.gate_up_proj), decoder_linear(mlp.down_proj)]
+        linears = [decoder_linear(attention.qkv_proj), decoder_linear(attention.o_proj),
+                   *mlp_linears]
         if any(linear is None for linear in linears):
             return None
         window = attn.sliding_window if attn.sliding_window is not None else attn.backend.sliding_window
@@ -258,6 +229,7 @@ class WholeStackDecode:
             q_norm=None if attention.q_norm is None else attention.q_norm.weight.data_ptr(),
             k_norm=None if attention.k_norm is None else attention.k_norm.weight.data_ptr(),
             qkv=linears[0], o=linears[1], gate_up=linears[2], down=linears[3],
+            moe=None if moe is None else ctypes.pointer(moe.moe),
             kv_cache=attn.kv_cache.data_ptr(), window=window or 0, scale=attn.scale)
 
 

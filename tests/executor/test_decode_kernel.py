@@ -163,11 +163,50 @@ def test_float_weights_and_an_8_bit_cache_take_the_eager_forward(tmp_path) -> No
         assert calls == 0 and decode_kernel(llm).plan() is None
         assert_same_completions(fused, eager)
 
-def test_a_mixture_of_experts_takes_the_eager_forward(tmp_path) -> None:
-    """Mixtral shares Llama's stack but not its MLP: the kernel stands aside."""
+def moe_quants(name: str):
+    """K-quant experts (gate / up Q4_K, down Q6_K) and projections; o_proj (128 inputs where
+    heads * head_dim is 128) Q5_0."""
+    if name.endswith("o_proj.weight"):
+        return Q.Q5_0
+    if name.endswith(("down_proj.weight", ".w2.weight")):
+        return Q.Q6_K
+    return Q.Q4_K if name.endswith(("proj.weight", ".w1.weight", ".w3.weight")) else k_quants(name)
+
+
+def moe_engine(tmp_path, arch: str) -> LLM:
+    """A tiny MoE model with packed experts of 256 inputs (K-quants): Mixtral and Qwen3-MoE
+    as GGUF files; GLM-4.5 (grouped sigmoid routing with a correction bias and a scaling
+    factor, a shared expert, a dense first layer) from its Hugging Face folder through
+    `--quantization int4`: the GGUF converters drop its expert groups."""
     from tests.executor.test_model_families import GGUF_SETTINGS
 
-    llm = engine_of(tiny_gguf(tmp_path, "mixtral", legacy_quants, **GGUF_SETTINGS["mixtral"]))
+    if arch == "glm4-moe":
+        build_checkpoint(arch, str(tmp_path), **{**K_SIZES, "moe_intermediate_size": 256})
+        return engine_of(str(tmp_path), quantization="int4")
+    settings = {**GGUF_SETTINGS[arch], "moe_intermediate_size": 256}
+    return engine_of(tiny_gguf(tmp_path, arch, moe_quants, **settings))
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3-moe", "glm4-moe"])
+def test_a_mixture_of_experts_takes_the_kernel_as_the_eager_forward_does(arch,
+                                                                         tmp_path) -> None:
+    """MoE layers in the decode step (csrc/moe_f32.c): routing in C and each chosen expert
+    once on its rows give the eager forward's tokens and logprobs (whose block routes in
+    PyTorch)."""
+    llm = moe_engine(tmp_path, arch)
+    layers = llm.engine.runner.model.model.layers
+    assert any(type(getattr(layer, layer.mlp_name)).__name__ == "SparseMoeBlock"
+               for layer in layers)
+    fused, eager, calls = generate_both_ways(llm)
+    assert calls >= 8
+    assert_same_completions(fused, eager)
+
+
+def test_a_mixture_of_experts_the_kernel_does_not_cover_takes_the_eager_forward(
+        tmp_path) -> None:
+    """OLMoE's q/k norms span all heads (not the kernel's per-head norms): it stands aside."""
+    build_checkpoint("olmoe", str(tmp_path), **K_SIZES)
+    llm = engine_of(str(tmp_path), quantization="int8")
     _, _, calls = generate_both_ways(llm, max_tokens=3)
     assert calls == 0 and decode_kernel(llm).plan() is None
 

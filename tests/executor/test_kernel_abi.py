@@ -85,6 +85,9 @@ def test_every_struct_is_mirrored_field_for_field() -> None:
     assert declared == {tag: list(mirror._fields_) for tag, mirror in abi.STRUCTS.items()}
     assert defines()["MAX_SEGMENTS"] == abi.MAX_SEGMENTS
     assert defines()["MAX_LORA_PARTS"] == abi.MAX_LORA_PARTS
+    assert defines()["MAX_EXPERT_GROUPS"] == abi.MAX_EXPERT_GROUPS
+    assert {f"MOE_{name.upper()}": value for name, value in abi.MOE_ROUTINGS.items()} == {
+        name: value for name, value in defines().items() if name.startswith("MOE_")}
 
 
 def test_structs_live_in_the_header_alone() -> None:

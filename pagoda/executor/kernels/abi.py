@@ -113,12 +113,35 @@ class DecoderLinear(ctypes.Structure):
                 ("num_lora_slots", _i64)]
 
 
+class MoEExpert(ctypes.Structure):
+    """struct pagoda_moe_expert: one SwiGLU expert, gate_up rows [gate | up]."""
+
+    _fields_ = [("gate_up", DecoderLinear), ("down", DecoderLinear)]
+
+
+MOE_ROUTINGS = {"softmax_top_k": 0, "top_k_softmax": 1, "sigmoid_biased": 2,
+                "softmax_biased": 3}
+"""kernels.h's MOE_* routing rules by name."""
+MAX_EXPERT_GROUPS = 64
+"""kernels.h: the most expert groups a biased router's C routing takes"""
+
+
+class MoE(ctypes.Structure):
+    """struct pagoda_moe: a sparse MoE MLP's router and experts (layers/moe_kernel.py)."""
+
+    _fields_ = [("num_experts", _i64), ("top_k", _i64), ("routing", _i64), ("normalize", _i64),
+                ("n_group", _i64), ("topk_group", _i64), ("routed_scaling_factor", _f32),
+                ("router", _ptr), ("correction_bias", _ptr),
+                ("experts", ctypes.POINTER(MoEExpert)), ("shared", ctypes.POINTER(MoEExpert))]
+
+
 class DecoderLayer(ctypes.Structure):
     """struct pagoda_decoder_layer: one Llama-family decoder layer."""
 
     _fields_ = [("input_norm", _ptr), ("post_attention_norm", _ptr), ("q_norm", _ptr),
                 ("k_norm", _ptr), ("qkv", DecoderLinear), ("o", DecoderLinear),
-                ("gate_up", DecoderLinear), ("down", DecoderLinear), ("kv_cache", _ptr),
+                ("gate_up", DecoderLinear), ("down", DecoderLinear),
+                ("moe", ctypes.POINTER(MoE)), ("kv_cache", _ptr),
                 ("window", _i64), ("scale", _f32)]
 
 
@@ -138,6 +161,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "pagoda_attention_args": AttentionArgs, "pagoda_decoder_segment": DecoderSegment,
     "pagoda_decoder_linear": DecoderLinear, "pagoda_lora_part": LoRAPart,
     "pagoda_lora_slot": LoRASlot, "pagoda_decoder_layer": DecoderLayer,
+    "pagoda_moe_expert": MoEExpert, "pagoda_moe": MoE,
     "pagoda_decoder": Decoder,
 }
 """The structs of kernels.h: struct tag -> its ctypes mirror."""
@@ -171,6 +195,9 @@ SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
     "pagoda_silu_and_mul_f32": (None, [_ptr, _i64, _i64, _ptr]),
     "pagoda_decode_layers_f32": (None, [ctypes.POINTER(Decoder), _i64, _ptr, _ptr, _ptr, _i64,
                                         _ptr, _ptr, _ptr]),
+    # moe_f32.c (sparse MoE MLPs: the eager block's small batches, the decode step's layers)
+    "pagoda_moe_route_f32": (None, [ctypes.POINTER(MoE), _ptr, _i64, _i64, _ptr, _ptr]),
+    "pagoda_moe_f32": (None, [ctypes.POINTER(MoE), _ptr, _i64, _i64, _ptr, _ptr, _ptr]),
     # lora_f32.c (per-row adapters: the decode step's, also callable alone)
     "pagoda_lora_add_f32": (None, [ctypes.POINTER(LoRASlot), _i64, _ptr, _ptr, _i64, _i64,
                                    _ptr, _i64]),

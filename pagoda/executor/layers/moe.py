@@ -3,7 +3,9 @@ are summed with the router's weights.
 
 The expert matmuls are batched per expert, never per token: the (token, choice) pairs are
 sorted by expert, so each expert's tokens are one contiguous slice of rows and each expert
-runs once on all of its tokens (one Python iteration per expert that has any):
+runs once on all of its tokens. Small float32 batches of packed SwiGLU experts (decode
+steps, short prompts) do that in one C call (layers/moe_kernel.py, csrc/moe_f32.c); larger
+batches and other experts in one Python iteration per expert that has any:
 
     choices   (T * k,)   expert of each (token, choice), token-major
     order     argsort(choices): rows grouped by expert   [e0 e0 e0 | e1 | e3 e3 ...]
@@ -31,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, kernels_available
 from pagoda.executor.layers.linear import default_weight_loader
+from pagoda.executor.layers.moe_kernel import MoEPlan
 
 _blocks: weakref.WeakValueDictionary[int, SparseMoeBlock] = weakref.WeakValueDictionary()
 _next_block_id = itertools.count()
@@ -118,6 +122,8 @@ class SparseMoeBlock(nn.Module):
         self.weights_in_run_dtype = weights_in_run_dtype
         self.softmax_after_top_k = softmax_after_top_k
         self.block_id = next(_next_block_id)  # how the custom op finds this block
+        self._plan: MoEPlan | None = None
+        self._plan_key: tuple | None = None
         _blocks[self.block_id] = self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -134,6 +140,9 @@ class SparseMoeBlock(nn.Module):
             weights, choices = self._softmax_route(hidden)
         if self.weights_in_run_dtype:
             weights = weights.to(hidden.dtype)
+        plan = self._kernel_plan(hidden)
+        if plan is not None:
+            return plan.run_experts(hidden, choices, weights)
         choices = choices.reshape(-1)
         order = torch.argsort(choices, stable=True)  # (T * k,) rows grouped by expert
         token_of_row = order // k
@@ -149,6 +158,25 @@ class SparseMoeBlock(nn.Module):
                 start = end
         routed = torch.zeros_like(hidden).index_add_(0, token_of_row, out)
         return routed if self.shared_experts is None else routed + self.shared_experts(hidden)
+
+    def kernel_plan(self) -> MoEPlan | None:
+        """The block as the C kernels take it (layers/moe_kernel.py), made again whenever
+        its experts' arithmetic settings changed; None where they cannot take it."""
+        key = tuple((getattr(m, "activation_parts", None), getattr(m, "batch_invariant", None))
+                    for m in self.experts[0].modules())
+        if self._plan_key != key:
+            self._plan = MoEPlan.describe(self) if kernels_available(torch.float32) else None
+            self._plan_key = key
+        return self._plan
+
+    def _kernel_plan(self, hidden: torch.Tensor) -> MoEPlan | None:
+        """The plan where this batch runs the C experts: float32 rows on the CPU, fewer than
+        ops.DEQUANTIZE_FROM_ROWS (from there each expert's matmul dequantizes its weight
+        for BLAS, and one interpreted iteration per expert is cheap beside it)."""
+        if (hidden.dtype != torch.float32 or hidden.device.type != "cpu"
+                or hidden.shape[0] >= DEQUANTIZE_FROM_ROWS):
+            return None
+        return self.kernel_plan()
 
     def _softmax_route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 weights (T, k) and expert ids (T, k) by the softmax rules above."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagoda.executor.kernels.abi import MAX_SEGMENTS, DecoderLinear, weight_format
 from pagoda.executor.kernels.ops import gemm_q, gemm_q_op, kernels_available
 from pagoda.executor.kernels.packed_weight import (
+    PLANE_NAMES,
     PackedWeight,
     dequantize_rows,
     dequantize_rows_op,
@@ -118,6 +120,31 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"formats={'+'.join(self.formats)}")
+
+
+def decoder_linear(module: nn.Module) -> DecoderLinear | None:
+    """The C kernels' description of a linear layer (struct pagoda_decoder_linear: pointers
+    to its packed planes and bias), for the code that runs it from C (whole_stack_decode.py,
+    layers/moe_kernel.py): a PackedLinear's (a GGUF file's own types, or `--quantization
+    int4/int8` of a float checkpoint and AWQ / GPTQ folders: a QuantizedLinear's one segment)
+    where it runs Pagoda's float32 kernels on its packed weight alone, in at most
+    MAX_SEGMENTS segments; None for any other linear. The module must outlive it."""
+    if not (isinstance(module, PackedLinear) and module.segments and module.takes_float32):
+        return None
+    bias = module.bias
+    if len(module.segments) > MAX_SEGMENTS or (bias is not None and (
+            bias.dtype != torch.float32 or not bias.is_contiguous())):
+        return None
+    linear = DecoderLinear(num_segments=len(module.segments), in_features=module.in_features,
+                           out_features=module.out_features,
+                           bias=None if bias is None else bias.data_ptr(),
+                           activation_parts=module.activation_parts)
+    for slot, segment in zip(linear.segments, module.segments):
+        slot.format, slot.out_features = weight_format(segment.format), segment.out_features
+        for name in PLANE_NAMES:
+            plane = segment.planes.get(name)
+            setattr(slot, name, None if plane is None else plane.data_ptr())
+    return linear
 
 
 def _head_linears(model: nn.Module) -> list[PackedLinear]:

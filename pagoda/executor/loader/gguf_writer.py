@@ -259,21 +259,25 @@ def write_hf_metadata(writer: gguf.GGUFWriter, cfg) -> None:
 class Shape:
     """A decoder-only transformer's shapes, as its config.json states them."""
 
-    arch: str  # the GGUF architecture name: "llama" or "qwen2"
+    arch: str  # the GGUF architecture name: "llama", "qwen2" or "qwen3moe"
     hidden: int
     layers: int
     heads: int
     kv_heads: int
-    ffn: int
+    ffn: int  # the dense MLP's width; a MoE model's each expert's
     tied_embeddings: bool
     qkv_bias: bool = False  # Qwen2's q/k/v projections carry a bias
     rope_theta: float = 500000.0
     rms_eps: float = 1e-5
     context: int = 8192
+    experts: int = 0  # a sparse MoE MLP in every layer: this many experts (0: dense)
+    experts_used: int = 0  # chosen a token
+    head_dim_override: int | None = None  # where it is not hidden / heads (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorms of q and k (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
 
 
 SHAPES = {
@@ -282,6 +286,9 @@ SHAPES = {
     "llama-3.1-8b": Shape("llama", 4096, 32, 32, 8, 14336, tied_embeddings=False),
     "qwen2.5-1.5b": Shape("qwen2", 1536, 28, 12, 2, 8960, tied_embeddings=True, qkv_bias=True,
                           rope_theta=1000000.0, rms_eps=1e-6),
+    "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 768, tied_embeddings=False,
+                           rope_theta=1000000.0, rms_eps=1e-6, experts=128, experts_used=8,
+                           head_dim_override=128, qk_norm=True),
 }
 """The published configs' shapes (hidden size, layers, query/KV heads, FFN width)."""
 
@@ -295,20 +302,29 @@ FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTL
 
 def shape_tensors(shape: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ...]]]:
     """(GGUF tensor name, (out, in) shape) of every weight, in the converter's order."""
-    kv_width = shape.kv_heads * shape.head_dim
+    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     yield "token_embd.weight", (vocab, shape.hidden)
     for i in range(shape.layers):
         block = f"blk.{i}"
         yield f"{block}.attn_norm.weight", (shape.hidden,)
-        yield f"{block}.attn_q.weight", (shape.hidden, shape.hidden)
+        yield f"{block}.attn_q.weight", (q_width, shape.hidden)
         yield f"{block}.attn_k.weight", (kv_width, shape.hidden)
         yield f"{block}.attn_v.weight", (kv_width, shape.hidden)
         if shape.qkv_bias:
-            yield f"{block}.attn_q.bias", (shape.hidden,)
+            yield f"{block}.attn_q.bias", (q_width,)
             yield f"{block}.attn_k.bias", (kv_width,)
             yield f"{block}.attn_v.bias", (kv_width,)
-        yield f"{block}.attn_output.weight", (shape.hidden, shape.hidden)
+        yield f"{block}.attn_output.weight", (shape.hidden, q_width)
+        if shape.qk_norm:
+            yield f"{block}.attn_q_norm.weight", (shape.head_dim,)
+            yield f"{block}.attn_k_norm.weight", (shape.head_dim,)
         yield f"{block}.ffn_norm.weight", (shape.hidden,)
+        if shape.experts:  # the router, then each projection's experts stacked
+            yield f"{block}.ffn_gate_inp.weight", (shape.experts, shape.hidden)
+            yield f"{block}.ffn_gate_exps.weight", (shape.experts, shape.ffn, shape.hidden)
+            yield f"{block}.ffn_up_exps.weight", (shape.experts, shape.ffn, shape.hidden)
+            yield f"{block}.ffn_down_exps.weight", (shape.experts, shape.hidden, shape.ffn)
+            continue
         yield f"{block}.ffn_gate.weight", (shape.ffn, shape.hidden)
         yield f"{block}.ffn_up.weight", (shape.ffn, shape.hidden)
         yield f"{block}.ffn_down.weight", (shape.hidden, shape.ffn)
@@ -321,9 +337,10 @@ def parameter_count(shape: Shape, vocab: int) -> int:
     return sum(int(np.prod(dims)) for _, dims in shape_tensors(shape, vocab))
 
 
-def stored_type(dims: tuple[int, ...], outtype: str) -> gguf.GGMLQuantizationType:
-    """Norms and biases stay float32 (as the converter keeps every 1-D tensor)."""
-    return Q.F32 if len(dims) == 1 else OUTTYPES[outtype]
+def stored_type(name: str, dims: tuple[int, ...], outtype: str) -> gguf.GGMLQuantizationType:
+    """Norms, biases and routers stay float32 (as the converter keeps every 1-D tensor, and
+    llama-quantize every router)."""
+    return Q.F32 if len(dims) == 1 or name.endswith("ffn_gate_inp.weight") else OUTTYPES[outtype]
 
 
 def random_values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -364,12 +381,19 @@ def write_random_model(name: str, shape: Shape, path: str, tokenizer_source: str
                         kv_heads=shape.kv_heads, rms_eps=shape.rms_eps,
                         rope_theta=shape.rope_theta)
     writer.add_rope_dimension_count(shape.head_dim)
+    if shape.head_dim_override:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.ffn)
     writer.add_file_type(FILE_TYPES[outtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     rng = np.random.default_rng(seed)
 
     def source(tensor_name: str, dims: tuple[int, ...]) -> TensorSource:
-        qtype = stored_type(dims, outtype)
+        qtype = stored_type(tensor_name, dims, outtype)
         return (tensor_name, dims, qtype,
                 lambda: encoded(random_values(tensor_name, dims, rng), qtype))
 

@@ -1,6 +1,7 @@
 /* A decode step's whole decoder stack in one call: every Llama-family layer (RMSNorm, fused
  * qkv, q/k norms, rotary, paged attention with the step's keys written, o, RMSNorm, gate/up,
- * SiLU, down, the residual adds) over packed weights, float32 activations on any CPU. The
+ * SiLU, down, the residual adds; a sparse MoE's routing and experts in a layer that has one:
+ * moe_f32.c) over packed weights, float32 activations on any CPU. The
  * Python forward does the same work in ~40 dispatched ops a layer, which at single-stream
  * sizes cost more than the matmuls (measured in BENCHMARKS.md). The arithmetic is the eager
  * path's: the same matmul and attention kernels, RMSNorm as pagoda_rms_norm_f32; only the
@@ -16,9 +17,8 @@
 
 #include "gemm_packed.h"
 
-/* y (T, out) = x W^T (+ bias) (+ each row's LoRA adapter: row_slots, NULL for none) */
-static void linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y,
-                   const int32_t *row_slots) {
+void decoder_linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y,
+                    const int32_t *row_slots) {
     int64_t offset = 0;
     for (int64_t s = 0; s < w->num_segments; s++) {
         const struct pagoda_decoder_segment *seg = &w->segments[s];
@@ -87,7 +87,14 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
     const size_t floats = (size_t)(T * (2 * Hd + qkv_size + 2 * q_size + 3 * I));
     float *buffer = malloc(floats * sizeof(float));
     int64_t *query_seq = malloc((size_t)T * sizeof(int64_t));
-    if (buffer == NULL || query_seq == NULL) abort();
+    /* the MoE layers' routing: (T, top_k) of the widest top_k */
+    int64_t top_k = 0;
+    for (int64_t l = 0; l < model->num_layers; l++)
+        if (model->layers[l].moe != NULL && model->layers[l].moe->top_k > top_k)
+            top_k = model->layers[l].moe->top_k;
+    int64_t *choices = malloc((size_t)(T * top_k + 1) * sizeof(int64_t));
+    float *weights = malloc((size_t)(T * top_k + 1) * sizeof(float));
+    if (buffer == NULL || query_seq == NULL || choices == NULL || weights == NULL) abort();
     float *normed = buffer, *qkv = normed + T * Hd, *query = qkv + T * qkv_size;
     float *attended = query + T * q_size, *gate_up = attended + T * q_size;
     float *activated = gate_up + T * 2 * I, *sum = activated + T * I;
@@ -95,7 +102,7 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
     for (int64_t l = 0; l < model->num_layers; l++) {
         const struct pagoda_decoder_layer *layer = &model->layers[l];
         pagoda_rms_norm_f32(x, NULL, layer->input_norm, model->eps, T, Hd, normed, NULL);
-        linear(&layer->qkv, normed, T, qkv, row_slots);
+        decoder_linear(&layer->qkv, normed, T, qkv, row_slots);
         for (int64_t t = 0; t < T; t++) {
             float *q = qkv + t * qkv_size, *k = q + q_size;
             if (layer->q_norm != NULL) {
@@ -122,13 +129,20 @@ void pagoda_decode_layers_f32(const struct pagoda_decoder *model, int64_t T, flo
         } else {
             pagoda_paged_attention_h16_f32(&attention);
         }
-        linear(&layer->o, attended, T, sum, row_slots);
+        decoder_linear(&layer->o, attended, T, sum, row_slots);
         pagoda_rms_norm_f32(sum, x, layer->post_attention_norm, model->eps, T, Hd, normed, x);
-        linear(&layer->gate_up, normed, T, gate_up, row_slots);
-        pagoda_silu_and_mul_f32(gate_up, T, I, activated);
-        linear(&layer->down, activated, T, sum, row_slots);
+        if (layer->moe != NULL) {
+            pagoda_moe_route_f32(layer->moe, normed, T, Hd, choices, weights);
+            pagoda_moe_f32(layer->moe, normed, T, Hd, choices, weights, sum);
+        } else {
+            decoder_linear(&layer->gate_up, normed, T, gate_up, row_slots);
+            pagoda_silu_and_mul_f32(gate_up, T, I, activated);
+            decoder_linear(&layer->down, activated, T, sum, row_slots);
+        }
         for (int64_t i = 0; i < T * Hd; i++) x[i] += sum[i];
     }
+    free(weights);
+    free(choices);
     free(query_seq);
     free(buffer);
 }

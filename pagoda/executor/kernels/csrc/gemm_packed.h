@@ -24,6 +24,10 @@ void gemm_packed_f32_strided(int format, const float *x, int64_t M, int64_t K, i
 void gemm_packed_int8_strided(int format, int parts, const float *x, int64_t M, int64_t K,
                               int64_t N, planes_t planes, float *y, int64_t ldy);
 int int8_format_supported(int format);
+/* decoder_f32.c: y (T, out) = x W^T (+ bias) (+ each row's LoRA adapter: row_slots, NULL for
+ * none), each segment by the kernel its activation_parts name */
+void decoder_linear(const struct pagoda_decoder_linear *w, const float *x, int64_t T, float *y,
+                    const int32_t *row_slots);
 
 ALWAYS_INLINE int is_kquant(int f) { return f == FORMAT_Q4K || f == FORMAT_Q5K || f == FORMAT_Q6K; }
 /* w = d * q + m with its own m per group (Q4, Q5) or super-block m = dmin * mn (Q4K, Q5K) */

@@ -19,6 +19,8 @@
  *                   every kind of attention hands its inner loops (attention_driver.h)
  *   decoder_f32.c   a decode step's whole decoder stack in one call (whole_stack_decode.py)
  *   lora_f32.c      LoRA adapters per row added to a linear's output (that step's adapters)
+ *   moe_f32.c       sparse mixture-of-experts MLPs: routing and the chosen experts (the
+ *                   eager MoE block's small batches, and the decode step's MoE layers)
  *
  * Packed weights (pagoda/executor/kernels/packing.py writes them), per tile of TILE_N = 16
  * outputs n0 .. n0+15 and group of GROUP_K = 32 inputs k0 .. k0+31. A pair p covers inputs
@@ -232,6 +234,46 @@ struct pagoda_decoder_linear {
     int64_t num_lora_slots;
 };
 
+/* One SwiGLU expert (or a block's shared experts): down(silu(gate) * up) over x, gate_up's
+ * rows [gate | up] (out_features 2 I), down's in_features I. */
+struct pagoda_moe_expert {
+    struct pagoda_decoder_linear gate_up;
+    struct pagoda_decoder_linear down;
+};
+
+#define MOE_SOFTMAX_TOP_K 0   /* softmax over every expert's logit, the top_k largest */
+#define MOE_TOP_K_SOFTMAX 1   /* the top_k largest logits, softmax over those (Granite MoE) */
+#define MOE_SIGMOID_BIASED 2  /* scores sigmoid(logits); chosen by scores + correction_bias,
+                                 within the topk_group best of n_group expert groups (a
+                                 group's score its two best): DeepSeek-V3's, GLM-4.5's */
+#define MOE_SOFTMAX_BIASED 3  /* the same with softmax scores (Ernie 4.5) */
+#define MAX_EXPERT_GROUPS 64  /* n_group at most */
+
+/* A sparse mixture-of-experts MLP (layers/moe.py: SparseMoeBlock): its router and experts. */
+struct pagoda_moe {
+    int64_t num_experts;
+    int64_t top_k;
+    int64_t routing;            /* MOE_* */
+    int64_t normalize;          /* the chosen weights divided by their sum (biased: + 1e-20) */
+    int64_t n_group;            /* MOE_*_BIASED: expert groups, and how many are kept */
+    int64_t topk_group;
+    float routed_scaling_factor; /* the chosen weights' factor (1 but for biased routers) */
+    const float *router;        /* (num_experts, hidden) float32 */
+    const float *correction_bias; /* (num_experts) float32, or NULL */
+    const struct pagoda_moe_expert *experts; /* (num_experts) */
+    const struct pagoda_moe_expert *shared;  /* the MLP every token also runs, or NULL */
+};
+
+/* moe_f32.c: the router's choice for x (T, hidden): choices (T, top_k) expert ids and
+ * weights (T, top_k) float32, by moe->routing */
+void pagoda_moe_route_f32(const struct pagoda_moe *moe, const float *x, int64_t T,
+                          int64_t hidden, int64_t *choices, float *weights);
+/* out (T, hidden) = sum over j of weights[t, j] * experts[choices[t, j]](x[t]) (+ shared(x)):
+ * each expert once on all rows that chose it, the sum in ascending expert order. Every id
+ * in choices must be in [0, num_experts), a token's ids distinct. */
+void pagoda_moe_f32(const struct pagoda_moe *moe, const float *x, int64_t T, int64_t hidden,
+                    const int64_t *choices, const float *weights, float *out);
+
 struct pagoda_decoder_layer {
     const float *input_norm;    /* (hidden) */
     const float *post_attention_norm; /* (hidden) */
@@ -241,6 +283,7 @@ struct pagoda_decoder_layer {
     struct pagoda_decoder_linear o;
     struct pagoda_decoder_linear gate_up; /* rows [gate | up] */
     struct pagoda_decoder_linear down;
+    const struct pagoda_moe *moe; /* a sparse MoE MLP in place of gate_up and down, or NULL */
     float *kv_cache;            /* (2, num_kv_heads, num_blocks, block_size, head_dim) */
     int64_t window;             /* keys attended: the last `window` (0: all) */
     float scale;                /* of the attention scores */
@@ -252,7 +295,7 @@ struct pagoda_decoder {
     int64_t num_heads;
     int64_t num_kv_heads;
     int64_t head_dim;
-    int64_t intermediate;
+    int64_t intermediate;       /* the dense layers' MLP width (0: every layer MoE) */
     int64_t rotary_dim;
     int64_t num_blocks;
     int64_t block_size;
