@@ -25,6 +25,7 @@ PUBLISHED = {  # name -> (the model's own vocabulary, its published parameter co
     "llama-3.2-3b": (128256, 3_212_749_824),
     "llama-3.1-8b": (128256, 8_030_261_248),
     "qwen2.5-1.5b": (151936, 1_543_714_304),
+    "qwen3-30b-a3b": (151936, 30_532_122_624),  # transformers' Qwen3MoeForCausalLM counts it
 }
 
 
@@ -46,6 +47,26 @@ def test_a_written_file_reads_the_same_in_transformers_and_pagoda(name, tmp_path
             config.intermediate_size, config.vocab_size) == (
         shape.hidden, 1, shape.kv_heads, shape.ffn, 49152)
     runner = pagoda_runner(str(path))
+    with torch.no_grad():
+        for prompt, ours in zip(PROMPTS, runner.prompt_logits(PROMPTS), strict=True):
+            theirs = reference(torch.tensor([prompt])).logits[0].float()
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_a_mixture_of_experts_file_reads_the_same_in_transformers_and_pagoda(tmp_path) -> None:
+    """Qwen3-30B-A3B's per-layer shapes (head_dim 128 beside hidden / heads 64, q/k norms,
+    a float32 router, stacked experts) with 8 of its 128 experts, 2 chosen a token."""
+    path = tmp_path / "moe.gguf"
+    small = dataclasses.replace(synthetic_gguf.SHAPES["qwen3-30b-a3b"], layers=1, experts=8,
+                                experts_used=2)
+    synthetic_gguf.write("qwen3-30b-a3b", small, str(path), synthetic_gguf.bundled_model())
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+    config = reference.config
+    assert (config.head_dim, config.num_experts, config.num_experts_per_tok,
+            config.moe_intermediate_size) == (128, 8, 2, 768)
+    runner = pagoda_runner(str(path))
+    assert type(runner.model.model.layers[0].mlp).__name__ == "SparseMoeBlock"
     with torch.no_grad():
         for prompt, ours in zip(PROMPTS, runner.prompt_logits(PROMPTS), strict=True):
             theirs = reference(torch.tensor([prompt])).logits[0].float()

@@ -5,7 +5,8 @@
  *
  *    rows      the (token, choice) pairs sorted by expert, stable: [e0 e0 | e3 | e7 e7 ...]
  *    expert e  gate_up on its rows (one matmul, however many tokens chose it), SiLU-and-
- *              multiply, down: decoder_f32.c's linears (the eager path's kernels)
+ *              multiply, down: decoder_f32.c's linears (the eager path's kernels); the
+ *              experts spread over the threads where there are enough of them
  *    out[t]    += weight * expert e's row, experts in ascending order (as the eager block's
  *              index_add_ sums them), then + shared(x) where the block has shared experts
  *
@@ -16,6 +17,9 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "gemm_packed.h"
 
@@ -129,45 +133,71 @@ static void run_expert(const struct pagoda_moe_expert *expert, const float *rows
     decoder_linear(&expert->down, activated, n, y, NULL);
 }
 
+/* Expert e on its rows start[e] .. start[e + 1] of `rows` (sorted by expert) into the same
+ * rows of y, in its own part of scratch (3 * widest floats a row). */
+static void run_active_expert(const struct pagoda_moe *moe, int64_t e, const int64_t *start,
+                              const float *rows, int64_t hidden, int64_t widest, float *scratch,
+                              float *y) {
+    const int64_t first = start[e];
+    run_expert(&moe->experts[e], rows + first * hidden, start[e + 1] - first,
+               scratch + first * 3 * widest, y + first * hidden);
+}
+
+/* The threads a parallel region here would get (1 without OpenMP). */
+static int max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
 void pagoda_moe_f32(const struct pagoda_moe *moe, const float *x, int64_t T, int64_t hidden,
                     const int64_t *choices, const float *weights, float *out) {
     const int64_t E = moe->num_experts, k = moe->top_k, pairs = T * k;
     int64_t widest = moe->shared != NULL ? moe->shared->down.in_features : 0;
     for (int64_t e = 0; e < E; e++)
         if (moe->experts[e].down.in_features > widest) widest = moe->experts[e].down.in_features;
-    int64_t *start = calloc((size_t)(E + 1), sizeof(int64_t));
-    int64_t *pair_of_row = malloc(sizeof(int64_t) * (size_t)pairs);
     const int64_t rows_at_most = pairs > T ? pairs : T;
+    int64_t *start = calloc((size_t)(E + 1), sizeof(int64_t));
+    int64_t *next = malloc(sizeof(int64_t) * (size_t)(E + 1));
+    int64_t *pair_of_row = malloc(sizeof(int64_t) * (size_t)(pairs + 1));
+    int64_t *active = malloc(sizeof(int64_t) * (size_t)(E + 1));
     float *rows = malloc(sizeof(float) * (size_t)(rows_at_most * hidden));
     float *y = malloc(sizeof(float) * (size_t)(rows_at_most * hidden));
     float *scratch = malloc(sizeof(float) * (size_t)(rows_at_most * 3 * widest));
-    if (start == NULL || pair_of_row == NULL || rows == NULL || y == NULL || scratch == NULL)
+    if (start == NULL || next == NULL || pair_of_row == NULL || active == NULL || rows == NULL
+        || y == NULL || scratch == NULL)
         abort();
-    /* counting sort of the pairs by expert, stable: start[e] .. start[e + 1] are e's rows */
+    /* counting sort of the pairs by expert, stable: rows start[e] .. start[e + 1] are e's */
     for (int64_t p = 0; p < pairs; p++) start[choices[p] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
-    {
-        int64_t *next = malloc(sizeof(int64_t) * (size_t)E);
-        if (next == NULL) abort();
-        memcpy(next, start, sizeof(int64_t) * (size_t)E);
-        for (int64_t p = 0; p < pairs; p++) pair_of_row[next[choices[p]]++] = p;
-        free(next);
+    memcpy(next, start, sizeof(int64_t) * (size_t)E);
+    for (int64_t p = 0; p < pairs; p++) pair_of_row[next[choices[p]]++] = p;
+    int64_t num_active = 0;
+    for (int64_t e = 0; e < E; e++)
+        if (start[e + 1] > start[e]) active[num_active++] = e;
+    for (int64_t r = 0; r < pairs; r++)
+        memcpy(rows + r * hidden, x + pair_of_row[r] / k * hidden, sizeof(float) * (size_t)hidden);
+    /* Enough experts to go round: each thread runs whole experts (their matmuls' own
+     * parallel regions, nested, run on that one thread); else the experts in turn, each
+     * matmul over every thread (outside any region here: a nested region would start
+     * threads of its own). Either way expert e's rows come out the same. */
+    if (max_threads() > 1 && num_active >= 2 * max_threads()) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_active; i++)
+            run_active_expert(moe, active[i], start, rows, hidden, widest, scratch, y);
+    } else {
+        for (int64_t i = 0; i < num_active; i++)
+            run_active_expert(moe, active[i], start, rows, hidden, widest, scratch, y);
     }
+    /* the weighted sum, rows in ascending expert order */
     memset(out, 0, sizeof(float) * (size_t)(T * hidden));
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t first = start[e], n = start[e + 1] - first;
-        if (n == 0) continue;
-        for (int64_t r = 0; r < n; r++)
-            memcpy(rows + r * hidden, x + pair_of_row[first + r] / k * hidden,
-                   sizeof(float) * (size_t)hidden);
-        run_expert(&moe->experts[e], rows, n, scratch, y);
-        for (int64_t r = 0; r < n; r++) {
-            const int64_t pair = pair_of_row[first + r];
-            const float weight = weights[pair];
-            float *o = out + pair / k * hidden;
-            const float *yr = y + r * hidden;
-            for (int64_t i = 0; i < hidden; i++) o[i] += yr[i] * weight;
-        }
+    for (int64_t r = 0; r < pairs; r++) {
+        const float weight = weights[pair_of_row[r]];
+        float *o = out + pair_of_row[r] / k * hidden;
+        const float *yr = y + r * hidden;
+        for (int64_t i = 0; i < hidden; i++) o[i] += yr[i] * weight;
     }
     if (moe->shared != NULL) {
         run_expert(moe->shared, x, T, scratch, y);
@@ -176,6 +206,8 @@ void pagoda_moe_f32(const struct pagoda_moe *moe, const float *x, int64_t T, int
     free(scratch);
     free(y);
     free(rows);
+    free(active);
     free(pair_of_row);
+    free(next);
     free(start);
 }
