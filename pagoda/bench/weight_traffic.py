@@ -5,7 +5,10 @@ At one stream a decode step reads every weight once (a matrix-vector product per
 weight bytes x decode tokens/s is the weight traffic, and its share of the measured read
 bandwidth says how much faster decoding could still get. Lookup tables are not counted: the
 input embedding and the rotary caches give one row per token (unless the embedding is also
-the output head, which reads all of it); nor is the KV cache (small at short contexts).
+the output head, which reads all of it); nor is the KV cache (small at short contexts). A
+sparse MoE layer's token reads the top_k experts it chose, so each expert's bytes count
+top_k / num_experts of themselves (a block's experts are all one size): the bytes read per
+token on average, whichever experts a token picks.
 """
 
 from __future__ import annotations
@@ -42,25 +45,36 @@ def _is_lookup_table(module: nn.Module) -> bool:
 def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one single-stream decode step reads (see the module text)."""
     seen: set[int] = set()
-    total = 0
+    total = 0.0
+    share = _expert_shares(model)
 
-    def count(tensor: torch.Tensor) -> None:
+    def count(tensor: torch.Tensor, fraction: float = 1.0) -> None:
         nonlocal total
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
-            total += storage.nbytes()
+            total += storage.nbytes() * fraction
 
     for module in model.modules():
         if not _is_lookup_table(module):
             for tensor in _tensors(module):
-                count(tensor)
+                count(tensor, share.get(id(module), 1.0))
     if getattr(model, "lm_head", None) is None and getattr(model, "quantized_head", None) is None:
         # a tied float head: x @ embedding^T reads the whole (first, the input) table
         embedding = next(m for m in model.modules() if _is_lookup_table(m))
         for tensor in _tensors(embedding):
             count(tensor)
-    return total
+    return round(total)
+
+
+def _expert_shares(model: nn.Module) -> dict[int, float]:
+    """id(module) -> top_k / num_experts for every module inside a sparse MoE block's routed
+    experts."""
+    from pagoda.executor.layers.moe import SparseMoeBlock
+
+    return {id(module): block.top_k / len(block.experts)
+            for block in model.modules() if isinstance(block, SparseMoeBlock)
+            for expert in block.experts for module in expert.modules()}
 
 
 def read_bandwidth(repeats: int = 5) -> float:

@@ -29,6 +29,7 @@ from pagoda.executor.kv_cache_allocation import determine_kv_cache_blocks
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 from pagoda.executor.kv_offload.fingerprint import kv_offload_fingerprint
+from pagoda.executor.layers.moe import SparseMoeBlock
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.layers.rope_scaling import scaled_context_length
@@ -166,7 +167,7 @@ def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
     if config.model.deterministic:
         return torch.float32, 0, {}
     large_batch_dtype = resolve_prefill_dtype(config.model.prefill_dtype, config.model.dtype)
-    weights = [segment for linear in body_linears(model) for segment in linear.segments]
+    weights = _one_token_weights(model)
     parts = resolve_decode_activations(config.model.decode_activations, config.model.dtype,
                                        weights)
     set_arithmetic(model, large_batch_dtype, parts)
@@ -174,6 +175,17 @@ def _choose_arithmetic(model: torch.nn.Module, config: EngineConfig,
     set_amx_rows(amx_rows)
     release_freed_memory()  # the timed products' operands, which free() keeps in the heap
     return large_batch_dtype, parts, amx_rows
+
+
+def _one_token_weights(model: torch.nn.Module) -> list:
+    """The packed weights a decode token reads, the ones the arithmetic is timed on: every
+    body linear's, but of each sparse MoE block only its first top_k experts' (a token
+    reads top_k of them; timing all of them would time a read of the whole file, where
+    every arithmetic waits on memory alike)."""
+    unread = {id(module) for block in model.modules() if isinstance(block, SparseMoeBlock)
+              for expert in list(block.experts)[block.top_k:] for module in expert.modules()}
+    return [segment for linear in body_linears(model) if id(linear) not in unread
+            for segment in linear.segments]
 
 
 def _size_kv_cache(

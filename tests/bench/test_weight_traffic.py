@@ -30,6 +30,22 @@ def test_a_float_model_reads_its_matrices_norms_and_head(tmp_path) -> None:
         assert decode_weight_bytes(model) == 4 * (per_layer + norms + head)
 
 
+def test_a_mixture_of_experts_token_reads_its_chosen_experts(tmp_path) -> None:
+    """Qwen3-MoE, 4 experts of which 2 a token (layer 1 dense): the experts count half."""
+    build_checkpoint("qwen3-moe", str(tmp_path))
+    model = load_model(open_checkpoint(resolve_model_files(str(tmp_path))), torch.float32,
+                       torch.device("cpu"), max_position=64)
+    experts = [block.experts for block in (layer.mlp for layer in model.model.layers)
+               if hasattr(block, "experts")]
+    assert [(len(e), block.top_k) for e, block in zip(
+        experts, (layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")))
+            ] == [(4, 2), (4, 2)]
+    expert_bytes = sum(p.numel() * 4 for e in experts for p in e.parameters())
+    everything = sum(p.numel() * 4 for p in model.parameters()) \
+        - model.model.embed_tokens.weight.numel() * 4
+    assert decode_weight_bytes(model) == everything - expert_bytes // 2
+
+
 def test_a_packed_model_reads_its_packed_planes(bundled_llm) -> None:
     model = bundled_llm.engine.runner.model
     packed = {id(p): p for m in model.modules() if isinstance(m, PackedLinear)

@@ -196,3 +196,34 @@ def test_the_start_line_names_the_prefill_dtype(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="pagoda.executor.runner_builder"):
         build_runner(config)
     assert "prefill matmuls in float32, decode activations float32" in caplog.text
+
+
+def test_a_mixture_of_experts_is_timed_on_the_experts_a_token_reads(tmp_path,
+                                                                    monkeypatch) -> None:
+    """A MoE model's int16-against-float32 timing runs one token's weights: the dense ones
+    and top_k experts a block, not all of them (which would time a read of the whole file,
+    memory-bound either way)."""
+    from tests.executor.tiny_checkpoints import build_checkpoint
+
+    build_checkpoint("qwen3-moe", str(tmp_path), hidden_size=256, moe_intermediate_size=256,
+                     intermediate_size=256)
+    timed = []
+    monkeypatch.setattr(arithmetic, "int16_speedup",
+                        lambda weights: timed.append(weights) or 1.0)
+    runner = build_runner(EngineConfig(
+        model=ModelConfig(model=str(tmp_path), quantization="int8", decode_activations="auto"),
+        cache=CacheConfig(kv_cache_memory=1 << 21)))[0]
+    layers = runner.model.model.layers
+    blocks = [layer.mlp for layer in layers if hasattr(layer.mlp, "experts")]
+    assert [(len(block.experts), block.top_k) for block in blocks] == [(4, 2), (4, 2)]
+    read = {id(p) for block in blocks for expert in list(block.experts)[:2]
+            for p in expert.modules()}
+    unread = {id(m) for block in blocks for expert in list(block.experts)[2:]
+              for m in expert.modules()}
+    (weights,) = timed
+    segments = {id(s): m for m in runner.model.modules() if isinstance(m, PackedLinear)
+                for s in m.segments}
+    owners = {id(segments[id(w)]) for w in weights}
+    assert not owners & unread and owners >= {
+        id(m) for m in runner.model.modules() if isinstance(m, PackedLinear) and id(m) in read}
+    assert any(id(m) in owners for m in layers[1].mlp.modules())  # the dense layer's MLP
