@@ -71,6 +71,7 @@ class WholeStackDecode:
         self._plan: Decoder | None = None
         self._planned_for: object = None  # the first layer's KV cache the plan was made for
         self._keep: list = []  # the ctypes arrays the plan points into
+        self._moe_plans: list = []  # the MoE layers' plans (layers/moe_kernel.py) it points to
         self._lora: LoRATables | None = None
         """The slot tables of the model's ModelLoRA (--enable-lora: attach_lora)."""
 
@@ -171,7 +172,7 @@ class WholeStackDecode:
         cos, sin = rotary.cos_cache, rotary.signed_sin_cache
         if cos.dtype != torch.float32 or cos.device.type != "cpu" or not cos.is_contiguous():
             return None
-        described = []
+        described, self._moe_plans = [], []
         for layer in model.layers:
             described.append(self._describe_layer(layer))
             if described[-1] is None:
@@ -182,7 +183,7 @@ class WholeStackDecode:
                         (getattr(layer, layer.mlp_name) for layer in model.layers)
                         if type(mlp) is LlamaMLP]
         layers = (DecoderLayer * len(described))(*described)
-        self._keep = [layers, cos, sin]
+        self._keep = [layers, cos, sin, self._moe_plans]  # a block may re-plan: keep ours
         return Decoder(
             num_layers=len(described), hidden=model.norm.weight.shape[0],
             num_heads=attention.num_heads, num_kv_heads=attention.num_kv_heads,
@@ -203,6 +204,7 @@ class WholeStackDecode:
         if attention.q_norm is not None:
             norms += [attention.q_norm, attention.k_norm]
         moe = mlp.kernel_plan() if type(mlp) is SparseMoeBlock else None
+        self._moe_plans.append(moe)
         if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
                 or not (type(mlp) is LlamaMLP and type(mlp.act) is SiluAndMul
                         or moe is not None and moe.routed)

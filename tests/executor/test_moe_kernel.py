@@ -113,19 +113,32 @@ def test_the_c_experts_give_the_per_expert_loops_sum(loaded_block, rows, shared,
                         lambda plan, *args: calls.append(1) or run_experts(plan, *args))
     ours = block(hidden)
     assert calls == [1]
-    monkeypatch.setattr(block, "_kernel_plan", lambda hidden: None)
+    monkeypatch.setattr(block, "_kernel_plan", lambda hidden, choices: None)
     theirs = block(hidden)
     assert calls == [1]
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * theirs.abs().max().item())
 
 
-def test_a_large_batch_takes_the_per_expert_loop(loaded_block, monkeypatch) -> None:
-    """From ops.DEQUANTIZE_FROM_ROWS rows on each expert's matmul dequantizes for BLAS, as
-    every linear's does: the block loops over its experts."""
+@pytest.mark.parametrize("rows", [DEQUANTIZE_FROM_ROWS + 2, 2 * DEQUANTIZE_FROM_ROWS])
+def test_an_expert_with_a_large_batch_of_rows_takes_the_per_expert_loop(loaded_block, rows,
+                                                                         monkeypatch) -> None:
+    """From ops.DEQUANTIZE_FROM_ROWS rows on, an expert's matmul dequantizes for BLAS, as
+    every linear's does: a batch in which any expert gets that many loops over its experts
+    (4 experts, 2 a token: 256 tokens give one of them 128 rows at least); a longer batch
+    spread thinner stays in C."""
     block = variant(loaded_block, seed=5)
-    monkeypatch.setattr(MoEPlan, "run_experts", lambda *args: pytest.fail("C experts ran"))
-    out = block(hidden_rows(DEQUANTIZE_FROM_ROWS, seed=6))
-    assert out.shape == (DEQUANTIZE_FROM_ROWS, 256) and torch.isfinite(out).all()
+    hidden = hidden_rows(rows, seed=6)
+    most = int(torch.bincount(routed_in_pytorch(block, hidden)[1].reshape(-1)).max())
+    calls = []
+    run_experts = MoEPlan.run_experts
+    monkeypatch.setattr(MoEPlan, "run_experts",
+                        lambda plan, *args: calls.append(1) or run_experts(plan, *args))
+    ours = block(hidden)
+    assert calls == ([] if most >= DEQUANTIZE_FROM_ROWS else [1])
+    assert (rows, most >= DEQUANTIZE_FROM_ROWS) in ((DEQUANTIZE_FROM_ROWS + 2, False),
+                                                    (2 * DEQUANTIZE_FROM_ROWS, True))
+    monkeypatch.setattr(block, "_kernel_plan", lambda hidden, choices: None)
+    torch.testing.assert_close(ours, block(hidden), rtol=1e-5, atol=1e-4)
 
 
 def test_float_experts_keep_the_per_expert_loop(loaded_block) -> None:

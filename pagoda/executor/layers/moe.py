@@ -3,9 +3,10 @@ are summed with the router's weights.
 
 The expert matmuls are batched per expert, never per token: the (token, choice) pairs are
 sorted by expert, so each expert's tokens are one contiguous slice of rows and each expert
-runs once on all of its tokens. Small float32 batches of packed SwiGLU experts (decode
-steps, short prompts) do that in one C call (layers/moe_kernel.py, csrc/moe_f32.c); larger
-batches and other experts in one Python iteration per expert that has any:
+runs once on all of its tokens. Float32 batches of packed SwiGLU experts in which no expert
+gets ops.DEQUANTIZE_FROM_ROWS rows (decode steps, prefill chunks spread over many experts) do
+that in one C call (layers/moe_kernel.py, csrc/moe_f32.c); other batches and experts in one
+Python iteration per expert that has any:
 
     choices   (T * k,)   expert of each (token, choice), token-major
     order     argsort(choices): rows grouped by expert   [e0 e0 e0 | e1 | e3 e3 ...]
@@ -140,7 +141,7 @@ class SparseMoeBlock(nn.Module):
             weights, choices = self._softmax_route(hidden)
         if self.weights_in_run_dtype:
             weights = weights.to(hidden.dtype)
-        plan = self._kernel_plan(hidden)
+        plan = self._kernel_plan(hidden, choices)
         if plan is not None:
             return plan.run_experts(hidden, choices, weights)
         choices = choices.reshape(-1)
@@ -169,13 +170,16 @@ class SparseMoeBlock(nn.Module):
             self._plan_key = key
         return self._plan
 
-    def _kernel_plan(self, hidden: torch.Tensor) -> MoEPlan | None:
-        """The plan where this batch runs the C experts: float32 rows on the CPU, fewer than
-        ops.DEQUANTIZE_FROM_ROWS (from there each expert's matmul dequantizes its weight
-        for BLAS, and one interpreted iteration per expert is cheap beside it)."""
-        if (hidden.dtype != torch.float32 or hidden.device.type != "cpu"
-                or hidden.shape[0] >= DEQUANTIZE_FROM_ROWS):
+    def _kernel_plan(self, hidden: torch.Tensor, choices: torch.Tensor) -> MoEPlan | None:
+        """The plan where this batch runs the C experts: float32 rows on the CPU, every
+        expert's fewer than ops.DEQUANTIZE_FROM_ROWS (the packed kernel's rows, as each
+        expert's own linears would take them; an expert with more dequantizes its weight for
+        BLAS in the per-expert loop)."""
+        if hidden.dtype != torch.float32 or hidden.device.type != "cpu":
             return None
+        if hidden.shape[0] >= DEQUANTIZE_FROM_ROWS and int(torch.bincount(
+                choices.reshape(-1), minlength=len(self.experts)).max()) >= DEQUANTIZE_FROM_ROWS:
+            return None  # (a token chooses an expert once: fewer tokens, fewer rows)
         return self.kernel_plan()
 
     def _softmax_route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
