@@ -14,7 +14,8 @@ What it covers, checked once per KV cache (`WholeStackDecode.plan`):
     - layers exactly Llama's (LlamaDecoderLayer, LlamaAttention, RMSNorm), each MLP a
       LlamaMLP with SiLU or a SparseMoeBlock of SwiGLU experts whose routing rule the C
       routing has (layers/moe_kernel.py): Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3
-      (q/k norms), Phi-3, Mixtral, Qwen3-MoE, GLM-4.5; not Gemma, OLMoE or Granite;
+      (q/k norms), Phi-3, Mixtral, Qwen3-MoE, GLM-4.5, ERNIE 4.5 MoE; not Gemma, OLMoE or
+      Granite;
     - every projection packed: a PackedLinear of at most MAX_SEGMENTS parts (a GGUF file's
       own types; `--quantization int4/int8`, AWQ / GPTQ folders: a QuantizedLinear on
       Pagoda's kernel with no float weight kept);
