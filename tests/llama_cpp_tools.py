@@ -18,8 +18,6 @@ cores (see `llama_quantize`).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -27,8 +25,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+from pagoda.executor.kernels.build import build_lock
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """llama-cpp-python's sdist version (vendors llama.cpp of its release); bump deliberately."""
@@ -45,17 +45,11 @@ def cache_dir() -> Path:
     return Path(root) / LLAMA_CPP_PYTHON_VERSION
 
 
-@contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
-    """One process at a time (parallel test workers) fetches or builds into the cache."""
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _locked(name: str):
+    """One process at a time (the session's ahead-of-time builds, parallel test workers)
+    fetches or builds into the cache."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    return build_lock(cache_dir() / f".{name}")
 
 
 def llama_cpp_source() -> Path:

@@ -19,7 +19,7 @@ from tests.entrypoints.server_helpers import MODEL_NAME, RemoteServer
 pytestmark = pytest.mark.slow
 
 STORE_SIZE = 3
-STORE_TTL_S = 20.0
+STORE_TTL_S = 6.0
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "strict": True, "parameters": {
                "type": "object", "additionalProperties": False, "required": ["city"],

@@ -73,10 +73,13 @@ def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path
         lib.pagoda_gemm_q_bf16  # noqa: B018
 
 
+EVERY_X86_PATH = [("-march=x86-64",), ("-march=haswell",), ("-march=skylake-avx512",),
+                  ("-march=sapphirerapids",), build.ISA_BUILDS["avx512bf16-emulated"]]
+"""The builds whose compiling is tested on x86 (tests/background_builds.py compiles them ahead)."""
+
+
 @pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")
-@pytest.mark.parametrize("flags", [("-march=x86-64",), ("-march=haswell",),
-                                   ("-march=skylake-avx512",), ("-march=sapphirerapids",),
-                                   build.ISA_BUILDS["avx512bf16-emulated"]])
+@pytest.mark.parametrize("flags", EVERY_X86_PATH)
 def test_every_x86_instruction_set_path_compiles(flags, tmp_path_factory, monkeypatch) -> None:
     """Each per-ISA piece compiles, including those this CPU cannot run (the run tests below
     cover what it can, on these same builds)."""
@@ -91,14 +94,18 @@ def isa_build_cache(tmp_path_factory) -> Path:
 
 
 def runnable_builds() -> list:
-    """The float32 builds this CPU runs: its own, each x86 kind's it can run natively, and the
-    AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU), and on x86
-    ARM64's (NEON's width and fused multiply-adds)."""
-    builds = ["native", "avx512f-emulated", "avx2-emulated"]
-    if ON_X86:
-        builds += [name for name, needs in X86_FEATURES.items() if needs <= CPU_FLAGS]
-        if "fma" in CPU_FLAGS:  # ARM64's path (its contractions need the host's FMA)
-            builds.append("arm64-emulated")
+    """The float32 builds this CPU runs: its own, each x86 kind's it can run natively, the
+    AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU) where it cannot
+    run that kind (where it can, the emulation build is the same source at the same width as
+    the native one, which is tested instead; test_kernel_emulation.py holds the two bit-
+    equal), and on x86 ARM64's (NEON's width and fused multiply-adds)."""
+    native = ([name for name, needs in X86_FEATURES.items() if needs <= CPU_FLAGS]
+              if ON_X86 else [])
+    builds = ["native", *(f"{kind}-emulated" for kind in ("avx512f", "avx2")
+                          if kind not in native)]
+    builds += native
+    if ON_X86 and "fma" in CPU_FLAGS:  # ARM64's path (its contractions need the host's FMA)
+        builds.append("arm64-emulated")
     return builds
 
 

@@ -36,7 +36,13 @@ from pagoda.evaluation.fidelity import compare_teacher_forced, decode_kernels_on
 from pagoda.executor.kernels import build
 from pagoda.executor.kernels.abi import WeightFormat
 from pagoda.executor.kernels.arithmetic import set_amx_rows
-from tests.executor.test_cpu_kernels import CPU_FLAGS, ON_X86, X86_FEATURES, amx_build
+from tests.executor.test_cpu_kernels import (
+    CPU_FLAGS,
+    ON_X86,
+    X86_FEATURES,
+    amx_build,
+    isa_build_cache,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +137,8 @@ def path(request, tmp_path_factory):
     --prefill-dtype says."""
     isa, dtype, prefill_dtype, decode_activations = PATHS[request.param]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "isa-builds"))
+        if isa != "native":  # (native: the build every other test loads, not a second one)
+            patch.setenv("PAGODA_KERNEL_CACHE", str(isa_build_cache(tmp_path_factory)))
         patch.setenv("PAGODA_KERNEL_ISA", isa)
         build.load_cpu_kernels.cache_clear()
         try:

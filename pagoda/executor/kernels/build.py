@@ -15,7 +15,9 @@ other).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -97,7 +99,6 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
-    sources = kernel_sources(source_dir)
     content = b"".join(p.read_bytes() for p in sorted(source_dir.iterdir()) if p.is_file())
     key = hashlib.sha256(
         content + " ".join((compiler, *BASE_FLAGS, *extra_flags, cpu_flags())).encode()
@@ -106,7 +107,28 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
+    with build_lock(target):
+        if target.exists():  # another process built it while this one waited
+            return target
+        return _compile_library(compiler, source_dir, extra_flags, target)
+
+
+@contextlib.contextmanager
+def build_lock(target: Path):
+    """Held while `target` is built: processes that want the same build at once (data-
+    parallel replicas on a fresh cache, the tests' ahead-of-time builds) compile it once;
+    the others wait, then load the finished file."""
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _compile_library(compiler: str, source_dir: Path, extra_flags: tuple[str, ...],
+                     target: Path) -> Path:
+    sources, errors = kernel_sources(source_dir), []
     for optional in OPTIONAL_FLAGS:
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
             partial = Path(tmp.name)
