@@ -75,14 +75,8 @@ def build_everything(cache: Path) -> None:
             pass  # the test that needs it says why
 
 
-def lowest_priority() -> None:
-    """This process and the compilers it starts run only where a core is otherwise idle."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux
-        os.nice(19)
-
-
 if __name__ == "__main__":
+    from tests.second_lane import lowest_priority
+
     lowest_priority()
     build_everything(Path(sys.argv[1]))

@@ -109,6 +109,12 @@ def reference() -> LLM:
     return LLM(dtype="float32", quantization="none", enable_prefix_caching=False)
 
 
+@pytest.fixture(scope="module")
+def reference_logits(reference, texts) -> list[torch.Tensor]:
+    """The reference's next-token logits at each text's positions, once for every path."""
+    return [logits(reference, ids)[:-1] for ids in texts]
+
+
 def logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     """(len, vocab) float32 next-token logits at every position."""
     return llm.engine.runner.prompt_logits([token_ids])[0].float()
@@ -170,9 +176,8 @@ def test_the_path_runs_what_auto_runs(path) -> None:
         assert down_proj.activation_parts == path.activation_parts
 
 
-def test_prefill_and_decode_kernels_follow_float32(path, reference, texts) -> None:
+def test_prefill_and_decode_kernels_follow_float32(path, reference_logits, texts) -> None:
     llm, (least_agreement, most_kl) = path.llm, path.bars
-    reference_logits = [logits(reference, ids)[:-1] for ids in texts]
     prefill = compare_teacher_forced(reference_logits, llm.engine.runner, texts)
     with decode_kernels_only(llm.engine.runner):
         decode = compare_teacher_forced(reference_logits, llm.engine.runner, texts)

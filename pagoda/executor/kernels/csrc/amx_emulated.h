@@ -46,17 +46,21 @@ static inline void emu_tile_stored(int t, void *base, long stride) {
 
 static inline void emu_tile_zero(int t) { memset(emu_tiles.data[t], 0, sizeof emu_tiles.data[t]); }
 
+/* Row by row, the 16 sums of a row of c held in 32-bit lanes across n (a loop the compiler
+ * vectorizes); unsigned arithmetic, whose wrap-around gives the signed sums' bits (lanes past
+ * colsb[c] / 4 add stale bytes and are not stored). */
 static inline void emu_tile_dpbsud(int c, int a, int b) {
-    for (int m = 0; m < emu_tiles.rows[c]; m++)
-        for (int n = 0; n < emu_tiles.colsb[c] / 4; n++) {
-            int32_t sum;
-            memcpy(&sum, &emu_tiles.data[c][m][4 * n], 4);
-            for (int k = 0; k < emu_tiles.colsb[a] / 4; k++)
-                for (int j = 0; j < 4; j++)
-                    sum += (int32_t)(int8_t)emu_tiles.data[a][m][4 * k + j]
-                           * (int32_t)emu_tiles.data[b][k][4 * n + j];
-            memcpy(&emu_tiles.data[c][m][4 * n], &sum, 4);
-        }
+    for (int m = 0; m < emu_tiles.rows[c]; m++) {
+        uint32_t sums[16];
+        memcpy(sums, emu_tiles.data[c][m], sizeof sums);
+        for (int k = 0; k < emu_tiles.colsb[a] / 4; k++)
+            for (int j = 0; j < 4; j++) {
+                const uint32_t x = (uint32_t)(int32_t)(int8_t)emu_tiles.data[a][m][4 * k + j];
+                for (int n = 0; n < 16; n++)
+                    sums[n] += x * emu_tiles.data[b][k][4 * n + j];
+            }
+        memcpy(emu_tiles.data[c][m], sums, emu_tiles.colsb[c]);
+    }
 }
 
 #define _tile_loadconfig(config) emu_tile_loadconfig(config)
