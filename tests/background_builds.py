@@ -23,7 +23,7 @@ from pathlib import Path
 
 KERNEL_TEST_MODULES = ("test_cpu_kernels.py", "test_cpu_kinds.py", "test_kernel_emulation.py",
                        "test_kernels_aarch64.py", "test_gguf_packed.py", "test_lora_kernel.py",
-                       "test_llama_cpp_files.py")
+                       "test_llama_cpp_files.py", "test_moe_kernel.py")
 """tests/executor modules whose builds this process compiles: a session holding none of
 them (make test-fast, one module's run) starts no background build."""
 

@@ -141,7 +141,7 @@ def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_test
     cache.mkdir(exist_ok=True)
     with open(cache / "background_builds.log", "w") as log:  # (what it said, if it failed)
         builder = subprocess.Popen([sys.executable, "-m", "tests.background_builds", str(cache)],
-                                   start_new_session=True, stdout=log, stderr=log)
+                                   process_group=0, stdout=log, stderr=log)  # (same session)
     yield
     if builder.poll() is None:
         os.killpg(builder.pid, signal.SIGKILL)

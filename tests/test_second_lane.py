@@ -1,7 +1,7 @@
 """tests/second_lane.py on a suite of its own (a temporary folder wired as tests/conftest.py
 wires it): the lane module's tests run in another process at the lowest CPU priority, and
 the main process reports them as its own: in the summary, the JUnit file and the exit
-status, a failure included."""
+status, a failure included; and the lane stays in the main process's session."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import os
 
 def test_runs_in_the_lane():
     with open(os.path.join(os.environ["PROBE"], "lane.txt"), "w") as probe:
-        probe.write(str(os.getpid()))
+        probe.write(f"{os.getpid()} {os.getsid(0)}")
     assert os.sched_getscheduler(0) == os.SCHED_IDLE
 
 def test_fails_in_the_lane():
@@ -50,7 +50,7 @@ import os
 
 def test_runs_here():
     with open(os.path.join(os.environ["PROBE"], "main.txt"), "w") as probe:
-        probe.write(str(os.getpid()))
+        probe.write(f"{os.getpid()} {os.getsid(0)}")
     assert os.sched_getscheduler(0) != os.SCHED_IDLE
 """
 
@@ -77,4 +77,7 @@ def test_the_lane_runs_its_module_at_idle_priority_and_reports_to_the_main_proce
     cases = {case.get("name"): case for case in ET.parse(junit).getroot().iter("testcase")}
     assert set(cases) == {"test_runs_here", "test_runs_in_the_lane", "test_fails_in_the_lane"}
     assert cases["test_fails_in_the_lane"].find("failure") is not None
-    assert (tmp_path / "lane.txt").read_text() != (tmp_path / "main.txt").read_text()
+    lane_pid, lane_session = (tmp_path / "lane.txt").read_text().split()
+    main_pid, main_session = (tmp_path / "main.txt").read_text().split()
+    assert lane_pid != main_pid
+    assert lane_session == main_session  # (a session of its own escapes SCHED_IDLE)

@@ -70,11 +70,10 @@ def decode_weight_bytes(model: nn.Module) -> int:
 def _expert_shares(model: nn.Module) -> dict[int, float]:
     """id(module) -> top_k / num_experts for every module inside a sparse MoE block's routed
     experts."""
-    from pagoda.executor.layers.moe import SparseMoeBlock
+    from pagoda.executor.layers.moe import routed_expert_modules
 
     return {id(module): block.top_k / len(block.experts)
-            for block in model.modules() if isinstance(block, SparseMoeBlock)
-            for expert in block.experts for module in expert.modules()}
+            for block, _, module in routed_expert_modules(model)}
 
 
 def read_bandwidth(repeats: int = 5) -> float:

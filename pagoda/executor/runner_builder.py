@@ -29,7 +29,7 @@ from pagoda.executor.kv_cache_allocation import determine_kv_cache_blocks
 from pagoda.executor.kv_cache_layout import kv_capacity_tokens
 from pagoda.executor.kv_offload import KVOffloadConfig, KVOffloadWorker
 from pagoda.executor.kv_offload.fingerprint import kv_offload_fingerprint
-from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.layers.moe import routed_expert_modules
 from pagoda.executor.layers.packed_linear import body_linears, set_arithmetic
 from pagoda.executor.layers.quantization import QuantizedLinear
 from pagoda.executor.layers.rope_scaling import scaled_context_length
@@ -182,8 +182,8 @@ def _one_token_weights(model: torch.nn.Module) -> list:
     body linear's, but of each sparse MoE block only its first top_k experts' (a token
     reads top_k of them; timing all of them would time a read of the whole file, where
     every arithmetic waits on memory alike)."""
-    unread = {id(module) for block in model.modules() if isinstance(block, SparseMoeBlock)
-              for expert in list(block.experts)[block.top_k:] for module in expert.modules()}
+    unread = {id(module) for block, index, module in routed_expert_modules(model)
+              if index >= block.top_k}
     return [segment for linear in body_linears(model) if id(linear) not in unread
             for segment in linear.segments]
 

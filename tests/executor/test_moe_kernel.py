@@ -13,6 +13,7 @@ import torch
 from pagoda.executor.kernels.ops import DEQUANTIZE_FROM_ROWS, load_cpu_kernels
 from pagoda.executor.layers.moe import CorrectionBiasRouter, SparseMoeBlock
 from pagoda.executor.layers.moe_kernel import MoEPlan
+from tests.executor.test_cpu_kernels import isa_build  # noqa: F401 (a fixture)
 from tests.executor.test_decode_kernel import moe_engine
 
 pytestmark = pytest.mark.slow
@@ -82,11 +83,8 @@ ROUTINGS = {  # id: (router, options)
 }
 
 
-@pytest.mark.parametrize("routing", list(ROUTINGS))
-def test_the_c_routing_chooses_and_weighs_as_the_block_does(loaded_block, routing) -> None:
-    router, options = ROUTINGS[routing]
-    block = variant(loaded_block, seed=len(routing), router=router, **options)
-    hidden = hidden_rows(64, seed=1)
+def assert_routes_alike(block: SparseMoeBlock, hidden: torch.Tensor) -> torch.Tensor:
+    """C's routing chooses the block's experts, with its weights; returns C's choices."""
     choices, weights = routed_in_c(block, hidden)
     expected_weights, expected_choices = routed_in_pytorch(block, hidden)
     ours, theirs = choices.sort(dim=1), expected_choices.sort(dim=1)
@@ -94,6 +92,15 @@ def test_the_c_routing_chooses_and_weighs_as_the_block_does(loaded_block, routin
     torch.testing.assert_close(weights.gather(1, ours.indices),
                                expected_weights.float().gather(1, theirs.indices),
                                rtol=1e-5, atol=1e-6)
+    return choices
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+def test_the_c_routing_chooses_and_weighs_as_the_block_does(loaded_block, routing) -> None:
+    router, options = ROUTINGS[routing]
+    block = variant(loaded_block, seed=len(routing), router=router, **options)
+    hidden = hidden_rows(64, seed=1)
+    choices = assert_routes_alike(block, hidden)
     if options.get("n_group"):  # every token's experts lie in one group (of 2 experts)
         assert torch.equal(choices.min(dim=1).values // 2, choices.max(dim=1).values // 2)
 
@@ -150,3 +157,23 @@ def test_float_experts_keep_the_per_expert_loop(loaded_block) -> None:
     experts = [LlamaMLP(config) for _ in range(4)]
     block = SparseMoeBlock(256, experts, 2, normalize_top_k=True)
     assert block.kernel_plan() is None
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_every_instruction_set_build_runs_the_layer_as_its_per_expert_loop(
+        loaded_block, isa_build, rows, monkeypatch) -> None:  # noqa: F811
+    """The C layer (routing, then the chosen experts) on each float32 build this CPU runs,
+    ARM64's emulation build included (test_cpu_kernels.runnable_builds), against the
+    per-expert loop over the same build's packed kernels: every CPU kind's MoE path."""
+    from pagoda.executor.kernels import ops
+    from pagoda.executor.layers import moe_kernel
+
+    monkeypatch.setattr(moe_kernel, "load_cpu_kernels", ops.load_cpu_kernels)
+    block = variant(loaded_block, seed=rows + 20, normalize_top_k=True,
+                    shared_experts=loaded_block.experts[3])
+    hidden = hidden_rows(rows, seed=rows + 30)
+    assert_routes_alike(block, hidden)
+    ours = block(hidden)
+    monkeypatch.setattr(block, "_kernel_plan", lambda hidden, choices: None)
+    theirs = block(hidden)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * theirs.abs().max().item())

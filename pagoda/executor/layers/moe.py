@@ -196,6 +196,16 @@ class SparseMoeBlock(nn.Module):
         return weights, choices
 
 
+def routed_expert_modules(model: nn.Module):
+    """(block, expert index, module) for every module inside the routed experts of each
+    sparse MoE block of `model` (not its shared experts): a token reads block.top_k of them."""
+    for block in model.modules():
+        if isinstance(block, SparseMoeBlock):
+            for index, expert in enumerate(block.experts):
+                for module in expert.modules():
+                    yield block, index, module
+
+
 def _moe_op(hidden: torch.Tensor, block_id: int) -> torch.Tensor:
     return _blocks[block_id].route_and_run(hidden)
 
