@@ -14,8 +14,7 @@ import time
 import pytest
 
 from pagoda.executor.loader.model_files import bundled_model_path
-from tests import budget, second_lane
-from tests.budget import pytest_terminal_summary  # noqa: F401 (a hook)
+from tests.budget import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks)
 
 _TOKENIZER_CACHE = tempfile.mkdtemp(prefix="pagoda-tokenizers-")
 """This session's GGUF tokenizer cache (pagoda/executor/loader/tokenizer.py), shared by every
@@ -23,27 +22,6 @@ engine and server process the tests start (they inherit the environment), gone a
 the suite never writes into the user's ~/.cache."""
 os.environ.setdefault("PAGODA_TOKENIZER_CACHE", _TOKENIZER_CACHE)
 atexit.register(shutil.rmtree, _TOKENIZER_CACHE, True)
-
-
-def pytest_configure(config) -> None:
-    second_lane.configure(config)
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    second_lane.start(config, items)
-
-
-def pytest_runtest_protocol(item, nextitem):
-    return second_lane.run_or_replay(item)
-
-
-def pytest_runtest_logreport(report) -> None:
-    budget.pytest_runtest_logreport(report)
-    second_lane.write_report(report)
-
-
-def pytest_unconfigure(config) -> None:
-    second_lane.stop(config)
 
 
 @pytest.fixture(scope="session")
@@ -119,33 +97,6 @@ def no_process_outlives_the_tests():
            ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"processes outlived the tests: {left}"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_tests):
-    """Where the session holds the kernel tests, their builds compile in the background
-    from the start, on otherwise idle CPU (tests/background_builds.py); stopped at the end
-    if still going (it is ours: it must not outlive the tests)."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.background_builds import KERNEL_TEST_MODULES
-    from tests.executor.test_cpu_kernels import isa_build_cache
-
-    if not any(item.path.name in KERNEL_TEST_MODULES and not second_lane.delegated(item)
-               for item in request.session.items):
-        yield
-        return
-    cache = isa_build_cache(tmp_path_factory)
-    cache.mkdir(exist_ok=True)
-    with open(cache / "background_builds.log", "w") as log:  # (what it said, if it failed)
-        builder = subprocess.Popen([sys.executable, "-m", "tests.background_builds", str(cache)],
-                                   process_group=0, stdout=log, stderr=log)  # (same session)
-    yield
-    if builder.poll() is None:
-        os.killpg(builder.pid, signal.SIGKILL)
-    builder.wait()
 
 
 @pytest.fixture(scope="module")

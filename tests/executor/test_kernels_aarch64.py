@@ -64,8 +64,8 @@ def emulating_driver(tmp_path_factory) -> Path:
 
 def driver_build(flags: tuple[str, ...], cache: Path) -> Path:
     """kernel_driver.c and the kernel sources cross-compiled with `flags` into the session's
-    build cache (once: tests/background_builds.py may have built it ahead), each source by
-    its own process (build.compile_and_link: the cores share the build)."""
+    build cache, once (under build.build_lock), each source by its own process
+    (build.compile_and_link: the cores share the build)."""
     target = cache / f"aarch64-{flags[1].removeprefix('-march=')}" / "kernel_driver"
     target.parent.mkdir(parents=True, exist_ok=True)
     with build.build_lock(target):
