@@ -116,8 +116,8 @@ def build_library(source_dir: Path = SOURCE_DIR, extra_flags: tuple[str, ...] = 
 @contextlib.contextmanager
 def build_lock(target: Path):
     """Held while `target` is built: processes that want the same build at once (data-
-    parallel replicas on a fresh cache, the tests' ahead-of-time builds) compile it once;
-    the others wait, then load the finished file."""
+    parallel replicas on a fresh cache, tests sharing a build cache) compile it once; the
+    others wait, then load the finished file."""
     with open(target.with_name(target.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
