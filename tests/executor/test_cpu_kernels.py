@@ -97,8 +97,8 @@ def runnable_builds() -> list:
     """The float32 builds this CPU runs: its own, each x86 kind's it can run natively, the
     AVX-512F and AVX2 widths' emulation builds (portable vectors: any CPU) where it cannot
     run that kind (where it can, the emulation build is the same source at the same width as
-    the native one, which is tested instead; test_kernel_emulation.py holds the two bit-
-    equal), and on x86 ARM64's (NEON's width and fused multiply-adds)."""
+    the native one, which is tested instead; test_kernel_emulation.py holds the 16-lane one
+    bit-equal to AVX-512F), and on x86 ARM64's (NEON's width and fused multiply-adds)."""
     native = ([name for name, needs in X86_FEATURES.items() if needs <= CPU_FLAGS]
               if ON_X86 else [])
     builds = ["native", *(f"{kind}-emulated" for kind in ("avx512f", "avx2")
