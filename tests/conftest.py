@@ -99,6 +99,35 @@ def no_process_outlives_the_tests():
     assert not left, f"processes outlived the tests: {left}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_tests):
+    """Where the session holds the kernel tests, their builds compile in the background
+    from the start, on otherwise idle CPU (tests/background_builds.py); stopped at the end
+    if still going (it is ours: it must not outlive the tests)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.background_builds import AHEAD_OF
+    from tests.executor.test_cpu_kernels import isa_build_cache
+
+    modules = list(dict.fromkeys(item.path.name for item in request.session.items
+                                 if item.path.name in AHEAD_OF))
+    if not modules:
+        yield
+        return
+    cache = isa_build_cache(tmp_path_factory)
+    cache.mkdir(exist_ok=True)
+    with open(cache / "background_builds.log", "w") as log:  # (what it said, if it failed)
+        builder = subprocess.Popen(
+            [sys.executable, "-m", "tests.background_builds", str(cache), *modules],
+            process_group=0, stdout=log, stderr=log)  # (the tests' session: see lowest_priority)
+    yield
+    if builder.poll() is None:
+        os.killpg(builder.pid, signal.SIGKILL)
+    builder.wait()
+
+
 @pytest.fixture(scope="module")
 def two_node_cluster():
     """A two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and one

@@ -28,19 +28,21 @@ pytestmark = [pytest.mark.slow,  # (make test-fast skips it)
                                  reason="needs gcc-aarch64-linux-gnu and qemu-user")]
 
 
+DRIVER_FLAGS = ("-O3", "-march=armv8-a", "-fopenmp")
+"""kernel_driver.c with the kernel sources, for ARM64 (-march=armv8-a: NEON)."""
+DOTPROD_DRIVER_FLAGS = ("-O3", "-march=armv8.2-a+dotprod", "-fopenmp")
+"""The driver for ARM64 with the dot-product extension (sdot in gemm_int8.c's dot4), run
+under qemu's `max` CPU, which has it."""
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory) -> Path:
-    """kernel_driver.c with the kernel sources, for ARM64 (-march=armv8-a: NEON)."""
-    return driver_build(CROSS_CC, ("-O3", "-march=armv8-a", "-fopenmp"),
-                        tmp_path_factory.mktemp("aarch64"))
+    return driver_build(DRIVER_FLAGS, isa_build_cache(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
 def dotprod_driver(tmp_path_factory) -> Path:
-    """The driver for ARM64 with the dot-product extension (-march=armv8.2-a+dotprod: sdot
-    in gemm_int8.c's dot4), run under qemu's `max` CPU, which has it."""
-    return driver_build(CROSS_CC, ("-O3", "-march=armv8.2-a+dotprod", "-fopenmp"),
-                        tmp_path_factory.mktemp("aarch64-dotprod"))
+    return driver_build(DOTPROD_DRIVER_FLAGS, isa_build_cache(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +62,20 @@ def emulating_driver(tmp_path_factory) -> Path:
     return target
 
 
-def driver_build(compiler: str, flags: tuple[str, ...], folder: Path) -> Path:
-    """kernel_driver.c and the kernel sources built into folder/kernel_driver, each source
-    compiled by its own process (build.compile_and_link: the cores share the build)."""
-    target = folder / "kernel_driver"
-    sources = [Path(__file__).with_name("kernel_driver.c"), *kernel_sources()]
-    complaint = build.compile_and_link(compiler, (*flags, f"-I{SOURCE_DIR}"), sources, target)
-    assert complaint is None, complaint
+def driver_build(flags: tuple[str, ...], cache: Path) -> Path:
+    """kernel_driver.c and the kernel sources cross-compiled with `flags` into the session's
+    build cache (once: tests/background_builds.py may have built it ahead), each source by
+    its own process (build.compile_and_link: the cores share the build)."""
+    target = cache / f"aarch64-{flags[1].removeprefix('-march=')}" / "kernel_driver"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with build.build_lock(target):
+        if not target.exists():
+            sources = [Path(__file__).with_name("kernel_driver.c"), *kernel_sources()]
+            partial = target.with_name("kernel_driver.partial")
+            complaint = build.compile_and_link(CROSS_CC, (*flags, f"-I{SOURCE_DIR}"), sources,
+                                               partial)
+            assert complaint is None, complaint
+            partial.replace(target)
     return target
 
 

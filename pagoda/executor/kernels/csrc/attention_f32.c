@@ -93,10 +93,15 @@ ALWAYS_INLINE void attend_task(const int format, const int64_t G, const int64_t 
     case 1: ATTEND(F, 1, DC); break; case 2: ATTEND(F, 2, DC); break; \
     case 3: ATTEND(F, 3, DC); break; case 4: ATTEND(F, 4, DC); break; \
     case 8: ATTEND(F, 8, DC); break; default: ATTEND(F, G, DC); }
+#if defined(PAGODA_EMULATION_BUILD) /* the general task only (kernels.h) */
+#define ATTEND_SHAPES(F) ATTEND(F, G, D);
+#define ATTEND_Q8_SHAPES(F) ATTEND_Q8(F, G, D);
+#else
 #define ATTEND_SHAPES(F) \
     if (D == 64) { ATTEND_GROUPS(F, 64) } \
     else if (D == 128) { ATTEND_GROUPS(F, 128) } \
     else ATTEND(F, G, D);
+#endif
 
 /* attention_driver.h's task on a float32 or 16-bit cache: the format, G and D constants
  * where the switches name them, so that the query and accumulator arrays live in
@@ -290,11 +295,13 @@ ALWAYS_INLINE void attend_task_q8(const int format, const int64_t G, const int64
 #define ATTEND_Q8(F, GC, DC) attend_task_q8(F, GC, DC, q_rows, k_head, k_scales, v_head, \
                                             v_scales, table, block_size, first, n, scale, \
                                             scores, out_rows)
+#if !defined(PAGODA_EMULATION_BUILD) /* (an emulation build's: above) */
 #define ATTEND_Q8_SHAPES(F) \
     if (D == 64 && G == 3) ATTEND_Q8(F, 3, 64); \
     else if (D == 64) ATTEND_Q8(F, G, 64); \
     else if (D == 128) ATTEND_Q8(F, G, 128); \
     else ATTEND_Q8(F, G, D);
+#endif
 
 /* Where KV head h's keys (values: which = 1) scales start in the 8-bit cache. */
 ALWAYS_INLINE int64_t scales_head_offset(const struct pagoda_attention_args *a, int which,

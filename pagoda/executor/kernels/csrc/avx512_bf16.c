@@ -144,6 +144,10 @@ ALWAYS_INLINE void gemm_tile_q8(
 static void gemm_tile_rows(int format, int rows, const uint16_t *x, int64_t K,
                            const float *xsum, int64_t groups, const uint8_t *c,
                            const uint16_t *s, const uint16_t *mn, uint16_t *y, int64_t N) {
+#if defined(PAGODA_EMULATION_BUILD) /* the row count a variable (kernels.h) */
+    if (format == FORMAT_Q4) gemm_tile_q4(rows, x, K, xsum, groups, c, s, mn, y, N);
+    else gemm_tile_q8(rows, x, K, groups, c, s, y, N);
+#else
     if (format == FORMAT_Q4) {
         switch (rows) {
             Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8)
@@ -155,6 +159,7 @@ static void gemm_tile_rows(int format, int rows, const uint16_t *x, int64_t K,
             Q8_CASE(16)
         }
     }
+#endif
 }
 
 /* xsum (M, K / 32) float: sums of x over each group of 32 inputs (Q4's epilogue needs them). */
@@ -313,6 +318,9 @@ static void attend_bf16(const struct pagoda_attention_args *a, const attention_t
     const uint16_t *v_head = cache + cache_head_offset(a, 1, task->h);
     const uint16_t *q_rows = (const uint16_t *)a->query + task->row;
     uint16_t *out_rows = (uint16_t *)a->out + task->row;
+#if defined(PAGODA_EMULATION_BUILD) /* the general task only (kernels.h) */
+    ATTEND(G, D);
+#else
     if (D == 64) {
         ATTEND_GROUPS(64)
     } else if (D == 128) {
@@ -320,6 +328,7 @@ static void attend_bf16(const struct pagoda_attention_args *a, const attention_t
     } else {
         ATTEND(G, D);
     }
+#endif
 }
 
 /* Attention over a bf16 paged cache for any mix of decode and prefill tokens

@@ -208,6 +208,9 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
 }
 
 #define INT8_TILE(F, R, P) tile_int8(R, F, P, q, m0, K, tp, y + m0 * ldy + t * TILE_N, ldy)
+#if defined(PAGODA_EMULATION_BUILD) /* the row count a variable (kernels.h) */
+#define INT8_BY_ROWS(F, P) INT8_TILE(F, rows, P);
+#else
 #define INT8_BY_ROWS(F, P)                                                                \
     switch (rows) {                                                                       \
     case 1: INT8_TILE(F, 1, P); break;                                                    \
@@ -216,6 +219,7 @@ ALWAYS_INLINE void tile_int8(int rows, int f, int parts, quantized_rows_t q, int
     case 4: INT8_TILE(F, 4, P); break;                                                    \
     default: INT8_TILE(F, INT8_ROWS, P); break;                                           \
     }
+#endif
 #define INT8_CASE(F)                                                                      \
     case F:                                                                               \
         if (parts == 1) INT8_BY_ROWS(F, 1) else INT8_BY_ROWS(F, 2)                        \

@@ -77,6 +77,17 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* Defined in the emulation builds (build.ISA_BUILDS' *-emulated: another kind's vector width,
+ * AVX-512 BF16's or AMX's instructions in portable code). Where a native build copies a kernel
+ * for each shape constant (rows, group size, head size), these take the general copy: the same
+ * operations in the same order, while GCC spends minutes on the copies of emulated vectors
+ * (attention_f32.c at AVX-512F's width on AVX2: 125 s against 3). test_kernel_emulation.py,
+ * test_kernels_aarch64.py and test_cpu_kernels.py hold them bit-equal to the native builds. */
+#if defined(PAGODA_F32_VECTOR_BYTES) || defined(PAGODA_EMULATE_AVX512_BF16) || \
+    defined(PAGODA_EMULATE_AMX)
+#define PAGODA_EMULATION_BUILD 1
+#endif
+
 /* Paged attention's arguments, one struct for every kind of it (bf16, float32, 8-bit cache;
  * attention_driver.h has the contract). abi.AttentionArgs mirrors it field for field
  * (tests/executor/test_kernel_abi.py checks): one field a line, no arrays. */
