@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
+
 def kernel_builds(module: str) -> list[tuple[str, ...]]:
     """The kernel library's builds (their flags) that tests/executor/`module` compiles on this
     CPU, first use first; [] for a module that compiles none."""
