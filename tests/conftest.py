@@ -121,7 +121,7 @@ def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_test
     with open(cache / "background_builds.log", "w") as log:  # (what it said, if it failed)
         builder = subprocess.Popen(
             [sys.executable, "-m", "tests.background_builds", str(cache), *modules],
-            process_group=0, stdout=log, stderr=log)  # (the tests' session: see lowest_priority)
+            start_new_session=True, stdout=log, stderr=log)  # (see lowest_priority)
     yield
     if builder.poll() is None:
         os.killpg(builder.pid, signal.SIGKILL)

@@ -18,6 +18,7 @@ cores (see `llama_quantize`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -100,24 +101,34 @@ for argv, outfile in jobs:
 
 
 def _run_converter(script: str, jobs: list[tuple[list[str], str]]) -> dict[str, str]:
-    """Run llama.cpp's `script` (in its tree) on each (argv, output path) job, all in one
-    subprocess of this Python, with the sdist's own gguf-py first on the path (the
-    converters go with their own gguf package). Returns {output path: the converter's
-    error} for those that failed."""
+    """Run llama.cpp's `script` (in its tree) on each (argv, output path) job, in one
+    subprocess of this Python per core (at most two: each imports torch and transformers
+    once; the conversions are single-threaded), with the sdist's own gguf-py first on the
+    path (the converters go with their own gguf package). Returns {output path: the
+    converter's error} for those that failed."""
     source = llama_cpp_source()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(source / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    result = subprocess.run(
-        [sys.executable, "-c", _CONVERT_DRIVER, str(source / script), json.dumps(jobs)],
-        env=env, capture_output=True, text=True, check=False)
+    shares = [jobs[i::2] for i in range(min(2, os.cpu_count() or 1, len(jobs)))]
     failures = {}
-    for _, outfile in jobs:
-        failed = Path(outfile + ".failed")
-        if failed.is_file():
-            failures[outfile] = failed.read_text()[-6000:]
-        elif not os.path.isfile(outfile):
-            failures[outfile] = (f"no output (exit status {result.returncode}):\n"
-                                 f"{result.stderr[-6000:]}")
+    with contextlib.ExitStack() as stack:
+        drivers = []
+        for share in shares:  # (a log file: a pipe left unread would stall its converter)
+            log = stack.enter_context(tempfile.TemporaryFile("w+"))
+            drivers.append((share, log, subprocess.Popen(
+                [sys.executable, "-c", _CONVERT_DRIVER, str(source / script), json.dumps(share)],
+                env=env, stdout=subprocess.DEVNULL, stderr=log)))
+        for share, log, driver in drivers:
+            driver.wait()
+            log.seek(0)
+            stderr = log.read()
+            for _, outfile in share:
+                failed = Path(outfile + ".failed")
+                if failed.is_file():
+                    failures[outfile] = failed.read_text()[-6000:]
+                elif not os.path.isfile(outfile):
+                    failures[outfile] = (f"no output (exit status {driver.returncode}):\n"
+                                         f"{stderr[-6000:]}")
     return failures
 
 
