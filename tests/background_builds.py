@@ -4,8 +4,8 @@ The suite leaves about a third of its two cores idle (servers waiting on their c
 clients waiting on servers), and the kernel tests at its end spent minutes compiling: every
 instruction-set build of the C kernels, their emulation builds, the ARM64 drivers, and
 llama.cpp's llama-quantize. conftest's `ahead_of_time_builds` starts this module as one
-process at the lowest CPU priority (SCHED_IDLE: it runs only on a core nothing else wants)
-when the session holds those tests; it compiles what they will ask for, in the order they
+process at the lowest CPU priority (`lowest_priority`: it runs only on a core nothing else
+wants) when the session holds those tests; it compiles what they will ask for, in the order they
 ask, into the same caches, under the same locks (build.build_lock). A test that needs a
 build while it is being compiled waits for it and loads it; one not reached yet it compiles
 itself, as without this process. Nothing a test checks depends on it: it only moves the
