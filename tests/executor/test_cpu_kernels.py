@@ -75,7 +75,7 @@ def test_a_build_without_avx512_bf16_says_so_and_exports_no_bf16_kernel(tmp_path
 
 EVERY_X86_PATH = [("-march=x86-64",), ("-march=haswell",), ("-march=skylake-avx512",),
                   ("-march=sapphirerapids",), build.ISA_BUILDS["avx512bf16-emulated"]]
-"""The builds whose compiling is tested on x86."""
+"""The builds whose compiling is tested on x86 (tests/background_builds.py compiles them ahead)."""
 
 
 @pytest.mark.skipif(not ON_X86, reason="x86 instruction sets")

@@ -81,8 +81,8 @@
  * AVX-512 BF16's or AMX's instructions in portable code). Where a native build copies a kernel
  * for each shape constant (rows, group size, head size), these take the general copy: the same
  * operations in the same order, while GCC spends minutes on the copies of emulated vectors
- * (attention_f32.c at AVX-512F's width on AVX2: 125 s against 3). test_kernel_emulation.py,
- * test_kernels_aarch64.py and test_cpu_kernels.py hold them bit-equal to the native builds. */
+ * (attention_f32.c at AVX-512F's width on AVX2: 125 s against 3). test_kernel_emulation.py
+ * and test_kernels_aarch64.py hold them bit-equal to the native builds. */
 #if defined(PAGODA_F32_VECTOR_BYTES) || defined(PAGODA_EMULATE_AVX512_BF16) || \
     defined(PAGODA_EMULATE_AMX)
 #define PAGODA_EMULATION_BUILD 1
