@@ -46,21 +46,31 @@ static inline void emu_tile_stored(int t, void *base, long stride) {
 
 static inline void emu_tile_zero(int t) { memset(emu_tiles.data[t], 0, sizeof emu_tiles.data[t]); }
 
-/* Row by row, the 16 sums of a row of c held in 32-bit lanes across n (a loop the compiler
- * vectorizes); unsigned arithmetic, whose wrap-around gives the signed sums' bits (lanes past
- * colsb[c] / 4 add stale bytes and are not stored). */
+/* c[m][n] += a[m][4k + j] * b[k][4n + j], k outermost: each row k of b is split once into its
+ * four bytes per 32-bit lane (little-endian: byte j is bits 8j..8j+7; x86 and ARM64 both are),
+ * then every row m of c adds its four products in 16 lanes across n (loops the compiler
+ * vectorizes). Unsigned arithmetic, whose wrap-around gives the signed sums' bits, so the
+ * order of the additions changes nothing; lanes past colsb[c] / 4 add stale bytes and are
+ * not stored. */
 static inline void emu_tile_dpbsud(int c, int a, int b) {
-    for (int m = 0; m < emu_tiles.rows[c]; m++) {
-        uint32_t sums[16];
-        memcpy(sums, emu_tiles.data[c][m], sizeof sums);
-        for (int k = 0; k < emu_tiles.colsb[a] / 4; k++)
+    const int rows = emu_tiles.rows[c], depth = emu_tiles.colsb[a] / 4;
+    uint32_t sums[16][16];
+    memcpy(sums, emu_tiles.data[c], sizeof sums);
+    for (int k = 0; k < depth; k++) {
+        uint32_t words[16], bytes[4][16];
+        memcpy(words, emu_tiles.data[b][k], sizeof words);
+        for (int j = 0; j < 4; j++)
+            for (int n = 0; n < 16; n++)
+                bytes[j][n] = (words[n] >> (8 * j)) & 0xff;
+        for (int m = 0; m < rows; m++)
             for (int j = 0; j < 4; j++) {
                 const uint32_t x = (uint32_t)(int32_t)(int8_t)emu_tiles.data[a][m][4 * k + j];
                 for (int n = 0; n < 16; n++)
-                    sums[n] += x * emu_tiles.data[b][k][4 * n + j];
+                    sums[m][n] += x * bytes[j][n];
             }
-        memcpy(emu_tiles.data[c][m], sums, emu_tiles.colsb[c]);
     }
+    for (int m = 0; m < rows; m++)
+        memcpy(emu_tiles.data[c][m], sums[m], emu_tiles.colsb[c]);
 }
 
 #define _tile_loadconfig(config) emu_tile_loadconfig(config)
