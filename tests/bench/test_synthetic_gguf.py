@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import gguf
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks import synthetic_gguf
+from pagoda.executor.loader.gguf_writer import tokenizer_fields
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner
@@ -29,6 +31,33 @@ PUBLISHED = {  # name -> (the model's own vocabulary, its published parameter co
 }
 
 
+SMALL_VOCABULARY = 2048
+
+
+@pytest.fixture(scope="module")
+def small_vocabulary(tmp_path_factory) -> str:
+    """A GGUF holding only a tokenizer: the bundled one's first 2048 tokens and the merges
+    that make them, for the files transformers reads here (its reader parses a 49k-token
+    vocabulary's arrays for ~8 s a file; the files' layout does not depend on it)."""
+    path = str(tmp_path_factory.mktemp("vocabulary") / "small.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    fields = {key: (value, kind, sub_type)
+              for key, value, kind, sub_type in tokenizer_fields(synthetic_gguf.bundled_model())}
+    kept = fields["tokenizer.ggml.tokens"][0][:SMALL_VOCABULARY]
+    known = set(kept)
+    for key, (value, kind, sub_type) in fields.items():
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            value = value[:SMALL_VOCABULARY]
+        elif key == "tokenizer.ggml.merges":
+            value = [merge for merge in value if merge.replace(" ", "") in known]
+        writer.add_key_value(key, value, kind, sub_type=sub_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @pytest.mark.parametrize("name", sorted(synthetic_gguf.SHAPES))
 def test_the_shapes_are_the_published_models(name) -> None:
     vocab, count = PUBLISHED[name]
@@ -36,16 +65,18 @@ def test_the_shapes_are_the_published_models(name) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-1.5b"])
-def test_a_written_file_reads_the_same_in_transformers_and_pagoda(name, tmp_path) -> None:
+def test_a_written_file_reads_the_same_in_transformers_and_pagoda(name, tmp_path,
+                                                                 small_vocabulary) -> None:
     path = tmp_path / f"{name}.gguf"
-    synthetic_gguf.main([name, str(path), "--layers", "1", "--outtype", "f16"])
+    synthetic_gguf.main([name, str(path), "--layers", "1", "--outtype", "f16",
+                         "--tokenizer-from", small_vocabulary])
     shape = synthetic_gguf.SHAPES[name]
     reference = AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=path.name, dtype=torch.float32)
     config = reference.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads,
             config.intermediate_size, config.vocab_size) == (
-        shape.hidden, 1, shape.kv_heads, shape.ffn, 49152)
+        shape.hidden, 1, shape.kv_heads, shape.ffn, SMALL_VOCABULARY)
     runner = pagoda_runner(str(path))
     with torch.no_grad():
         for prompt, ours in zip(PROMPTS, runner.prompt_logits(PROMPTS), strict=True):
@@ -53,13 +84,14 @@ def test_a_written_file_reads_the_same_in_transformers_and_pagoda(name, tmp_path
             torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_a_mixture_of_experts_file_reads_the_same_in_transformers_and_pagoda(tmp_path) -> None:
+def test_a_mixture_of_experts_file_reads_the_same_in_transformers_and_pagoda(
+        tmp_path, small_vocabulary) -> None:
     """Qwen3-30B-A3B's per-layer shapes (head_dim 128 beside hidden / heads 64, q/k norms,
     a float32 router, stacked experts) with 8 of its 128 experts, 2 chosen a token."""
     path = tmp_path / "moe.gguf"
     small = dataclasses.replace(synthetic_gguf.SHAPES["qwen3-30b-a3b"], layers=1, experts=8,
                                 experts_used=2)
-    synthetic_gguf.write("qwen3-30b-a3b", small, str(path), synthetic_gguf.bundled_model())
+    synthetic_gguf.write("qwen3-30b-a3b", small, str(path), small_vocabulary)
     reference = AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=path.name, dtype=torch.float32)
     config = reference.config
