@@ -154,7 +154,6 @@ def permute(weight, num_heads: int):
 def write_hf_checkpoint(folder: str, path: str, quant_type=None) -> None:
     """Convert the Hugging Face folder `folder` to the GGUF file `path`. `quant_type(hf_name)`,
     when given, names the GGUF type to store a matrix in (None: float32): see `quantized`."""
-    import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
