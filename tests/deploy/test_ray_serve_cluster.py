@@ -46,6 +46,9 @@ FAST_AUTOSCALING_ENV = {
     # Serve's load reports, every 10 s by default: fast enough for a test's burst
     "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    # a version stops after this many failed replica starts per target replica (default 3:
+    # 6 starts of a bad upgrade to 2 replicas, each a Python process importing torch)
+    "RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1",
 }
 SERVE_FLAGS = [
     "--served-model-name", "tiny", "--ray-serve", "--proxy-location", "HeadOnly",
@@ -272,7 +275,8 @@ def test_rolling_upgrade_under_load_fails_no_request(deployment, offline_texts) 
 def test_a_bad_upgrade_stops_and_the_old_version_keeps_serving(deployment, tmp_path,
                                                                offline_texts) -> None:
     """Ray Serve replaces replicas stop-then-start, one at a time: a version whose replicas
-    fail to start stops the rollout after 3 failures, and the old replicas not yet replaced
+    fail to start stops the rollout after some failures (its retry count per replica, here
+    1, times the replicas), and the old replicas not yet replaced
     keep serving. So at least 2 replicas (here --min-replicas 2) for an upgrade that may
     fail: with one, its replacement failing leaves none (the README says so)."""
     two = ["--kv-cache-memory", str(48 * 1024 * 1024), "--min-replicas", "2"]
