@@ -108,9 +108,11 @@ def no_process_outlives_the_tests():
 
 @pytest.fixture(scope="session", autouse=True)
 def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_tests):
-    """Where the session holds the kernel tests, their builds compile in the background
-    from the start, on otherwise idle CPU (tests/background_builds.py); stopped at the end
-    if still going (it is ours: it must not outlive the tests)."""
+    """Where the session holds the kernel tests, their builds compile in the background from
+    the start, on otherwise idle CPU (tests/background_builds.py); stopped at the end if
+    still going (it is ours: it must not outlive the tests). Every test that compiles a build
+    other than the native one is marked slow (pyproject.toml's marker), so make test-fast
+    starts none."""
     import signal
     import subprocess
     import sys
@@ -119,7 +121,7 @@ def ahead_of_time_builds(request, tmp_path_factory, no_process_outlives_the_test
     from tests.executor.test_cpu_kernels import isa_build_cache
 
     modules = list(dict.fromkeys(item.path.name for item in request.session.items
-                                 if item.path.name in AHEAD_OF))
+                                 if item.path.name in AHEAD_OF and item.get_closest_marker("slow")))
     if not modules:
         yield
         return

@@ -201,6 +201,7 @@ def test_a_user_who_leaves_mid_stream_frees_the_primary(tmp_path):
     assert sides["primary"]["error_kind"] == "cancelled" and sides["candidate"]["success"]
 
 
+@pytest.mark.slow
 def test_the_candidate_killed_under_load_then_restarted(tmp_path):
     record = tmp_path / "ab.jsonl"
     # The candidate streams 5x slower than the primary (1.5 s against 0.3 s), so a user kept

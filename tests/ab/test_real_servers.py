@@ -63,6 +63,7 @@ def run_ab(tmp_path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_the_verdict_picks_the_server_that_batches(servers, tmp_path, capsys):
     serial, batched, _, traffic = servers
     with open(traffic) as f:
@@ -108,6 +109,7 @@ def test_the_verdict_picks_the_server_that_batches(servers, tmp_path, capsys):
     assert analysis["verdict"].split(":")[0] in page and page.count("<svg") >= 3
 
 
+@pytest.mark.slow
 def test_identical_servers_are_called_the_same(servers, tmp_path):
     """Two processes of one configuration differ by a few percent on some CPUs (start
     order, warm-up, memory layout: measured on a Zen 4 EPYC, BENCHMARKS.md), which the

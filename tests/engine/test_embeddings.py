@@ -238,6 +238,7 @@ def test_tensor_parallel_gives_the_same_vectors(tiny):
         tp2.engine.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_a_bare_decoder_stack_loads_and_embeds(arch, tmp_path):
     """An embedding model saved as `Qwen3Model` / `LlamaModel` (names without `model.`, no

@@ -121,6 +121,7 @@ def test_amx_tiles_need_the_cpus_own_and_integer_activations(monkeypatch, availa
     assert arithmetic.resolve_amx_rows([FakeWeight("q4k")], parts) == {}
 
 
+@pytest.mark.slow
 def test_the_amx_measurement_times_both_kernels(tmp_path_factory, monkeypatch) -> None:
     """A real (small) timing on the emulation build: a finite positive ratio."""
     from tests.executor.test_cpu_kernels import isa_library

@@ -175,6 +175,7 @@ def isa_libraries(tmp_path_factory) -> dict:
     return libraries
 
 
+@pytest.mark.slow  # (kernel builds for other CPUs)
 @pytest.mark.parametrize("isa", [b for b in runnable_builds() if b != "native"])
 def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeypatch) -> None:
     """Every type dequantized and multiplied (1, 2, 4, 5 and 11 rows; float32 and integer
@@ -194,6 +195,7 @@ def test_every_format_on_every_instruction_set_build(isa_libraries, isa, monkeyp
             assert_int16_product(gemm_packed(x, packed, activation_parts=2), x, reference)
 
 
+@pytest.mark.slow  # (kernel builds for other CPUs)
 @pytest.mark.parametrize("isa", sorted({"amx-emulated", amx_build()}))
 def test_amx_tiles_give_the_vector_kernels_floats(isa, tmp_path_factory, monkeypatch) -> None:
     """gemm_amx.c against gemm_int8.c of the same build, bit for bit: every integer format,

@@ -95,6 +95,7 @@ def reference(slots, row_slots, x, y):
     return expected
 
 
+@pytest.mark.slow  # (kernel builds for other CPUs)
 @pytest.mark.parametrize("row_slots", [
     [0],  # one stream
     [0, -1, 1, 0, 3, 2, -1, 1, 3],  # mixed slots, base rows, a row on a free slot

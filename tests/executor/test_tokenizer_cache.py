@@ -14,12 +14,12 @@ from transformers import AutoTokenizer
 from pagoda.executor.loader import tokenizer as tokenizer_module
 from pagoda.executor.loader.tokenizer import TOKENIZER_CACHE_ENV, gguf_tokenizer_cache_folder
 from tests.executor.test_tokenizer import CONVERSATION, TEXTS
+from tests.executor.tiny_checkpoints import bundled_tokenizer
 
 
 @pytest.fixture(scope="module")
-def reference(bundled_gguf):
-    folder, name = os.path.split(os.path.abspath(bundled_gguf))
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+def reference():
+    return bundled_tokenizer()
 
 
 def assert_same_tokenizer(tok, reference) -> None:

@@ -112,7 +112,7 @@ def test_tensor_parallel_adapters_equal_one_process(setup) -> None:
         parallel.engine.shutdown()
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", pytest.param("draft_model", marks=pytest.mark.slow)])
 def test_speculative_decoding_verifies_with_the_adapter(setup, method, tmp_path) -> None:
     """The draft (n-grams, or the base model itself as a draft model) proposes without
     adapters; the target's verification runs each request's adapter: greedy tokens equal
@@ -191,6 +191,7 @@ def test_an_adapter_that_cannot_load_fails_its_request_alone(setup, tmp_path) ->
                                use_tqdm=False)) == expected
 
 
+@pytest.mark.slow
 def test_a_gguf_adapter_gives_its_peft_source_s_tokens(setup, tmp_path) -> None:
     """The same adapter converted by llama.cpp's convert_lora_to_gguf.py (f32): the same
     greedy tokens as the PEFT folder, the two in one batch. (One alpha for every module: a
