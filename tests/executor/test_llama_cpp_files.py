@@ -8,7 +8,7 @@ Gemma 3 270M failed to load on it), no sliding-window pattern, no rope base for 
 tokenizers of their own kinds. A tiny random checkpoint of every supported family is
 converted to f32 and q8_0 (Gemma 3 to f16 too); Pagoda's logits on each file (default mode:
 Q8_0 packed) match transformers' on the checkpoint with its weights rounded as the file stores
-them, and greedy decoding through the engine matches for the Q8_0 files of six families.
+them, and greedy decoding through the engine matches for the Q8_0 files of GREEDY_ARCHS.
 
 The converter needs a tokenizer it knows: the bundled SmolLM2 tokenizer (BPE, 49152 tokens:
 its pre-tokenizer hash is in the converter's table, and its token list is long enough to be
@@ -59,11 +59,12 @@ TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "granite": "bpe",
     "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
+    "ernie4.5": "spm", "ernie4.5-moe": "spm",  # (the converter reads only tokenizer.model)
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe", "granite-moe", "glm4-moe"]
+                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""

@@ -16,6 +16,13 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              correction bias (exp_probs_b), the first leading_dense_block_count layers dense;
              sigmoid routing without expert groups (llama.cpp's graph); no q/k permutation;
              the MTP layers after block_count - nextn_predict_layers are not loaded
+  ernie4_5   ERNIE 4.5: Llama's layout; q/k rows in adjacent-pair order, as ERNIE's own
+             (the converter does not permute them), reordered here as a llama file's are
+             (the config's rotary_rows_in_halves tells the model class not to again)
+  ernie4_5-moe  as ernie4_5; experts as qwen3moe's, shared experts (ffn_*_shexp), the
+             router's correction bias (exp_probs_b); a MoE layer every
+             interleave_moe_layer_step-th from leading_dense_block_count to the last
+             (llama.cpp's graph: the file has no end index), top-k weights renormalised
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -41,14 +48,18 @@ GGUF_ARCHITECTURES = {
     "granite": ("granite", "GraniteForCausalLM"),
     "granitemoe": ("granitemoe", "GraniteMoeForCausalLM"),
     "glm4moe": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM"),
+    "ernie4_5-moe": ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 MIXTRAL = ("mixtral", "MixtralForCausalLM")
 """A `llama` file with experts."""
-# Architectures whose q/k weights llama.cpp's converter permuted for its interleaved rotary.
-PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe"}
+# Architectures whose q/k rows are in llama.cpp's interleaved-rotary (adjacent pairs) order:
+# the converter permuted Llama's and Granite's, ERNIE's are so by design. Reordered to the
+# halves Pagoda's rotary takes at load, raw (packed) rows and decoded tensors alike.
+PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe"}
 NORM_PLUS_ONE_ARCHITECTURES = {"gemma2", "gemma3"}
 """The converter stored (1 + w) for every norm weight of these (Gemma's RMSNorm scale)."""
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -106,6 +117,11 @@ _EXPERT_NAMES = {  # {e}: the expert's index
         "ffn_down": "block_sparse_moe.experts.{e}.w2",
     },
 }
+_SHARED_EXPERT_NAMES = {
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 LAYER_NAMES = {
     "llama": _LAYER_NAMES,
     "qwen2": _LAYER_NAMES,
@@ -113,12 +129,12 @@ LAYER_NAMES = {
     "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "olmoe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"]},
     "granite": _LAYER_NAMES,
-    "glm4moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"],
+    "glm4moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], **_SHARED_EXPERT_NAMES,
                 "post_attention_norm": "post_attention_layernorm",
-                "exp_probs_b": "mlp.gate.e_score_correction_bias!",
-                "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-                "ffn_up_shexp": "mlp.shared_experts.up_proj",
-                "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+                "exp_probs_b": "mlp.gate.e_score_correction_bias!"},
+    "ernie4_5": _LAYER_NAMES,
+    "ernie4_5-moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], **_SHARED_EXPERT_NAMES,
+                     "exp_probs_b": "mlp.moe_statics.e_score_correction_bias!"},
     "granitemoe": {**_LAYER_NAMES, **_EXPERT_NAMES["granitemoe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -208,6 +224,10 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
         _granite_config(family, field, kwargs)
     elif family == "glm4moe":
         _glm4_moe_config(field, kwargs, read_tensor)
+    elif family == "ernie4_5-moe":
+        _ernie_moe_config(field, kwargs)
+    if family in ("ernie4_5", "ernie4_5-moe"):
+        kwargs["rotary_rows_in_halves"] = True  # (convert_tensor reordered them)
     elif family == "phi3":
         _phi3_config(field, kwargs, read_tensor)
     elif family in GEMMA_27B_LAYERS:
@@ -243,6 +263,17 @@ def _glm4_moe_config(field, kwargs: dict, read_tensor) -> None:
     kwargs["num_nextn_predict_layers"] = 0  # (not loaded: GGUFCheckpoint.num_layers)
     kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
     kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
+
+
+def _ernie_moe_config(field, kwargs: dict) -> None:
+    kwargs["moe_num_experts"] = int(field("expert_count", 0))
+    kwargs["moe_k"] = int(field("expert_used_count", 2))
+    kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0)
+                                          or kwargs["intermediate_size"])
+    kwargs["moe_num_shared_experts"] = int(field("expert_shared_count", 0))
+    kwargs["moe_layer_start_index"] = int(field("leading_dense_block_count", 0))
+    kwargs["moe_layer_interval"] = int(field("interleave_moe_layer_step", 1))
+    kwargs["moe_layer_end_index"] = kwargs["num_hidden_layers"] - 1
 
 
 def _phi3_config(field, kwargs: dict, read_tensor) -> None:

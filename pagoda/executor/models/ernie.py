@@ -6,7 +6,9 @@ Llama blocks whose difference is the rotary layout:
   ... (GPT-J's layout) where Pagoda's RotaryEmbedding rotates the two halves. Attention
   scores do not change when q and k are permuted alike, so the q and k weight rows
   are reordered at load, evens first then odds per head (`unpermute_rotary`, the same
-  reordering llama.cpp's Llama converter needs undone), and the halves rotate as pairs did;
+  reordering llama.cpp's Llama converter needs undone), and the halves rotate as pairs did.
+  A GGUF file's rows are reordered by the GGUF loader instead (packed rows included, which
+  never reach load_weights): its config says `rotary_rows_in_halves`;
 - no biases (`use_bias`, which no released model sets, is refused).
 
 The MoE model's layers from moe_layer_start_index to moe_layer_end_index, every
@@ -40,7 +42,10 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
         """Each layer's MLP by index; None (the dense model's): a LlamaMLP everywhere."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(half_rotary(self.renamed(weights), self.config))
+        weights = self.renamed(weights)
+        if not getattr(self.config, "rotary_rows_in_halves", False):
+            weights = half_rotary(weights, self.config)
+        super().load_weights(weights)
 
     def renamed(self, weights):
         """The checkpoint's names where they differ from the modules' (none)."""

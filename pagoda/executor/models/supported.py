@@ -17,7 +17,7 @@ HF_ARCHITECTURES = (
 )
 """config.json `architectures` of a Hugging Face folder."""
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "granite", "granitemoe",
-                      "glm4moe", "phi3", "gemma2", "gemma3")
+                      "glm4moe", "ernie4_5", "ernie4_5-moe", "phi3", "gemma2", "gemma3")
 """GGUF `general.architecture` (a `llama` file with experts is Mixtral)."""
 
 
