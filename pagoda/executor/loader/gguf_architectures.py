@@ -224,10 +224,8 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
         _granite_config(family, field, kwargs)
     elif family == "glm4moe":
         _glm4_moe_config(field, kwargs, read_tensor)
-    elif family == "ernie4_5-moe":
-        _ernie_moe_config(field, kwargs)
-    if family in ("ernie4_5", "ernie4_5-moe"):
-        kwargs["rotary_rows_in_halves"] = True  # (convert_tensor reordered them)
+    elif family in ("ernie4_5", "ernie4_5-moe"):
+        _ernie_config(family, field, kwargs)
     elif family == "phi3":
         _phi3_config(field, kwargs, read_tensor)
     elif family in GEMMA_27B_LAYERS:
@@ -265,7 +263,10 @@ def _glm4_moe_config(field, kwargs: dict, read_tensor) -> None:
     kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
 
 
-def _ernie_moe_config(field, kwargs: dict) -> None:
+def _ernie_config(family: str, field, kwargs: dict) -> None:
+    kwargs["rotary_rows_in_halves"] = True  # (convert_tensor reordered them: ernie.py)
+    if family != "ernie4_5-moe":
+        return
     kwargs["moe_num_experts"] = int(field("expert_count", 0))
     kwargs["moe_k"] = int(field("expert_used_count", 2))
     kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0)
