@@ -77,5 +77,5 @@ def _covered(module: nn.Module) -> bool:
     if isinstance(module, PackedLinear):  # float32 on the packed weight alone
         return bool(module.segments) and module.takes_float32
     if isinstance(module, Attention):
-        return module.logit_softcap is None
+        return module.logit_softcap is None and module.sinks is None
     return isinstance(module, SWITCHED) or type(module) in STRUCTURAL

@@ -1,6 +1,7 @@
 """The torch attention backend against naive per-sequence attention, on a paged cache with
 scattered blocks, stale values in unused rows, and mixed decode / prefill / chunked steps;
-layers with their own window and soft-capping (Gemma) on one step's metadata."""
+layers with their own window and soft-capping (Gemma) or sinks (gpt-oss) on one step's
+metadata."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pagoda.executor.attention.torch_backend import TorchAttentionBackend, write
 BLOCK_SIZE, NUM_BLOCKS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 48, 6, 2, 8
 
 
-def reference_attention(q, keys, values, first_pos, window, softcap=None):
+def reference_attention(q, keys, values, first_pos, window, softcap=None, sinks=None):
     """q (Q, H, D) at positions first_pos.., keys/values (seq_len, Hkv, D) -> (Q, H, D),
-    in float32."""
+    in float32; `sinks` (H,): each head's extra softmax column, dropped after it."""
     q, keys, values = q.float(), keys.float(), values.float()
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1)  # (L, H, D)
@@ -29,15 +30,20 @@ def reference_attention(q, keys, values, first_pos, window, softcap=None):
     if window is not None:
         allowed &= q_pos - k_pos < window
     scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
+    sink_column = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+    probs = torch.cat((scores, sink_column), dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hql,lhd->qhd", probs, v)
 
 
 def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
              dtype=torch.float32, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM), block_size=BLOCK_SIZE,
              num_blocks=NUM_BLOCKS, layers=None):
     """seqs: (num_computed, num_scheduled) per sequence. Returns (backend output, reference);
-    heads: (query heads, KV heads, head dim). `layers`: (window, softcap) of each layer called
-    on the step's one metadata (window None: the backend's); returns a list of pairs then."""
+    heads: (query heads, KV heads, head dim). `layers`: (window, softcap[, sinks]) of each
+    layer called on the step's one metadata (window None: the backend's); returns a list of
+    pairs then."""
     num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -64,12 +70,14 @@ def run_step(seqs, window=None, seed=0, backend_class=TorchAttentionBackend,
     k = torch.cat([full_k[i][c:] for i, (c, _) in enumerate(seqs)])
     v = torch.cat([full_v[i][c:] for i, (c, _) in enumerate(seqs)])
     results = []
-    for layer_window, softcap in layers or [(None, None)]:
+    for layer_window, softcap, *sinks in layers or [(None, None)]:
+        sinks = sinks[0] if sinks else None
         out = backend.forward(q, k, v, kv_cache, metadata, head_dim**-0.5,
-                              window=layer_window, softcap=softcap)
+                              window=layer_window, softcap=softcap, sinks=sinks)
         expected = torch.cat([
             reference_attention(q_rows, full_k[i], full_v[i], seqs[i][0],
-                                window if layer_window is None else layer_window, softcap)
+                                window if layer_window is None else layer_window, softcap,
+                                sinks)
             for i, q_rows in enumerate(q.split(scheduled.tolist()))
         ])
         results.append((out, expected))
@@ -155,6 +163,29 @@ def test_softcap_bends_the_scores() -> None:
 def test_softcapped_prefill_takes_query_rows_in_slices(monkeypatch) -> None:
     from pagoda.executor.attention import torch_backend
 
-    monkeypatch.setattr(torch_backend, "SOFTCAP_SCORES_PER_SLICE", 64)  # a few rows a slice
+    monkeypatch.setattr(torch_backend, "EXPLICIT_SCORES_PER_SLICE", 64)  # a few rows a slice
     (out, expected), = run_step([(3, 17), (0, 11)], seed=6, layers=[(4, 2.0)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+SINKS = torch.tensor([2.0, -1.0, 0.5, 3.0, -4.0, 1.0])  # (NUM_HEADS,): some outweigh the scores
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(13, 1), (0, 1), (6, 1)],  # decodes only
+        [(13, 1), (2, 9), (0, 12), (9, 1)],  # decodes, a chunk after a prefix, a prompt
+        [(0, 9), (0, 4)],  # prompts from position 0 (explicit, never is_causal)
+    ],
+)
+def test_sinks_take_their_share_of_each_row(seqs) -> None:
+    """gpt-oss's layers: global and sliding (window 5) with per-head sinks, beside a plain
+    and a soft-capped one, each against naive attention with the sink column; and the sinks
+    change the result (a sink that is ignored would fail here)."""
+    layers = [(None, None, SINKS), (5, None, SINKS), (None, None), (5, 2.0, SINKS)]
+    results = run_step(seqs, seed=7, layers=layers)
+    for (out, expected), layer in zip(results, layers):
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"layer {layer[:2]}")
+    (with_sinks, _), _, (plain, _), _ = results
+    assert (with_sinks - plain).abs().max() > 1e-2

@@ -270,14 +270,17 @@ def test_kernel_attention_sliding_window(dtype) -> None:
 @pytest.mark.parametrize("seqs", [[(50, 1), (9, 1), (30, 1)], [(50, 1), (9, 1), (2, 9)]])
 def test_kernel_attention_takes_each_layers_window(seqs) -> None:
     """Gemma's interleaved layers: global and sliding layers on one step's metadata, the
-    decodes through the kernel with the layer's window; a soft-capped layer (which the kernel
-    cannot do) through the torch path."""
-    layers = [(None, None), (20, None), (None, 3.0), (20, 3.0)]
+    decodes through the kernel with the layer's window; soft-capped layers and layers with
+    sinks (gpt-oss), which the kernel cannot do, through the torch path."""
+    sinks = torch.tensor([1.0, -2.0, 3.0, 0.0])
+    layers = [(None, None), (20, None), (None, 3.0), (20, 3.0), (20, None, sinks),
+              (None, None, sinks)]
     results = run_step(seqs, seed=3, backend_class=CpuKernelAttentionBackend,
                        dtype=torch.float32, heads=(4, 2, 32), block_size=16, num_blocks=64,
                        layers=layers)
     for (out, expected), layer in zip(results, layers):
-        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4, msg=f"layer {layer}")
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4,
+                                   msg=f"layer {layer[:2]}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, indirect=True)

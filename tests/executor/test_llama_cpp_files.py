@@ -57,14 +57,14 @@ SPM_VOCAB = 384
 TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "llama": "bpe", "llama3.1-rope": "bpe", "smollm-tied": "bpe", "mistral": "bpe",
     "mixtral": "bpe", "qwen3": "bpe", "qwen3-moe": "bpe", "olmoe": "bpe", "granite": "bpe",
-    "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe",
+    "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe", "gpt-oss": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
     "ernie4.5": "spm", "ernie4.5-moe": "spm",  # (the converter reads only tokenizer.model)
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe"]
+                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""
@@ -173,12 +173,14 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
         assert len(shape) >= 2, tensor.name  # (a norm would need its 1 + w rounded)
         for name in hf_tensor_names(checkpoint.family, tensor.name, shape,
                                     checkpoint.num_experts):
-            if name not in state:  # Granite MoE's experts, stacked in the checkpoint
-                name = granite_stacked_name(name)
+            if name not in state:  # Granite MoE's and gpt-oss's experts, stacked
+                name, input_major = stacked_name(name)
                 if name in rounded:
-                    continue  # input_linear holds both ffn_gate_exps and ffn_up_exps
-                rows = state[name].reshape(-1, state[name].shape[-1])  # Q8_0 blocks: in rows
-                state[name] = round_trip(rows, tensor.tensor_type).reshape(state[name].shape)
+                    continue  # one stacked tensor holds both ffn_gate_exps and ffn_up_exps
+                stacked = state[name].transpose(-1, -2) if input_major else state[name]
+                rows = stacked.reshape(-1, stacked.shape[-1])  # Q8_0 blocks: in rows
+                stacked = round_trip(rows, tensor.tensor_type).reshape(stacked.shape)
+                state[name] = (stacked.transpose(-1, -2) if input_major else stacked).contiguous()
             else:
                 state[name] = round_trip(state[name], tensor.tensor_type)
             rounded.add(name)
@@ -188,11 +190,17 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
     return AutoModelForCausalLM.from_pretrained(out_folder, dtype=torch.float32).eval()
 
 
-def granite_stacked_name(expert_name: str) -> str:
-    """model.layers.{l}.block_sparse_moe.experts.{e}.{gate,up,down}_proj.weight -> the
-    checkpoint's stacked tensor of that layer (input_linear: gate and up; output_linear)."""
+def stacked_name(expert_name: str) -> tuple[str, bool]:
+    """model.layers.{l}.<mlp>.experts.{e}.{gate,up,down}_proj.weight -> the checkpoint's
+    stacked tensor of that layer holding it, and whether that tensor is input-major
+    ((experts, in, out): the file's rows are its columns). Granite MoE: input_linear (gate
+    and up) and output_linear, (experts, out, in); gpt-oss: gate_up_proj (gate and up
+    interleaved) and down_proj, input-major."""
     prefix = expert_name.split(".experts.")[0]
-    return f"{prefix}.{'output' if expert_name.endswith('down_proj.weight') else 'input'}_linear.weight"
+    down = expert_name.endswith("down_proj.weight")
+    if prefix.endswith(".block_sparse_moe"):
+        return f"{prefix}.{'output' if down else 'input'}_linear.weight", False
+    return f"{prefix}.experts.{'down_proj' if down else 'gate_up_proj'}", True
 
 
 def round_trip(weight: torch.Tensor, qtype) -> torch.Tensor:

@@ -40,6 +40,7 @@ GGUF_SETTINGS = {
     "qwen3-moe": {"mlp_only_layers": [], "norm_topk_prob": True},  # llama.cpp renormalises
     "olmoe": {"clip_qkv": None},  # llama.cpp's converter writes no clamp, its graph has none
     "glm4-moe": {"n_group": 1, "topk_group": 1},  # llama.cpp's graph has no expert groups
+    "gpt-oss": {"swiglu_limit": 7.0},  # llama.cpp's graph: the published clamp, not the file's
 }
 
 
@@ -97,11 +98,12 @@ def greedy_reference(model, prompt: list[int], num_tokens: int) -> tuple[list[in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", [*FAMILIES, "gpt-oss"])
 def test_greedy_decoding_through_the_paged_cache_matches_transformers(arch, tmp_path) -> None:
     """The engine end to end on a tiny folder (the bundled tokenizer only for the engine's
     start; prompts are token ids): 4-token blocks, chunked prefill of 16 tokens a step, so
-    prompts longer than the windows (8 for Gemma, 16 for Phi-3 and Mixtral) are computed
+    prompts longer than the windows (8 for Gemma and gpt-oss, 16 for Phi-3 and Mixtral;
+    gpt-oss's sinks in decode steps and chunks alike) are computed
     in chunks beside other sequences' decode steps, then decoded through the cache."""
     from pagoda.executor.loader.model_files import bundled_model_path
 

@@ -21,6 +21,8 @@ from transformers import (
     Gemma3TextConfig,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     GraniteMoeConfig,
@@ -118,7 +120,18 @@ ARCHITECTURES = {
          "use_qk_norm": True, "attention_bias": True, "partial_rotary_factor": 0.5,
          "tie_word_embeddings": False},
     ),
-    # Granite's four scalars away from 1, so that each one's place shows.
+    # gpt-oss: sliding (window 8) and global layers, sinks, YaRN from a 64-token original
+    # context; a swiglu_limit low enough to clamp the tiny model's gate and up.
+    "gpt-oss": (
+        GptOssConfig, GptOssForCausalLM,
+        {"head_dim": 16, "num_hidden_layers": 3, "intermediate_size": 32,
+         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+         "swiglu_limit": 1.0,
+         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                             "original_max_position_embeddings": 64}},
+    ),
+        # Granite's four scalars away from 1, so that each one's place shows.
     "granite": (
         GraniteConfig, GraniteForCausalLM,
         {"embedding_multiplier": 6.0, "attention_multiplier": 0.05, "residual_multiplier": 0.3,

@@ -99,9 +99,12 @@ class AttentionBackend(ABC):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query (num_tokens, num_heads, head_dim); key, value (num_tokens, num_kv_heads, head_dim);
         returns (num_tokens, num_heads, head_dim).
 
         `window`: the calling layer's sliding window, None for the backend's own
-        (`self.sliding_window`); `softcap`: tanh soft-capping of the scores (Gemma 2)."""
+        (`self.sliding_window`); `softcap`: tanh soft-capping of the scores (Gemma 2);
+        `sinks` (num_heads,): a learned logit per head that joins each row's softmax and is
+        dropped after it (gpt-oss)."""

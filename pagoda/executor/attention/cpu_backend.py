@@ -112,34 +112,38 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A decode-only step is one kernel call that also writes the step's K/V; anything
         else goes the torch backend's way (cache write, then a call per group). The kernel
-        has no soft-capping: layers with it (Gemma 2) take the torch path throughout."""
+        has no soft-capping and no sinks: layers with them (Gemma 2, gpt-oss) take the torch
+        path throughout."""
         window = self.sliding_window if window is None else window
         groups = metadata.backend_data
+        explicit = softcap is not None or sinks is not None
         if self.batch_invariant:
-            if softcap is not None:
-                raise ValueError("batch-invariant attention has no soft-capping")
+            if explicit:
+                raise ValueError("batch-invariant attention has no soft-capping and no sinks")
             write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
             group = groups[0]
             return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
                                    group.key_lens, scale, window)
-        if softcap is None and len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
+        if not explicit and len(groups) == 1 and isinstance(groups[0], KernelDecodeGroup) and (
                 groups[0].query_token_index is None):
             group = groups[0]
             return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
                                    group.seq_lens, scale, window,
                                    new_keys=(key, value, metadata.slot_mapping))
         return super().forward(query, key, value, kv_cache, metadata, scale,
-                               window=window, softcap=softcap)
+                               window=window, softcap=softcap, sinks=sinks)
 
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if softcap is not None:
-            return super().decode(query, kv_cache, group, scale, window, softcap)
+        if softcap is not None or sinks is not None:
+            return super().decode(query, kv_cache, group, scale, window, softcap, sinks)
         return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
                                group.seq_lens, scale, window)
 

@@ -16,6 +16,7 @@ from torch import nn
 from pagoda.executor.attention.backend import AttentionBackend
 from pagoda.executor.attention.kv_quant import QuantizedKVCache, rotate_keys
 from pagoda.executor.forward_context import get_forward_context
+from pagoda.executor.layers.linear import default_weight_loader
 
 _layers: weakref.WeakValueDictionary[int, Attention] = weakref.WeakValueDictionary()
 _next_layer_id = itertools.count()
@@ -24,16 +25,23 @@ _next_layer_id = itertools.count()
 class Attention(nn.Module):
     """`sliding_window`: this layer's window, for models that mix windowed and global layers
     (Gemma 2/3); None takes the backend's, the model-wide window the runner set (Mistral).
-    `logit_softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
+    `logit_softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
+    `sinks`: the layer has `sinks` (num_heads,), a learned logit per head that takes a share
+    of each row's softmax (gpt-oss; the checkpoint fills it)."""
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
         sliding_window: int | None = None, logit_softcap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window, self.logit_softcap = sliding_window, logit_softcap
+        self.sinks = None
+        if sinks:
+            self.sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False)
+            self.sinks.weight_loader = default_weight_loader
         # Bound by the model runner once the paged cache is allocated:
         # kv_cache shaped by the backend's kv_cache_shape().
         self.kv_cache: torch.Tensor | None = None
@@ -57,7 +65,8 @@ class Attention(nn.Module):
         if isinstance(self.kv_cache, QuantizedKVCache):  # keys stored rotated (kv_quant.py)
             q, k = rotate_keys(q), rotate_keys(k)
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,
-                                   window=self.sliding_window, softcap=self.logit_softcap)
+                                   window=self.sliding_window, softcap=self.logit_softcap,
+                                   sinks=self.sinks)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
 

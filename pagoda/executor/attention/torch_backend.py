@@ -23,8 +23,12 @@ long prompt in the batch does not pad every decode row to its length:
     it may attend to key positions             j <= p, j < seq_len[s]  (and p - j < window)
 
 Decodes run as two batched matmuls over (kv_head x sequence) rows; prefills as one padded
-scaled_dot_product_attention call, or, with soft-capped scores (Gemma 2, which SDPA cannot
-do), as explicit matmuls over slices of query rows.
+scaled_dot_product_attention call, or, with soft-capped scores (Gemma 2) or attention sinks
+(gpt-oss), which SDPA cannot do, as explicit matmuls over slices of query rows.
+
+A sink is a learned logit per query head that joins every row's softmax as one more
+column and is then dropped: it takes a share of the probability mass, so a row may attend
+to nothing much (out = sum_j p_j v_j with sum_j p_j < 1).
 
 A layer may bring its own window (models that interleave windowed and global layers): each
 group builds the mask of a window the first time a layer asks for it in the step, and the
@@ -187,6 +191,7 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         window = self.sliding_window if window is None else window
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
@@ -197,13 +202,13 @@ class TorchAttentionBackend(AttentionBackend):
         for group in groups:
             q = query if group.query_token_index is None else query[group.query_token_index]
             if group.max_query_len == 1:
-                out = self.decode(q, kv_cache, group, scale, window, softcap)
+                out = self.decode(q, kv_cache, group, scale, window, softcap, sinks)
                 if output is None:
                     return out
                 output[group.output_token_index] = out
             else:
                 output[group.output_token_index] = self.prefill(
-                    q, kv_cache, group, scale, window, softcap)
+                    q, kv_cache, group, scale, window, softcap, sinks)
         return output
 
     @staticmethod
@@ -229,19 +234,21 @@ class TorchAttentionBackend(AttentionBackend):
     def prefill(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The prefill group's attention: query (S * max_query_len, H, D), padded rows
         included -> (valid rows, H, D), one padded scaled_dot_product_attention call (explicit
-        matmuls with soft-capping)."""
+        matmuls with soft-capping or sinks)."""
         num_kv_heads, head_dim = kv_cache.shape[1], kv_cache.shape[4]
         k, v = self._gather(kv_cache, group, query.dtype)
         s, q_len, num_heads = group.num_seqs, group.max_query_len, query.shape[1]
         q = query.view(s, q_len, num_heads, head_dim).transpose(1, 2)  # (S, H, Q, D)
         k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
         v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
-        mask = self.mask(group, window, explicit=softcap is not None)
-        if softcap is not None:
-            out = _softcapped_attention(q, k, v, mask, scale, softcap)
+        explicit = softcap is not None or sinks is not None
+        mask = self.mask(group, window, explicit=explicit)
+        if explicit:
+            out = _explicit_attention(q, k, v, mask, scale, softcap, sinks)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
@@ -252,12 +259,13 @@ class TorchAttentionBackend(AttentionBackend):
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decode group's attention: query (S, H, D) -> (S, H, D). Gathers each
         sequence's key/value tiles, then two batched matmuls (`_decode_attention`)."""
         k, v = self._gather(kv_cache, group, query.dtype)
         mask = self.mask(group, window)
-        return _decode_attention(query, k, v, mask, scale, kv_cache.shape[1], softcap)
+        return _decode_attention(query, k, v, mask, scale, kv_cache.shape[1], softcap, sinks)
 
 
 def write_kv_cache(
@@ -289,9 +297,11 @@ def _decode_attention(
     scale: float,
     num_kv_heads: int,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence as two batched matmuls (the fused CPU kernel is slow for
-    a single query row). query (S, H, D); key/value (Hkv * S, L, D); mask (S, L) additive.
+    a single query row). query (S, H, D); key/value (Hkv * S, L, D); mask (S, L) additive;
+    sinks (H,) or None.
 
     Query heads are grouped by the KV head they share: rows (Hkv * S, group, D)."""
     num_seqs, num_heads, head_dim = query.shape
@@ -303,41 +313,55 @@ def _decode_attention(
     if softcap is not None:
         scores = scores.div_(softcap).tanh_().mul_(softcap)
     scores = scores.add_(mask[:, None, :])
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(num_kv_heads * num_seqs, group, -1)
+    probs = _softmax(scores, sinks, (num_kv_heads, 1, group, 1)).to(value.dtype)
+    probs = probs.reshape(num_kv_heads * num_seqs, group, -1)
     out = torch.bmm(probs, value)  # (Hkv * S, G, D)
     return out.view(num_kv_heads, num_seqs, num_heads // num_kv_heads, head_dim).transpose(0, 1).reshape(
         num_seqs, num_heads, head_dim
     )
 
 
-SOFTCAP_SCORES_PER_SLICE = 1 << 24
-"""Float32 scores the soft-capped prefill holds at once (64 MiB): query rows are taken in
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None, sink_shape: tuple) -> torch.Tensor:
+    """softmax over the last dim of float32 `scores`; with `sinks` (H,), each row's head's
+    sink (viewed as `sink_shape`, broadcast to the rows) joins the softmax as one more
+    column, then is dropped (the module docstring)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().view(sink_shape).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+
+
+EXPLICIT_SCORES_PER_SLICE = 1 << 24
+"""Float32 scores the explicit prefill holds at once (64 MiB): query rows are taken in
 slices of this size, so a long prompt does not need its whole (H, Q, L) score tensor."""
 
 
-def _softcapped_attention(
+def _explicit_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
-    scale: float, softcap: float,
+    scale: float, softcap: float | None, sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention with scores softcap * tanh(scale * q.k / softcap), in Hugging Face's order
-    (scale, cap, then mask), softmax in float32. query (S, H, Q, D); key/value (S, Hkv, L, D);
+    """Attention with the scores written out: scale * q.k, then softcap * tanh(s / softcap)
+    where `softcap`, in Hugging Face's order (scale, cap, then mask), softmax in float32
+    with `sinks` (H,) where given. query (S, H, Q, D); key/value (S, Hkv, L, D);
     allowed (S, 1, Q, L) bool -> (S, H, Q, D)."""
     num_seqs, num_heads, q_len, head_dim = query.shape
     num_kv_heads, num_keys = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads
     q = query.reshape(num_seqs, num_kv_heads, group, q_len, head_dim)
     out = torch.empty_like(query).view(num_seqs, num_kv_heads, group, q_len, head_dim)
-    rows = max(1, SOFTCAP_SCORES_PER_SLICE // (num_seqs * num_heads * num_keys))
+    rows = max(1, EXPLICIT_SCORES_PER_SLICE // (num_seqs * num_heads * num_keys))
     for start in range(0, q_len, rows):
         end = min(q_len, start + rows)
         # (S, Hkv, G * rows, D) @ (S, Hkv, D, L): the query heads sharing a KV head together
         q_slice = q[:, :, :, start:end].reshape(num_seqs, num_kv_heads, -1, head_dim)
         scores = torch.matmul(q_slice, key.transpose(-1, -2)).float()
         scores = scores.view(num_seqs, num_kv_heads, group, end - start, num_keys)
-        scores = scores.mul_(scale).div_(softcap).tanh_().mul_(softcap)
+        scores = scores.mul_(scale)
+        if softcap is not None:
+            scores = scores.div_(softcap).tanh_().mul_(softcap)
         scores.masked_fill_(~allowed[:, :, None, start:end], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(value.dtype)
-        probs = probs.view(num_seqs, num_kv_heads, -1, num_keys)
+        probs = _softmax(scores, sinks, (1, num_kv_heads, group, 1, 1)).to(value.dtype)
+        probs = probs.reshape(num_seqs, num_kv_heads, -1, num_keys)
         out[:, :, :, start:end] = torch.matmul(probs, value).view(
             num_seqs, num_kv_heads, group, end - start, head_dim)
     return out.view(num_seqs, num_heads, q_len, head_dim)

@@ -31,6 +31,21 @@ class GeluTanhAndMul(nn.Module):
         return F.gelu(gate, approximate="tanh") * up
 
 
+class ClampedSwigluAndMul(nn.Module):
+    """gpt-oss's gated activation: x (..., 2 * d) holding [gate | up] ->
+    (up + 1) * g * sigmoid(alpha * g), (..., d), with g = min(gate, limit) and up clamped to
+    [-limit, limit]."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        return (up.clamp(-self.limit, self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
 GATED_ACTIVATIONS = {
     "silu": SiluAndMul,
     "gelu_pytorch_tanh": GeluTanhAndMul,

@@ -43,15 +43,20 @@ _next_block_id = itertools.count()
 
 
 class Router(nn.Module):
-    """logits = x W^T, W (num_experts, hidden). Not a `Linear`, so never quantized."""
+    """logits = x W^T (+ b), W (num_experts, hidden), b (num_experts,) where `bias`
+    (gpt-oss). Not a `Linear`, so never quantized."""
 
-    def __init__(self, hidden_size: int, num_experts: int) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.weight.weight_loader = default_weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+            self.bias.weight_loader = default_weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class CorrectionBiasRouter(Router):
@@ -103,7 +108,8 @@ class SparseMoeBlock(nn.Module):
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
     1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
     `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
-    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3). `shared_experts`, where given, is
+    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3). `router`: one of the block's own
+    (a CorrectionBiasRouter, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
     an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
@@ -111,7 +117,7 @@ class SparseMoeBlock(nn.Module):
     def __init__(
         self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
         weights_in_run_dtype: bool = False, softmax_after_top_k: bool = False,
-        router: CorrectionBiasRouter | None = None, shared_experts: nn.Module | None = None,
+        router: Router | None = None, shared_experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= len(experts):

@@ -46,7 +46,8 @@ def _routing(block: nn.Module) -> dict | None:
     is not a float32 matrix. A subclass's extra steps (Granite's output multiplier) are its
     caller's to check."""
     router = block.gate
-    if router.weight.dtype != torch.float32 or not router.weight.is_contiguous():
+    if (router.weight.dtype != torch.float32 or not router.weight.is_contiguous()
+            or getattr(router, "bias", None) is not None):  # kernels.h's routers have no bias
         return None
     bias = getattr(router, "e_score_correction_bias", None)
     if bias is not None:  # a CorrectionBiasRouter

@@ -23,6 +23,10 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              router's correction bias (exp_probs_b); a MoE layer every
              interleave_moe_layer_step-th from leading_dense_block_count to the last
              (llama.cpp's graph: the file has no end index), top-k weights renormalised
+  gpt-oss    experts as qwen3moe's, with biases (ffn_*_exps.bias, stacked (experts, out));
+             the router's bias (ffn_gate_inp.bias); sinks (attn_sinks); every other layer
+             sliding from the first (llama.cpp's graph); YaRN without truncation (the
+             family's, which the file does not say); no q/k permutation
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -50,6 +54,7 @@ GGUF_ARCHITECTURES = {
     "glm4moe": ("glm4_moe", "Glm4MoeForCausalLM"),
     "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM"),
     "ernie4_5-moe": ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -135,6 +140,9 @@ LAYER_NAMES = {
     "ernie4_5": _LAYER_NAMES,
     "ernie4_5-moe": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], **_SHARED_EXPERT_NAMES,
                      "exp_probs_b": "mlp.moe_statics.e_score_correction_bias!"},
+    "gpt-oss": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], "ffn_gate_inp": "mlp.router",
+                "post_attention_norm": "post_attention_layernorm",
+                "attn_sinks": "self_attn.sinks!"},
     "granitemoe": {**_LAYER_NAMES, **_EXPERT_NAMES["granitemoe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -155,7 +163,8 @@ def family_of(architecture: str, num_experts: int) -> str:
 
 def hf_tensor_names(family: str, gguf_name: str, shape: tuple, num_experts: int) -> list[str] | None:
     """The Hugging Face names a GGUF tensor holds: one, or one per expert for a stacked
-    expert tensor (shape (experts, out, in)); None for a name this family does not have."""
+    expert tensor (shape (experts, out, in), a bias (experts, out)); None for a name this
+    family does not have."""
     if gguf_name in GLOBAL_NAMES:
         return [GLOBAL_NAMES[gguf_name]]
     match = _LAYER_TENSOR.match(gguf_name)
@@ -171,7 +180,9 @@ def hf_tensor_names(family: str, gguf_name: str, shape: tuple, num_experts: int)
         return None if expert is not None else [f"{prefix}{target}.{kind}"]
     if expert is not None:  # one expert's own tensor
         return [f"{prefix}{target.format(e=expert)}.{kind}"]
-    if part in ("ffn_gate", "ffn_up", "ffn_down") or len(shape) != 3 or shape[0] != num_experts:
+    stacked_dims = 2 if kind == "bias" else 3
+    if part in ("ffn_gate", "ffn_up", "ffn_down") or len(shape) != stacked_dims or (
+            shape[0] != num_experts):
         return None
     return [f"{prefix}{target.format(e=e)}.{kind}" for e in range(num_experts)]
 
@@ -226,6 +237,8 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
         _glm4_moe_config(field, kwargs, read_tensor)
     elif family in ("ernie4_5", "ernie4_5-moe"):
         _ernie_config(family, field, kwargs)
+    elif family == "gpt-oss":
+        _gpt_oss_config(field, kwargs, read_tensor)
     elif family == "phi3":
         _phi3_config(field, kwargs, read_tensor)
     elif family in GEMMA_27B_LAYERS:
@@ -275,6 +288,20 @@ def _ernie_config(family: str, field, kwargs: dict) -> None:
     kwargs["moe_layer_start_index"] = int(field("leading_dense_block_count", 0))
     kwargs["moe_layer_interval"] = int(field("interleave_moe_layer_step", 1))
     kwargs["moe_layer_end_index"] = kwargs["num_hidden_layers"] - 1
+
+
+def _gpt_oss_config(field, kwargs: dict, read_tensor) -> None:
+    kwargs["num_local_experts"] = int(field("expert_count", 0))
+    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 4))
+    kwargs["intermediate_size"] = int(field("expert_feed_forward_length", None)
+                                      or kwargs["intermediate_size"])
+    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
+    kwargs["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                             for i in range(kwargs["num_hidden_layers"])]
+    rope = kwargs.pop("rope_scaling", None)
+    if rope is not None:  # gpt-oss's YaRN keeps the blend's ends unrounded
+        kwargs["rope_parameters"] = {**rope, "rope_theta": kwargs["rope_theta"],
+                                     "truncate": False}
 
 
 def _phi3_config(field, kwargs: dict, read_tensor) -> None:

@@ -43,12 +43,14 @@ def head_dim_of(config) -> int:
 
 class LlamaAttention(nn.Module):
     """Gemma's settings come in as keywords: `scale` (default head_dim ** -0.5), a per-layer
-    `sliding_window`, `logit_softcap`, `o_bias` and the class of the q/k norms."""
+    `sliding_window`, `logit_softcap`, `o_bias` and the class of the q/k norms; gpt-oss's
+    `sinks` (attention/layer.py)."""
 
     def __init__(
         self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, *,
         scale: float | None = None, sliding_window: int | None = None,
         logit_softcap: float | None = None, o_bias: bool = False, norm_class: type = RMSNorm,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -65,7 +67,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(
             self.num_heads, self.num_kv_heads, self.head_dim,
             self.head_dim**-0.5 if scale is None else scale,
-            sliding_window=sliding_window, logit_softcap=logit_softcap,
+            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
         )
         self.qk_v_sizes = [q_size + kv_size, kv_size]  # q and k heads are rotated together
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from pagoda.executor.models.ernie import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
 from pagoda.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from pagoda.executor.models.gpt_oss import GptOssForCausalLM
 from pagoda.executor.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from pagoda.executor.models.llama import (
     LlamaForCausalLM,
@@ -35,6 +36,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)

@@ -1,0 +1,117 @@
+"""OpenAI's gpt-oss (GptOssForCausalLM): Llama blocks with
+
+- attention with a bias on q/k/v and o, a learned sink logit per head (`self_attn.sinks`,
+  attention/torch_backend.py), and sliding-window ("sliding_attention") layers interleaved
+  with global ones by `config.layer_types`;
+- YaRN rotary (rope_scaling.py; `truncate` false);
+- every layer a sparse MoE: a router with a bias, top-k of its logits then softmax over
+  them (SparseMoeBlock's softmax_after_top_k), experts with biased projections and a
+  clamped SwiGLU (layers/activation.py: ClampedSwigluAndMul).
+
+The checkpoint stores each layer's experts as stacked tensors, input-major:
+
+    mlp.experts.gate_up_proj       (E, hidden, 2 * I)  columns interleaved: gate, up, gate, ...
+    mlp.experts.gate_up_proj_bias  (E, 2 * I)          interleaved alike
+    mlp.experts.down_proj          (E, I, hidden)
+    mlp.experts.down_proj_bias     (E, hidden)
+    mlp.router.weight / .bias      (E, hidden) / (E,)  -> mlp.gate
+
+`load_weights` splits them into experts.{e}.gate_up_proj ([gate | up] rows, Pagoda's
+MergedLinear layout) and experts.{e}.down_proj.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from pagoda.executor.layers.activation import ClampedSwigluAndMul
+from pagoda.executor.layers.linear import Linear, MergedLinear
+from pagoda.executor.layers.moe import Router, SparseMoeBlock
+from pagoda.executor.models.gemma import SLIDING, layer_types
+from pagoda.executor.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
+
+
+class GptOssAttention(LlamaAttention):
+    """LlamaAttention with a bias on o_proj and a sink per head (the layer's Attention holds
+    it: self_attn.attn.sinks)."""
+
+    def __init__(self, config, rotary, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__(config, rotary, qkv_bias, qk_norm, o_bias=qkv_bias, sinks=True)
+
+
+class GptOssExpert(nn.Module):
+    """down(clamped_swiglu(gate_up(x))), both projections with a bias."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size}, bias=True)
+        self.down_proj = Linear(size, config.hidden_size, bias=True)
+        self.act = ClampedSwigluAndMul(config.swiglu_alpha, config.swiglu_limit)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    """gpt-oss (see the module docstring)."""
+
+    def build_model(self, config, max_position: int) -> nn.Module:
+        def make_mlp(index: int) -> nn.Module:
+            experts = [GptOssExpert(config) for _ in range(config.num_local_experts)]
+            return SparseMoeBlock(
+                config.hidden_size, experts, config.num_experts_per_tok, normalize_top_k=False,
+                softmax_after_top_k=True,
+                router=Router(config.hidden_size, config.num_local_experts, bias=True))
+
+        model = LlamaModel(config, bool(config.attention_bias), False, max_position, make_mlp,
+                           attention_class=GptOssAttention)
+        for layer, kind in zip(model.layers, layer_types(config)):
+            layer.self_attn.attn.sliding_window = (
+                config.sliding_window if kind == SLIDING else None)
+        return model
+
+    @property
+    def sliding_window(self) -> int | None:
+        return None  # each sliding layer's attention carries the window
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(per_expert(weights))
+
+
+def per_expert(weights: Iterable[tuple[str, torch.Tensor]]
+               ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's names and stacked experts as the modules take them (the module
+    docstring). A GGUF file's experts come one by one already (experts.{e}.gate_proj, ...:
+    STACKED_PARAMS fuses them) and pass through."""
+    for name, tensor in weights:
+        prefix, _, last = name.rpartition(".")
+        if name.endswith(".self_attn.sinks"):
+            yield f"{prefix}.attn.sinks", tensor
+        elif prefix.endswith(".mlp.router"):
+            yield f"{prefix.removesuffix('.router')}.gate.{last}", tensor
+        elif prefix.endswith(".mlp.experts"):  # stacked: one slice per expert
+            for expert, part in enumerate(tensor):
+                yield from _expert_tensors(f"{prefix}.{expert}", last, part)
+        else:
+            yield name, tensor
+
+
+def _expert_tensors(prefix: str, stacked: str, part: torch.Tensor
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """One expert's slice of a stacked tensor -> its module tensors."""
+    if stacked == "gate_up_proj":  # (hidden, 2I) interleaved -> rows [gate | up], (2I, hidden)
+        rows = part.t()
+        yield f"{prefix}.gate_up_proj.weight", torch.cat((rows[0::2], rows[1::2]))
+    elif stacked == "gate_up_proj_bias":
+        yield f"{prefix}.gate_up_proj.bias", torch.cat((part[0::2], part[1::2]))
+    elif stacked == "down_proj":  # (I, hidden) -> (hidden, I)
+        yield f"{prefix}.down_proj.weight", part.t().contiguous()
+    elif stacked == "down_proj_bias":
+        yield f"{prefix}.down_proj.bias", part
+    else:
+        raise ValueError(f"checkpoint tensor {prefix}.{stacked}: not a gpt-oss expert tensor "
+                         f"(MXFP4 checkpoints, *_blocks / *_scales, are not supported)")
