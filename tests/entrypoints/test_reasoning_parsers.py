@@ -113,7 +113,7 @@ def test_the_spans_the_grammar_leaves_free():
     assert Qwen3ReasoningParser.span() == ReasoningSpan("<think>", "</think>")
     assert DeepSeekR1ReasoningParser.span() == ReasoningSpan("<think>", "</think>",
                                                              begins_inside=True)
-    assert sorted(REASONING_PARSERS) == ["deepseek_r1", "qwen3"]
+    assert sorted(REASONING_PARSERS) == ["deepseek_r1", "openai_gptoss", "qwen3"]
 
 
 QWEN3_TEMPLATE = (

@@ -299,3 +299,36 @@ def test_bad_template_fields_are_a_400_naming_them(path, fields, param, says):
         error = error_of(client.post(path, json={"messages": QUESTION, **fields}))
     assert error["param"] == param and says in error["message"], error
     assert engine.added == []
+
+
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}<|start|>{{ message.role }}<|message|>{{ message.content }}"
+    "<|end|>{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+    "{# the model answers in <|channel|>analysis, then final #}")
+HARMONY_CALL = ("<|channel|>analysis<|message|>Needs the clock.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
+                '{"zone": "UTC"}<|call|>')
+
+
+def test_gpt_oss_harmony_reasoning_and_tool_calls_whole_and_streamed():
+    """--reasoning-parser and --tool-call-parser auto on a template that writes harmony's
+    channels: the analysis is reasoning_content, the commentary message to a function a
+    tool call (finish_reason tool_calls), the output decoded with its special tokens; a
+    constraint is a 400 (harmony leaves it no place)."""
+    engine = ThinkingEngine([HARMONY_CALL], HARMONY_TEMPLATE)
+    app = build_app(ServerState(models=[ServedModel("m", engine, "/m")],
+                                reasoning_parser="auto", tool_call_parser="auto"))
+    client = TestClient(app)
+    message = chat(client, tools=TOOLS)["choices"][0]
+    assert message["message"]["reasoning_content"] == "Needs the clock."
+    assert message["message"]["content"] is None and message["finish_reason"] == "tool_calls"
+    (call,) = message["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    assert engine.added[-1].params.skip_special_tokens is False
+    (streamed,) = streamed_choices(client, tools=TOOLS).values()
+    assert streamed["reasoning"] == "Needs the clock." and streamed["content"] == ""
+    assert streamed["calls"] == {0: {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    response = client.post("/v1/chat/completions",
+                           json={"messages": QUESTION, "response_format": SCHEMA})
+    assert response.status_code == 400
+    assert "openai_gptoss" in error_of(response)["message"]

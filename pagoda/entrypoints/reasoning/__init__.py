@@ -13,12 +13,12 @@ from pagoda.entrypoints.reasoning.auto import (
     resolve_reasoning_parser,
 )
 from pagoda.entrypoints.reasoning.parsers import (
-    REASONING_PARSERS,
     ReasoningDelta,
     ReasoningParser,
     ReasoningSplit,
     split_reasoning,
 )
+from pagoda.entrypoints.reasoning.registry import REASONING_PARSERS
 
 __all__ = ["REASONING_PARSERS", "REASONING_PARSER_CHOICES", "ReasoningDelta",
            "ReasoningParser", "ReasoningSplit", "resolve_reasoning_parser", "split_reasoning"]

@@ -3,6 +3,7 @@ model is served.
 
 The rule, first match wins:
 
+0. The template writes harmony's `<|channel|>` -> `openai_gptoss` (gpt-oss).
 1. The template's generation prompt (what `add_generation_prompt` adds after a one-message
    conversation, rendered with the template's defaults) contains `<think>`: the model starts
    its answer inside the reasoning -> `deepseek_r1` (DeepSeek-R1 distills, QwQ, Qwen3
@@ -27,12 +28,14 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from pagoda.entrypoints.harmony import CHANNEL
+from pagoda.entrypoints.reasoning.harmony import HarmonyReasoningParser
 from pagoda.entrypoints.reasoning.parsers import (
-    REASONING_PARSERS,
     THINK_START,
     DeepSeekR1ReasoningParser,
     Qwen3ReasoningParser,
 )
+from pagoda.entrypoints.reasoning.registry import REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ def resolve_reasoning_parser(name: str | None, chat_template: str | dict | None)
     template = chat_template.get("default") if isinstance(chat_template, dict) else chat_template
     if not isinstance(template, str):
         return None
+    if CHANNEL in template:  # harmony's channels (gpt-oss)
+        return HarmonyReasoningParser.name
     generation_prompt = render_generation_prompt(template)
     if generation_prompt is not None:
         opens_thinking = THINK_START in generation_prompt

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pagoda.entrypoints.markers import partial_suffix
 from pagoda.structured_outputs import ReasoningSpan
 
 THINK_START = "<think>"
@@ -79,6 +80,9 @@ class ReasoningParser:
     name: ClassVar[str]
     starts_in_reasoning: ClassVar[bool]
     """Whether an output without a leading `<think>` begins inside the reasoning."""
+    keeps_special_tokens: ClassVar[bool] = False
+    """Whether the format's markers are special tokens, so the output must be decoded with
+    them (skip_special_tokens false: harmony's)."""
 
     def __init__(self) -> None:
         self._state = _START
@@ -92,8 +96,9 @@ class ReasoningParser:
         """The content follows `</think>`: its leading whitespace is dropped."""
 
     @classmethod
-    def span(cls) -> ReasoningSpan:
-        """The part of the output a structured-output constraint must leave free."""
+    def span(cls) -> ReasoningSpan | None:
+        """The part of the output a structured-output constraint must leave free; None where
+        no constraint can follow the format's reasoning."""
         return ReasoningSpan(THINK_START, THINK_END, begins_inside=cls.starts_in_reasoning)
 
     @property
@@ -124,7 +129,7 @@ class ReasoningParser:
                     self._state = _CONTENT
                     self._strip_content = True
                     continue
-                cut = len(self._buffer) - _partial_suffix(self._buffer, THINK_END)
+                cut = len(self._buffer) - partial_suffix(self._buffer, THINK_END)
                 delta.reasoning += self._reasoning(self._buffer[:cut], last=False)
                 self._buffer = self._buffer[cut:]
                 return delta
@@ -177,18 +182,6 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
     starts_in_reasoning = True
 
 
-REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
-    parser.name: parser for parser in (DeepSeekR1ReasoningParser, Qwen3ReasoningParser)
-}
-"""--reasoning-parser NAME -> its parser class ("auto" is resolved to one of these: auto.py)."""
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper prefix of `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 def assemble(deltas: list[ReasoningDelta]) -> ReasoningSplit:

@@ -39,6 +39,7 @@ from pagoda.entrypoints.openai.serving.reasoning import (
     ReasoningChoiceState,
     chat_reasoning_parser,
     constrain_after_reasoning,
+    keep_reasoning_special_tokens,
     new_reasoning_parser,
     split_output,
 )
@@ -120,6 +121,7 @@ class OpenAIServingChat(ServingPipeline):
         check_tool_schemas(plan, getattr(self.engine.input_processor, "grammar_compiler", None))
         constrain_to_calls(plan, fields)
         keep_special_tokens(plan, self.tool_call_parser, request)
+        keep_reasoning_special_tokens(self.reasoning_parser, request)
         constrain_after_reasoning(self.reasoning_parser, fields)
         return fields
 

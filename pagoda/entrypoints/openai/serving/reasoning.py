@@ -23,11 +23,12 @@ from pagoda.entrypoints.openai.serving.job import SamplingFields
 from pagoda.entrypoints.openai.serving.tools import ChatChoiceState
 from pagoda.entrypoints.reasoning.auto import resolve_reasoning_parser
 from pagoda.entrypoints.reasoning.parsers import (
-    REASONING_PARSERS,
     ReasoningParser,
     ReasoningSplit,
     split_reasoning,
 )
+from pagoda.entrypoints.reasoning.registry import REASONING_PARSERS
+from pagoda.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,23 @@ def split_output(name: str | None, text: str) -> ReasoningSplit:
 
 
 def constrain_after_reasoning(name: str | None, fields: SamplingFields) -> None:
-    """With a reasoning parser, the request's constraint (if any) starts after the thinking."""
+    """With a reasoning parser, the request's constraint (if any) starts after the thinking;
+    a 400 where the parser's format leaves no place for one (harmony's)."""
     if name is None or fields.structured_outputs is None:
         return
-    fields.structured_outputs = dataclasses.replace(
-        fields.structured_outputs, after_reasoning=REASONING_PARSERS[name].span())
+    span = REASONING_PARSERS[name].span()
+    if span is None:
+        field = fields.name_of("structured_outputs")
+        raise InvalidRequestError.about(
+            field, f"{field} cannot be combined with the {name} reasoning format (its "
+                   f"markers are special tokens a constraint cannot write)")
+    fields.structured_outputs = dataclasses.replace(fields.structured_outputs,
+                                                    after_reasoning=span)
+
+
+def keep_reasoning_special_tokens(name: str | None, request) -> None:
+    """A reasoning format whose markers are special tokens (harmony's) is decoded with
+    them, unless the request says otherwise (skip_special_tokens)."""
+    if (name is not None and REASONING_PARSERS[name].keeps_special_tokens
+            and "skip_special_tokens" not in request.model_fields_set):
+        request.skip_special_tokens = False

@@ -9,6 +9,8 @@ One parser per output format, chosen with `pagoda serve --tool-call-parser NAME`
     mistral      [TOOL_CALLS] [{"name": "f", "arguments": {...}}]             Mistral v3
                  [TOOL_CALLS]f[ARGS]{...}                                     Mistral v11+
     qwen3_coder  <tool_call><function=f><parameter=city>Paris</parameter>...  Qwen3-Coder
+    openai       <|start|>assistant<|channel|>commentary to=functions.f       gpt-oss
+                 <|constrain|>json<|message|>{...}<|call|>                    (harmony)
 
 A constrained call (tool_choice "required" or a named function) is always written in the
 layout of tools/constraints.py's grammar and read by forced.py, whatever the server's parser.
@@ -34,13 +36,15 @@ from pagoda.entrypoints.tools.parsers.forced import ForcedCallParser
 from pagoda.entrypoints.tools.parsers.hermes import HermesToolParser
 from pagoda.entrypoints.tools.parsers.llama3_json import Llama3JsonToolParser
 from pagoda.entrypoints.tools.parsers.mistral import MistralToolParser
+from pagoda.entrypoints.tools.parsers.openai import OpenAIToolParser
 from pagoda.entrypoints.tools.parsers.pythonic import PythonicToolParser
 from pagoda.entrypoints.tools.parsers.qwen3_coder import Qwen3CoderToolParser
 from pagoda.entrypoints.tools.parsers.registry import AUTO, TOOL_PARSER_CHOICES, TOOL_PARSERS
 
 __all__ = [
     "AUTO", "TOOL_PARSERS", "TOOL_PARSER_CHOICES", "ForcedCallParser", "HermesToolParser",
-    "Llama3JsonToolParser", "MistralToolParser", "ParsedOutput", "PythonicToolParser",
+    "Llama3JsonToolParser", "MistralToolParser", "OpenAIToolParser", "ParsedOutput",
+    "PythonicToolParser",
     "Qwen3CoderToolParser", "StreamDelta", "ToolCall", "ToolCallFragment", "ToolParser",
     "assemble", "parse_output", "resolve_tool_call_parser",
 ]

@@ -4,6 +4,7 @@ once when the server starts (per model). The template is the one prompts are ren
 "default"). The first rule that matches wins:
 
     the template has                                    parser
+    <|channel|>  (OpenAI's harmony, gpt-oss)            openai
     <function=  (Qwen3-Coder's XML calls)               qwen3_coder
     [TOOL_CALLS]                                        mistral
     [func_name1(  or  <|python_start|>  (pythonic)      pythonic
@@ -25,6 +26,7 @@ from pagoda.entrypoints.tools.parsers.registry import AUTO, TOOL_PARSER_CHOICES,
 logger = logging.getLogger(__name__)
 
 RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"<\|channel\|>"), "openai"),
     (re.compile(r"<function="), "qwen3_coder"),
     (re.compile(r"\[TOOL_CALLS\]"), "mistral"),
     (re.compile(r"\[func_name\d*\(|<\|python_start\|>"), "pythonic"),

@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pagoda.entrypoints.markers import partial_suffix
 from pagoda.entrypoints.tools.parsers.scanning import BracketScanner
 
 
@@ -271,14 +272,6 @@ def text_piece(text: str, final: bool, markers: tuple[str, ...]) -> Piece | None
         return Piece(len(text), TEXT)
     size = len(text) - max(partial_suffix(text, m) for m in markers)
     return Piece(size, TEXT) if size else None
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper prefix of `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 def assemble(deltas: list[StreamDelta]) -> ParsedOutput:
