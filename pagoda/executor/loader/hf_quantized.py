@@ -60,6 +60,11 @@ class CheckpointQuantization:
     """GPTQ's classic format stores z - 1."""
 
 
+DECODED_AT_LOAD = {"mxfp4": {"GptOssForCausalLM"}}
+"""Checkpoint quantizations their model class decodes to float as it loads (gpt-oss's MXFP4
+experts: models/gpt_oss.py), by the architectures that have them."""
+
+
 def read_checkpoint_quantization(hf_config) -> CheckpointQuantization | None:
     """The checkpoint's own quantization (config.json `quantization_config`), or None;
     ValueError for a configuration Pagoda cannot run packed."""
@@ -73,8 +78,15 @@ def read_checkpoint_quantization(hf_config) -> CheckpointQuantization | None:
         return ValueError(f"config.json quantization_config.{field} = {config.get(field)!r}: {why}")
 
     method = str(config.get("quant_method", "")).lower()
+    if method in DECODED_AT_LOAD:
+        architectures = set(getattr(hf_config, "architectures", None) or [])
+        if not architectures & DECODED_AT_LOAD[method]:
+            raise refuse("quant_method", f"{method} checkpoints load for "
+                         f"{', '.join(sorted(DECODED_AT_LOAD[method]))} only")
+        return None
     if method not in METHODS:
-        raise refuse("quant_method", "Pagoda loads awq and gptq quantized checkpoints only")
+        raise refuse("quant_method", "Pagoda loads awq and gptq quantized checkpoints (and "
+                     "gpt-oss's mxfp4) only")
     if config.get("bits", config.get("w_bit")) != 4:
         raise refuse("bits", "only 4-bit AWQ/GPTQ checkpoints are supported")
     group_size = config.get("group_size", config.get("q_group_size"))

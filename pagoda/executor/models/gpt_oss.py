@@ -17,7 +17,12 @@ The checkpoint stores each layer's experts as stacked tensors, input-major:
     mlp.router.weight / .bias      (E, hidden) / (E,)  -> mlp.gate
 
 `load_weights` splits them into experts.{e}.gate_up_proj ([gate | up] rows, Pagoda's
-MergedLinear layout) and experts.{e}.down_proj.
+MergedLinear layout) and experts.{e}.down_proj. OpenAI's published checkpoints
+(quantization_config.quant_method "mxfp4") store the two expert matrices as MXFP4 instead,
+output-major: `gate_up_proj_blocks` (E, 2 * I, hidden / 32, 16) uint8, two 4-bit codes a
+byte, and `gate_up_proj_scales` (E, 2 * I, hidden / 32) uint8 powers of two; they are decoded
+at load (transformers' own decoder) into the stacked float tensors above, so the model runs
+them in the run dtype (float32: 4 bytes a weight, bf16: 2).
 """
 
 from __future__ import annotations
@@ -87,17 +92,48 @@ def per_expert(weights: Iterable[tuple[str, torch.Tensor]]
     """The checkpoint's names and stacked experts as the modules take them (the module
     docstring). A GGUF file's experts come one by one already (experts.{e}.gate_proj, ...:
     STACKED_PARAMS fuses them) and pass through."""
+    unpaired: dict[tuple[str, str], tuple[str, torch.Tensor]] = {}  # MXFP4 halves
     for name, tensor in weights:
         prefix, _, last = name.rpartition(".")
         if name.endswith(".self_attn.sinks"):
             yield f"{prefix}.attn.sinks", tensor
         elif prefix.endswith(".mlp.router"):
             yield f"{prefix.removesuffix('.router')}.gate.{last}", tensor
-        elif prefix.endswith(".mlp.experts"):  # stacked: one slice per expert
-            for expert, part in enumerate(tensor):
-                yield from _expert_tensors(f"{prefix}.{expert}", last, part)
+        elif prefix.endswith(".mlp.experts") and last.endswith(("_blocks", "_scales")):
+            stacked, half = last.rsplit("_", 1)
+            other = unpaired.pop((prefix, stacked), None)
+            if other is None:
+                unpaired[(prefix, stacked)] = (half, tensor)
+                continue
+            blocks, scales = (tensor, other[1]) if half == "blocks" else (other[1], tensor)
+            yield from _stacked(prefix, stacked, mxfp4_decoded(blocks, scales))
+        elif prefix.endswith(".mlp.experts"):
+            yield from _stacked(prefix, last, tensor)
         else:
             yield name, tensor
+    if unpaired:
+        (prefix, stacked), (half, _) = next(iter(unpaired.items()))
+        missing = "scales" if half == "blocks" else "blocks"
+        raise ValueError(f"checkpoint has {prefix}.{stacked}_{half} without its "
+                         f"{stacked}_{missing}")
+
+
+def mxfp4_decoded(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 blocks (E, out, in / 32, 16) and scales (E, out, in / 32) -> float32
+    (E, in, out), the float checkpoint's layout."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise ValueError(f"MXFP4 expert blocks {tuple(blocks.shape)} and scales "
+                         f"{tuple(scales.shape)} do not pair (blocks (..., in / 32, 16))")
+    return convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+
+
+def _stacked(prefix: str, stacked: str, tensor: torch.Tensor
+             ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor (E, ...), one slice per expert."""
+    for expert, part in enumerate(tensor):
+        yield from _expert_tensors(f"{prefix}.{expert}", stacked, part)
 
 
 def _expert_tensors(prefix: str, stacked: str, part: torch.Tensor
@@ -113,5 +149,5 @@ def _expert_tensors(prefix: str, stacked: str, part: torch.Tensor
     elif stacked == "down_proj_bias":
         yield f"{prefix}.down_proj.bias", part
     else:
-        raise ValueError(f"checkpoint tensor {prefix}.{stacked}: not a gpt-oss expert tensor "
-                         f"(MXFP4 checkpoints, *_blocks / *_scales, are not supported)")
+        raise ValueError(f"checkpoint tensor {prefix.rsplit('.', 1)[0]}.{stacked}: not a "
+                         f"gpt-oss expert tensor")
