@@ -8,6 +8,7 @@ import sys
 from pagoda.cli.shared_args import (
     add_engine_args,
     add_sampling_args,
+    check_model,
     engine_kwargs,
     sampling_params,
 )
@@ -40,9 +41,10 @@ class ChatSession:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # validate before the slow imports and model load
+    check_model(args)
     from pagoda.entrypoints.llm import LLM
 
-    params = sampling_params(args)
     llm = LLM(**engine_kwargs(args))
     try:
         return _chat_loop(ChatSession(llm, params, args.system))

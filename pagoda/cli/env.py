@@ -21,9 +21,11 @@ def register(subparsers) -> None:
 
 
 def run_env(args: argparse.Namespace) -> int:
+    from pagoda.executor.loader.model_files import resolve_model_files
+
+    files = resolve_model_files(args.model)  # a bad --model fails before the slow imports
     from pagoda.executor.attention.cpu_backend import select_backend
     from pagoda.executor.kernels.cpu_info import environment_report
-    from pagoda.executor.loader.model_files import resolve_model_files
     from pagoda.executor.loader.model_loader import (
         open_checkpoint,
         resolve_device,
@@ -37,7 +39,6 @@ def run_env(args: argparse.Namespace) -> int:
         print(line)
     device = resolve_device(args.device)
     threads = set_cpu_threads() if device.type == "cpu" else None
-    files = resolve_model_files(args.model)
     checkpoint = open_checkpoint(files)
     config = checkpoint.hf_config
     dtype = resolve_dtype("auto", device)

@@ -7,6 +7,7 @@ import argparse
 from pagoda.cli.shared_args import (
     add_engine_args,
     add_sampling_args,
+    check_model,
     engine_kwargs,
     sampling_params,
 )
@@ -22,9 +23,10 @@ def register(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # validate before the slow imports and model load
+    check_model(args)
     from pagoda.entrypoints.llm import LLM
 
-    params = sampling_params(args)  # validate before the slow model load
     llm = LLM(**engine_kwargs(args))
     output = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     print(output.outputs[0].text)

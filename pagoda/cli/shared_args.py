@@ -27,6 +27,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return option_values(EngineConfig, args)
 
 
+def check_model(args: argparse.Namespace) -> None:
+    """A --model that names no model fails here, in a fraction of a second, not after the
+    engine's imports (torch and transformers: ~2 s); ModelLoadError, a one-line error."""
+    from pagoda.executor.loader.model_files import resolve_model_files
+
+    resolve_model_files(args.model)
+
+
 SAMPLING_DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
 """The sampling flags of `generate` and `chat`, with the CLI's defaults (greedy, 256 tokens)."""
 
