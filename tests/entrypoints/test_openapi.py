@@ -34,6 +34,14 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "ignored_auth")
 
 
+UNFUZZED = ("/v1/models/load", "/v1/models/unload")
+"""Left out of the run: the stateful phase follows GET /v1/models's ids into
+/v1/models/unload (links it infers), and with the only model unloaded every later request is
+a 503 "No model is loaded", by design, not a finding (seen once, 2026-12-07, whichever
+worker got there first); load, given the model's own root, would load a second copy. Their
+own tests: test_server_models.py, test_server_multi_model.py."""
+
+
 def test_the_document_lists_every_route_and_only_them() -> None:
     model = ServedModel("m", SimpleNamespace(tokenizer=None), "/m", EngineMetrics("m"))
     state = ServerState(models=[model], api_key="k")
@@ -100,12 +108,15 @@ def test_schemathesis_finds_nothing_and_the_server_stays_healthy(tmp_path) -> No
              f"{server.url}/openapi.json", "--checks", CHECKS,
              "--max-examples", examples, "--seed", seed, "--request-timeout", "60",
              "--max-response-time", "30", "--header", f"Authorization: Bearer {API_KEY}",
+             *(a for path in UNFUZZED for a in ("--exclude-path", path)),
              "--workers", "2", "--no-color", "--report-dir", str(tmp_path)],
             check=False, capture_output=True, text=True, timeout=1800,
         )
         summary = run.stdout[-6000:]
         assert run.returncode == 0, f"schemathesis failed (seed {seed}):\n{summary}"
         assert "generated" in summary and not re.search(r"\b0 passed", summary), summary
+        fuzzed = len(OPERATIONS) - len(UNFUZZED)
+        assert f"Selected: {fuzzed}/{len(OPERATIONS)}" in summary, summary
         assert httpx.get(server.url + "/health", timeout=5).status_code == 200
         assert server.metric("num_requests_running") == 0
         assert server.metric("num_kv_blocks_held") == 0

@@ -42,6 +42,7 @@ from pagoda.executor.loader.gguf_reader import CompactGGUFReader, array_length
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import open_checkpoint, weight_formats
 from pagoda.executor.model_runner import ModelRunner
+from pagoda.executor.models.registry import MODEL_REGISTRY
 from tests import llama_cpp_tools
 from tests.executor.test_gguf_packed_models import K_SIZES, assert_same_logits, load_both
 from tests.executor.test_model_families import GGUF_SETTINGS, greedy_reference, logits_error
@@ -60,16 +61,20 @@ TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe", "gpt-oss": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
     "ernie4.5": "spm", "ernie4.5-moe": "spm",  # (the converter reads only tokenizer.model)
+    "phimoe": "spm",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss"]
+                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss", "phimoe"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""
 LLAMA_CONVERTED = {"llama", "granite", "granitemoe"}
 """Architectures llama.cpp's converter writes through its Llama converter class."""
+PUBLISHED_ARCHITECTURES = {"phimoe": "PhiMoEForCausalLM"}
+"""config.json `architectures` as the published checkpoint has it (remote code), where
+transformers' own class is named otherwise: llama.cpp's converter knows only that name."""
 LLAMA_FILE_CLASSES = {"MistralForCausalLM": "LlamaForCausalLM"}
 """A Mistral checkpoint converts to a `llama` file (Mistral is Llama with a window)."""
 Q = gguf.GGMLQuantizationType
@@ -116,6 +121,10 @@ def converted(tmp_path_factory) -> tuple[dict, dict[str, str]]:
         else:  # the SentencePiece model's <s> and </s>
             settings = {"vocab_size": SPM_VOCAB, "bos_token_id": 1, "eos_token_id": 2}
         model = build_checkpoint(base, str(folder), **GGUF_SETTINGS.get(base, {}), **settings)
+        if base in PUBLISHED_ARCHITECTURES:
+            config = folder / "config.json"
+            config.write_text(config.read_text().replace(
+                f'"{model.config.architectures[0]}"', f'"{PUBLISHED_ARCHITECTURES[base]}"'))
         if kind in ("bpe", "glm"):
             tokenizer.save_pretrained(str(folder))
         else:
@@ -225,7 +234,7 @@ def test_converted_files_match_transformers(arch, outtype, converted, tmp_path) 
         reference = rounded_as_stored(folder, path, str(tmp_path / "rounded"))
     packed, dequantized = load_both(path)
     expected = reference.config.architectures[0]
-    assert type(packed).__name__ == LLAMA_FILE_CLASSES.get(expected, expected)
+    assert type(packed) is MODEL_REGISTRY[LLAMA_FILE_CLASSES.get(expected, expected)]
     if outtype == "q8_0":
         assert "q8" in weight_formats(packed)
         assert_same_logits(packed, dequantized)

@@ -41,6 +41,9 @@ GGUF_SETTINGS = {
     "olmoe": {"clip_qkv": None},  # llama.cpp's converter writes no clamp, its graph has none
     "glm4-moe": {"n_group": 1, "topk_group": 1},  # llama.cpp's graph has no expert groups
     "gpt-oss": {"swiglu_limit": 7.0},  # llama.cpp's graph: the published clamp, not the file's
+    # the file's LongRoPE attention factor is llama.cpp's formula, not the config's mscale
+    "phimoe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+               "router_jitter_noise": 0.01},  # (the file has no jitter eps: the family's)
 }
 
 
@@ -98,7 +101,7 @@ def greedy_reference(model, prompt: list[int], num_tokens: int) -> tuple[list[in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", [*FAMILIES, "gpt-oss"])
+@pytest.mark.parametrize("arch", [*FAMILIES, "gpt-oss", "phimoe"])
 def test_greedy_decoding_through_the_paged_cache_matches_transformers(arch, tmp_path) -> None:
     """The engine end to end on a tiny folder (the bundled tokenizer only for the engine's
     start; prompts are token ids): 4-token blocks, chunked prefill of 16 tokens a step, so
@@ -123,13 +126,15 @@ def test_greedy_decoding_through_the_paged_cache_matches_transformers(arch, tmp_
 
 
 @pytest.mark.parametrize("arch, method", [("gemma2", "int8"), ("gemma3", "int4"),
-                                          ("qwen3-moe", "int8"), ("mixtral", "int8")])
+                                          ("qwen3-moe", "int8"), ("mixtral", "int8"),
+                                          ("phimoe", "int8")])
 def test_quantized_linears(arch, method, tmp_path) -> None:
     """Every linear of attention, MLPs and experts quantized (the routers stay float: they are
     small and top-k choices are sensitive); logits stay near float32's. Measured relative
     errors: int8 1.3-1.9% on every new family; int4 19% (Gemma 3), 20% (Phi-3), 25-28%
     (Mixtral, Qwen3-MoE, Gemma 2: routing flips and soft-caps compound on random weights),
-    against the 25% bar of test_quantization.py."""
+    against the 25% bar of test_quantization.py. PhiMoE: its logits head's bias kept by the
+    int8 head."""
     build_checkpoint(arch, str(tmp_path))
     files = resolve_model_files(str(tmp_path))
     model = load_model(open_checkpoint(files), torch.float32, torch.device("cpu"),
@@ -137,7 +142,7 @@ def test_quantized_linears(arch, method, tmp_path) -> None:
     layers = [m for m in model.model.modules() if isinstance(m, QuantizedLinear)]
     assert layers and all(m.method == method for m in layers)  # (the logits head is int8)
     moe_blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    assert bool(moe_blocks) == (arch in ("qwen3-moe", "mixtral"))
+    assert bool(moe_blocks) == (arch in ("qwen3-moe", "mixtral", "phimoe"))
     for block in moe_blocks:
         assert isinstance(block.gate, Router) and block.gate.weight.dtype == torch.float32
         assert not any(isinstance(m, Linear) for m in block.experts.modules())

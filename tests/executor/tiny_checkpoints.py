@@ -37,6 +37,8 @@ from transformers import (
     OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    PhimoeConfig,
+    PhimoeForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -143,7 +145,20 @@ ARCHITECTURES = {
          "embedding_multiplier": 6.0, "attention_multiplier": 0.05, "residual_multiplier": 0.3,
          "logits_scaling": 4.0, "tie_word_embeddings": False},
     ),
-    # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
+    # PhiMoE: LayerNorms, biases (attention, logits head), sparsemixer routing with a jitter
+    # eps wide enough to keep several experts in each softmax; LongRoPE with its mscale.
+    "phimoe": (
+        PhimoeConfig, PhimoeForCausalLM,
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+         "sliding_window": 16, "attention_bias": True, "lm_head_bias": True,
+         "router_jitter_noise": 0.5, "original_max_position_embeddings": 64,
+         "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
+                             "long_factor": [2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0],
+                             "short_mscale": 1.25, "long_mscale": 1.25,
+                             "original_max_position_embeddings": 64}},
+    ),
+        # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
     "olmoe": (
         OlmoeConfig, OlmoeForCausalLM,
         {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,

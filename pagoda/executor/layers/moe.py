@@ -59,6 +59,35 @@ class Router(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class SparseMixerRouter(Router):
+    """PhiMoE's top-2 routing (sparsemixer, as it runs in inference). The first expert is
+    the largest logit; its weight, its softmax share among the logits within a relative
+    2 * jitter_eps of it (the others masked out: (top - s) / max(|s|, top) > 2 * eps). The
+    second is the largest of the other logits, weighted alike among the others near it."""
+
+    def __init__(self, hidden_size: int, num_experts: int, jitter_eps: float) -> None:
+        super().__init__(hidden_size, num_experts)
+        self.jitter_eps = jitter_eps
+
+    def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (T, hidden) -> float32 weights (T, 2), expert ids (T, 2)."""
+        if top_k != 2:
+            raise ValueError(f"sparsemixer routing chooses 2 experts, not {top_k}")
+        scores = F.linear(hidden.float(), self.weight.float())  # (T, E)
+        weight, choice = self._choose(scores, scores)
+        others = scores.scatter(-1, choice, float("-inf"))
+        second_weight, second = self._choose(scores, others)
+        return torch.cat((weight, second_weight), -1), torch.cat((choice, second), -1)
+
+    def _choose(self, scores: torch.Tensor, candidates: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best of `candidates` (T, E) and its share among the candidates near it."""
+        top, choice = candidates.max(dim=-1, keepdim=True)
+        far = (top - scores) / scores.abs().clamp(min=top) > 2 * self.jitter_eps
+        shares = candidates.masked_fill(far, float("-inf")).softmax(dim=-1)
+        return shares.gather(-1, choice), choice
+
+
 class CorrectionBiasRouter(Router):
     """Routing whose choice adds a learned per-expert `e_score_correction_bias` to the
     scores while the weights use the scores alone: DeepSeek-V3's and GLM-4.5's noaux_tc
@@ -108,8 +137,8 @@ class SparseMoeBlock(nn.Module):
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
     1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
     `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
-    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3). `router`: one of the block's own
-    (a CorrectionBiasRouter, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
+    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3) or a SparseMixerRouter's (PhiMoE).
+    `router`: one of the block's own (those two, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
     an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
@@ -141,7 +170,7 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
-        if isinstance(self.gate, CorrectionBiasRouter):
+        if isinstance(self.gate, (CorrectionBiasRouter, SparseMixerRouter)):
             weights, choices = self.gate.route(hidden, k)
         else:
             weights, choices = self._softmax_route(hidden)

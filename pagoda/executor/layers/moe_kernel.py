@@ -47,7 +47,8 @@ def _routing(block: nn.Module) -> dict | None:
     caller's to check."""
     router = block.gate
     if (router.weight.dtype != torch.float32 or not router.weight.is_contiguous()
-            or getattr(router, "bias", None) is not None):  # kernels.h's routers have no bias
+            or getattr(router, "bias", None) is not None  # kernels.h's routers have no bias
+            or hasattr(router, "jitter_eps")):  # nor PhiMoE's sparsemixer
         return None
     bias = getattr(router, "e_score_correction_bias", None)
     if bias is not None:  # a CorrectionBiasRouter

@@ -1,4 +1,5 @@
-"""RMSNorm that can fuse the residual add: norm(x + residual) and return the new residual."""
+"""The norms, each able to fuse the residual add: norm(x + residual) and return the new
+residual. RMSNorm (most families) and LayerNorm with a bias (PhiMoE)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,23 @@ class RMSNorm(nn.Module):
             and (residual is None or residual.is_contiguous())
             and not torch.compiler.is_compiling() and kernels_available(torch.float32)
         )
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / std * weight + bias over the last dim, with RMSNorm's residual interface:
+    forward(x), or forward(x, residual) -> (norm(x + residual), x + residual)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        normed = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return normed if residual is None else (normed, residual)

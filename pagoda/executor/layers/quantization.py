@@ -231,7 +231,8 @@ def quantize_linear_layers(
         except ValueError as error:
             head_note = f"float logits head ({error})"
         else:
-            model.quantized_head = QuantizedLinear(head, None, HEAD_METHOD, dense_from_rows)
+            model.quantized_head = QuantizedLinear(head, model.logits_head_bias(), HEAD_METHOD,
+                                                   dense_from_rows)
             head_note = f"{HEAD_METHOD} logits head"
     kernels = sorted({m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)})
     logger.info("%s weights in %d linear layers, %s, kernels %s (float weights from %s rows on)",

@@ -27,6 +27,11 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              the router's bias (ffn_gate_inp.bias); sinks (attn_sinks); every other layer
              sliding from the first (llama.cpp's graph); YaRN without truncation (the
              family's, which the file does not say); no q/k permutation
+  phimoe     Phi-3.5-MoE: Mixtral's names (experts stacked as qwen3moe's), LayerNorm
+             biases (attn_norm, ffn_norm, output_norm .bias), q/k/v/o and output biases,
+             LongRoPE as phi3's (its attention factor is the file's: llama.cpp's formula,
+             where Hugging Face scales by the config's mscale); sparsemixer routing with the
+             family's jitter eps (the file has none; llama.cpp's graph routes by softmax)
   phi3       q/k/v fused (attn_qkv) and gate/up fused (ffn_up), as in the HF checkpoint;
              LongRoPE factors as the tensors rope_factors_{long,short}.
   gemma2     norm weights stored as 1 + w (taken back to w here); softcaps as metadata;
@@ -56,6 +61,7 @@ GGUF_ARCHITECTURES = {
     "ernie4_5-moe": ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
+    "phimoe": ("phimoe", "PhimoeForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
@@ -76,7 +82,9 @@ SKIPPED_TENSORS = {"rope_factors_long.weight", "rope_factors_short.weight"}
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",  # (PhiMoE's LayerNorm)
     "output.weight": "lm_head.weight",
+    "output.bias": "lm_head.bias",
     "rope_freqs.weight": "rope_freq_factors",
 }
 _LAYER_NAMES = {
@@ -146,6 +154,7 @@ LAYER_NAMES = {
     "granitemoe": {**_LAYER_NAMES, **_EXPERT_NAMES["granitemoe"]},
     "mixtral": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "phimoe": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "gemma2": _GEMMA_NAMES,
     "gemma3": _GEMMA_NAMES,
 }
@@ -239,8 +248,13 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
         _ernie_config(family, field, kwargs)
     elif family == "gpt-oss":
         _gpt_oss_config(field, kwargs, read_tensor)
-    elif family == "phi3":
+    elif family in ("phi3", "phimoe"):
         _phi3_config(field, kwargs, read_tensor)
+    if family == "phimoe":
+        kwargs["num_local_experts"] = int(field("expert_count", 0))
+        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
+        kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
+        kwargs["lm_head_bias"] = read_tensor("output.bias") is not None
     elif family in GEMMA_27B_LAYERS:
         _gemma_config(family, field, kwargs)
 

@@ -145,7 +145,7 @@ class GGUFCheckpoint:
 
         scaling_type = field("type")
         if scaling_type in (None, "none") or (scaling_type == "longrope"
-                                              and self.family == "phi3"):
+                                              and self.family in ("phi3", "phimoe")):
             return None  # Phi-3's LongRoPE: its factor tensors, read by family_config
         factor = field("factor")
         if scaling_type == "linear":

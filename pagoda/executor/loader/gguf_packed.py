@@ -127,7 +127,8 @@ class PackedGGUFLoader:
         if self.embedding is not None:
             self.model.model.embed_tokens = PackedEmbedding(self.embedding, self.dtype)
         if self.head is not None:  # the packed head takes the float one's place
-            self.model.lm_head = self.model.quantized_head = PackedLinear([self.head])
+            bias = self.model.lm_head.bias  # (PhiMoE's; None elsewhere)
+            self.model.lm_head = self.model.quantized_head = PackedLinear([self.head], bias)
         elif self.embedding is not None and getattr(self.model, "lm_head", None) is None:
             self.model.quantized_head = PackedLinear([self.embedding])  # tied: one table
         logger.info("packed GGUF weights: %s", ", ".join(

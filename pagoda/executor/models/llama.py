@@ -100,18 +100,20 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """`mlp_name`: the MLP's name in the checkpoint ("mlp"; Mixtral's "block_sparse_moe")."""
+    """`mlp_name`: the MLP's name in the checkpoint ("mlp"; Mixtral's "block_sparse_moe");
+    `norm_class`: the two norms' (RMSNorm; PhiMoE's LayerNorm)."""
 
     def __init__(
         self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, mlp: nn.Module,
         mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
+        norm_class: type[nn.Module] = RMSNorm,
     ) -> None:
         super().__init__()
         self.self_attn = attention_class(config, rotary, qkv_bias, qk_norm)
         self.mlp_name = mlp_name
         self.add_module(mlp_name, mlp)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm_class(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm_class(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -138,11 +140,13 @@ def unfilled_embedding(config) -> nn.Embedding:
 class LlamaModel(nn.Module):
     """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
     mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class`: the
-    layers' attention (a LlamaAttention subclass: OLMoE's, Granite's)."""
+    layers' attention (a LlamaAttention subclass: OLMoE's, Granite's); `norm_class`: every
+    norm's, the final one's included (RMSNorm; PhiMoE's LayerNorm)."""
 
     def __init__(
         self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
         mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
+        norm_class: type[nn.Module] = RMSNorm,
     ) -> None:
         super().__init__()
         self.embed_tokens = unfilled_embedding(config)
@@ -151,10 +155,10 @@ class LlamaModel(nn.Module):
         make_mlp = make_mlp or (lambda index: LlamaMLP(config))
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
-                              attention_class)
+                              attention_class, norm_class)
             for index in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input's token embeddings (Granite scales them)."""
@@ -185,8 +189,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = None
-        else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        else:  # (a bias where the config says so: PhiMoE)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size,
+                                  bias=bool(getattr(config, "lm_head_bias", False)))
         # Set by quantize_linear_layers (--quantization): a QuantizedLinear over the head's
         # weight, used in place of it; the embedding keeps its float table for lookups.
         self.quantized_head: nn.Module | None = None
@@ -218,20 +223,25 @@ class LlamaForCausalLM(nn.Module):
         the sampler ranks (bf16 logits make exact ties: the bundled model's first answer
         token was one). A float head runs in the model's dtype (the sampler converts).
 
-        `quantized_head`, when set, stands in for the head's float weight."""
+        `quantized_head`, when set, stands in for the head's float weight (and bias)."""
         if self.quantized_head is not None:
             takes_float32 = getattr(self.quantized_head, "takes_float32", False)
             logits = self.quantized_head(hidden.float() if takes_float32 else hidden)
         elif self.batch_invariant:
-            logits = linear_rows(hidden, self.logits_head_weight())
+            logits = linear_rows(hidden, self.logits_head_weight(), self.logits_head_bias())
         else:
-            logits = torch.nn.functional.linear(hidden, self.logits_head_weight())
+            logits = torch.nn.functional.linear(hidden, self.logits_head_weight(),
+                                                self.logits_head_bias())
         cap = self.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def logits_head_weight(self) -> torch.Tensor:
         """(vocab_size, hidden_size): the lm_head's weight, or the embedding table when tied."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits_head_bias(self) -> torch.Tensor | None:
+        """(vocab_size,): the lm_head's bias where it has one (PhiMoE), else None."""
+        return None if self.lm_head is None else self.lm_head.bias
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -21,6 +21,7 @@ from pagoda.executor.models.mixtral import (
     OlmoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from pagoda.executor.models.phimoe import PhimoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -31,6 +32,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "PhimoeForCausalLM": PhimoeForCausalLM,
+    "PhiMoEForCausalLM": PhimoeForCausalLM,  # (the published checkpoint's, remote code)
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
