@@ -393,3 +393,36 @@ measured (2026-12-06: Q2_K 0.77, Q3_K_M 0.37, IQ3_XXS 0.62, IQ3_S 0.53, IQ4_NL 0
 0.27, IQ2_XXS 0.91, IQ2_XS 0.88, IQ2_S 0.71, IQ1_S 1.06, IQ1_M 0.97, MIXED 0.45; an unrelated
 model measures ~1.45). Not for TQ1_0/TQ2_0: ternary types on weights that are not ternary
 are that far (1.45) by construction."""
+
+
+def test_gpt_oss_mxfp4_moe_file_loads(converted, tmp_path) -> None:
+    """gpt-oss as its GGUF files ship: llama-quantize's MXFP4_MOE of the converted file (the
+    experts MXFP4, the rest Q8_0). Packed by default (the MXFP4 experts requantized to Q8_0:
+    within 5 % of the file decoded exactly, by gguf.quants) and, decoded, within MXFP4's
+    error of the float checkpoint."""
+    try:
+        binary = llama_cpp_tools.llama_quantize()
+    except llama_cpp_tools.ToolUnavailable as e:
+        pytest.skip(f"llama-quantize: {e}")
+    reference, source = converted_file(converted, "gpt-oss", "f32")
+    path = str(tmp_path / "gpt-oss-MXFP4_MOE.gguf")
+    llama_cpp_tools.quantize(source, path, "MXFP4_MOE", binary)
+    types = {t.name: t.tensor_type.name for t in CompactGGUFReader(path, "r").tensors}
+    assert {types[f"blk.0.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")} == {"MXFP4"}
+    packed, dequantized = load_both(path)
+    assert "q8" in weight_formats(packed).removeprefix("packed ").split("/")
+    with torch.no_grad():
+        float_logits = [reference(torch.tensor([prompt])).logits[0] for prompt in PROMPTS]
+        exact = model_runner(dequantized).prompt_logits(PROMPTS)
+        requantization = [relative_error(ours, decoded) for ours, decoded in zip(
+            model_runner(packed).prompt_logits(PROMPTS), exact)]
+        errors = [relative_error(ours, expected) for ours, expected in zip(exact, float_logits)]
+    print("MXFP4_MOE", f"requantization {max(requantization):.4f}",
+          f"against float {max(errors):.4f}")
+    assert max(requantization) < 0.05
+    assert max(errors) < MXFP4_MAX_RELATIVE_ERROR
+
+
+MXFP4_MAX_RELATIVE_ERROR = 0.13
+"""The MXFP4_MOE file decoded exactly against the float checkpoint: a sanity bar, ~1.3x what
+the tiny random model measured (2026-12-07: 0.099; the Q8_0 requantization 0.003)."""
