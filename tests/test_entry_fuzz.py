@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pagoda import SamplingParams
@@ -78,6 +78,7 @@ FLAG_VALUES = st.one_of(st.text(alphabet="-0123456789.eEinfatx ", max_size=8),
                                           + ["--max-tokens", "--temperature", "--top-p",
                                              "--top-k"]),
                           FLAG_VALUES), min_size=1, max_size=3))
+@example(flags=[("--dtype", "--")])  # argparse's end-of-options marker as a value (found so)
 def test_cli_flags_run_or_fail_in_one_line(no_engine, capsys, flags) -> None:
     argv = ["generate", "Hi"]
     for flag, value in flags:

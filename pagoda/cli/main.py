@@ -53,7 +53,14 @@ def _add_log_level_to_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    for token in argv:
+        # argparse drops a value of exactly "--" (its end-of-options marker): `--dtype=--`
+        # would reach the engine as dtype [] (CPython's argparse before 3.12)
+        if token.startswith("-") and token.endswith("=--"):
+            parser.error(f"argument {token[:-3]}: expected one argument, not '--'")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
