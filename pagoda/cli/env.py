@@ -33,7 +33,7 @@ def run_env(args: argparse.Namespace) -> int:
         resolve_quantization,
         set_cpu_threads,
     )
-    from pagoda.executor.models.llama import head_dim_of
+    from pagoda.executor.models.registry import attention_shape
 
     for line in environment_report():
         print(line)
@@ -43,8 +43,7 @@ def run_env(args: argparse.Namespace) -> int:
     config = checkpoint.hf_config
     dtype = resolve_dtype("auto", device)
     quantization = resolve_quantization("auto", checkpoint, device)
-    backend = select_backend(16, device, dtype, config.num_attention_heads,
-                             config.num_key_value_heads, head_dim_of(config), None)
+    backend = select_backend(16, device, dtype, *attention_shape(config), None)
     print(f"auto for {files.path}:")
     print(f"  device {device}{f', {threads} threads' if threads else ''}")
     print(f"  dtype {str(dtype).removeprefix('torch.')}")

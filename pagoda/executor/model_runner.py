@@ -41,7 +41,6 @@ from pagoda.executor.kv_cache_layout import kv_cache_groups
 from pagoda.executor.kv_offload import KVOffloadWorker
 from pagoda.executor.lora.manager import LoRAManager
 from pagoda.executor.lora.step import lora_step
-from pagoda.executor.models.llama import head_dim_of
 from pagoda.executor.pooling import pool_chunks
 from pagoda.executor.sampler import Sampler
 from pagoda.executor.spec_decode.decoder import SpecDecoder
@@ -94,7 +93,7 @@ class ModelRunner:
         # This process's heads (a tensor-parallel rank holds a share of them)
         self.num_heads = first_attention.num_heads
         self.num_kv_heads = first_attention.num_kv_heads
-        self.head_dim = head_dim_of(hf_config)
+        self.head_dim = first_attention.head_dim
         self.block_size = cache_config.block_size
         self.kv_cache_dtype = cache_config.kv_cache_dtype
         check_kv_cache_dtype(self.kv_cache_dtype, dtype, device)

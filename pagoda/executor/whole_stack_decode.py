@@ -201,13 +201,14 @@ class WholeStackDecode:
         mlp = getattr(layer, layer.mlp_name, None)
         attn = attention.attn
         first = self.model.layers[0]
+        moe = mlp.kernel_plan() if type(mlp) is SparseMoeBlock else None
+        self._moe_plans.append(moe)
+        if type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention:
+            return None  # (DeepSeek's latent attention among them)
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if attention.q_norm is not None:
             norms += [attention.q_norm, attention.k_norm]
-        moe = mlp.kernel_plan() if type(mlp) is SparseMoeBlock else None
-        self._moe_plans.append(moe)
-        if (type(layer) is not LlamaDecoderLayer or type(attention) is not LlamaAttention
-                or not (type(mlp) is LlamaMLP and type(mlp.act) is SiluAndMul
+        if (not (type(mlp) is LlamaMLP and type(mlp.act) is SiluAndMul
                         or moe is not None and moe.routed)
                 or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
                        or n.weight.dtype != torch.float32 for n in norms)

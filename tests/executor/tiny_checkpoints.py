@@ -11,6 +11,10 @@ import tempfile
 import torch
 from transformers import (
     AutoTokenizer,
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     Ernie4_5_MoeConfig,
     Ernie4_5_MoeForCausalLM,
     Ernie4_5Config,
@@ -52,6 +56,11 @@ COMMON = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
     "rms_norm_eps": 1e-5,
 }
+
+DEEPSEEK = {"num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1, "tie_word_embeddings": False}
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
@@ -157,6 +166,24 @@ ARCHITECTURES = {
                              "long_factor": [2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0],
                              "short_mscale": 1.25, "long_mscale": 1.25,
                              "original_max_position_embeddings": 64}},
+    ),
+    # DeepSeek: latent attention (a 32-feature latent, 16 rotary and 16 plain query/key
+    # features a head, values of 24); layer 0 dense; 8 experts in 4 groups, 2 groups kept.
+    # V2 as V2-Lite (no query latent), group-limited softmax routing (one group kept: its two
+    # experts are the choice, where the best two overall might not be), 2 shared experts; V3
+    # with a query latent, sigmoid routing with its correction bias (set below), YaRN with
+    # mscale_all_dim from a 64-token original context.
+    "deepseek-v2": (
+        DeepseekV2Config, DeepseekV2ForCausalLM,
+        {**DEEPSEEK, "q_lora_rank": None, "topk_method": "group_limited_greedy",
+         "topk_group": 1, "routed_scaling_factor": 1.5, "n_shared_experts": 2},
+    ),
+    "deepseek-v3": (
+        DeepseekV3Config, DeepseekV3ForCausalLM,
+        {**DEEPSEEK, "q_lora_rank": 32, "routed_scaling_factor": 2.5,
+         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                             "original_max_position_embeddings": 64, "mscale": 1.0,
+                             "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}},
     ),
         # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
     "olmoe": (

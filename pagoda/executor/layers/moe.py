@@ -44,7 +44,15 @@ _next_block_id = itertools.count()
 
 class Router(nn.Module):
     """logits = x W^T (+ b), W (num_experts, hidden), b (num_experts,) where `bias`
-    (gpt-oss). Not a `Linear`, so never quantized."""
+    (gpt-oss). Not a `Linear`, so never quantized.
+
+    A router with a `route(hidden, top_k)` method routes by its own rule; a plain Router's
+    logits go through SparseMoeBlock's softmax rules. `kernel_rule` says which of kernels.h's
+    MOE_* routings is this class's rule (layers/moe_kernel.py): "block" SparseMoeBlock's
+    softmax rules, "biased" CorrectionBiasRouter's, None one the C kernel lacks (the router
+    then runs here, the experts still in C)."""
+
+    kernel_rule: str | None = "block"
 
     def __init__(self, hidden_size: int, num_experts: int, bias: bool = False) -> None:
         super().__init__()
@@ -64,6 +72,8 @@ class SparseMixerRouter(Router):
     the largest logit; its weight, its softmax share among the logits within a relative
     2 * jitter_eps of it (the others masked out: (top - s) / max(|s|, top) > 2 * eps). The
     second is the largest of the other logits, weighted alike among the others near it."""
+
+    kernel_rule = None
 
     def __init__(self, hidden_size: int, num_experts: int, jitter_eps: float) -> None:
         super().__init__(hidden_size, num_experts)
@@ -96,6 +106,8 @@ class CorrectionBiasRouter(Router):
     The chosen experts' scores are renormalised where `normalize` (sum + 1e-20; Ernie's
     clamp of the sum at 1e-12 is the same wherever the sum is not ~0), then multiplied by
     `routed_scaling_factor`."""
+
+    kernel_rule = "biased"
 
     def __init__(self, hidden_size: int, num_experts: int, scoring: str, normalize: bool,
                  routed_scaling_factor: float = 1.0, n_group: int = 1,
@@ -131,14 +143,45 @@ class CorrectionBiasRouter(Router):
         return weights * self.routed_scaling_factor, choices
 
 
+class GroupLimitedRouter(Router):
+    """DeepSeek-V2's routing: softmax over every expert; the top_k of them ("greedy",
+    `n_group` 1), or of those in the `topk_group` groups (of `n_group`) whose best expert
+    scores highest ("group_limited_greedy"). The weights are the chosen scores, not
+    renormalised, times `routed_scaling_factor`."""
+
+    kernel_rule = None
+
+    def __init__(self, hidden_size: int, num_experts: int, routed_scaling_factor: float,
+                 n_group: int = 1, topk_group: int = 1) -> None:
+        super().__init__(hidden_size, num_experts)
+        if num_experts % n_group or not 0 < topk_group <= n_group:
+            raise ValueError(f"{num_experts} experts cannot be routed in {n_group} groups, "
+                             f"{topk_group} of them kept")
+        self.routed_scaling_factor = routed_scaling_factor
+        self.n_group, self.topk_group = n_group, topk_group
+
+    def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (T, hidden) -> float32 weights (T, top_k), expert ids (T, top_k)."""
+        scores = F.linear(hidden.float(), self.weight.float()).softmax(dim=-1)  # (T, E)
+        if self.topk_group < self.n_group:
+            groups = scores.view(scores.shape[0], self.n_group, -1)  # (T, groups, E / groups)
+            kept = torch.topk(groups.amax(dim=-1), self.topk_group, dim=-1, sorted=False)[1]
+            mask = torch.zeros(groups.shape[:2], dtype=torch.bool).scatter_(1, kept, True)
+            scores = scores.masked_fill(~mask.unsqueeze(-1).expand_as(groups).reshape_as(scores),
+                                        0.0)
+        weights, choices = torch.topk(scores, top_k, dim=-1, sorted=False)
+        return weights * self.routed_scaling_factor, choices
+
+
 class SparseMoeBlock(nn.Module):
     """`gate` (the router) and `experts.{i}`, named as in the Hugging Face checkpoints.
 
     Routing: softmax over all experts in float32, the top_k largest, renormalised to sum to
     1 where `normalize_top_k` (Mixtral always; Qwen3-MoE with norm_topk_prob); or, with
     `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
-    CorrectionBiasRouter's own rule (GLM-4.5, DeepSeek-V3) or a SparseMixerRouter's (PhiMoE).
-    `router`: one of the block's own (those two, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
+    router's own rule (`route`: CorrectionBiasRouter's for GLM-4.5 and DeepSeek-V3,
+    GroupLimitedRouter's for DeepSeek-V2, SparseMixerRouter's for PhiMoE). `router`: one of
+    the block's own (those, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
     an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
@@ -170,7 +213,7 @@ class SparseMoeBlock(nn.Module):
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
-        if isinstance(self.gate, (CorrectionBiasRouter, SparseMixerRouter)):
+        if hasattr(self.gate, "route"):  # a router with its own rule
             weights, choices = self.gate.route(hidden, k)
         else:
             weights, choices = self._softmax_route(hidden)

@@ -46,12 +46,13 @@ def _routing(block: nn.Module) -> dict | None:
     is not a float32 matrix. A subclass's extra steps (Granite's output multiplier) are its
     caller's to check."""
     router = block.gate
-    if (router.weight.dtype != torch.float32 or not router.weight.is_contiguous()
-            or getattr(router, "bias", None) is not None  # kernels.h's routers have no bias
-            or hasattr(router, "jitter_eps")):  # nor PhiMoE's sparsemixer
+    rule = type(router).kernel_rule  # (layers/moe.py: Router)
+    if (rule is None or router.weight.dtype != torch.float32
+            or not router.weight.is_contiguous()
+            or router.bias is not None):  # kernels.h's routers have no bias
         return None
-    bias = getattr(router, "e_score_correction_bias", None)
-    if bias is not None:  # a CorrectionBiasRouter
+    if rule == "biased":  # a CorrectionBiasRouter
+        bias = router.e_score_correction_bias
         if router.n_group > MAX_EXPERT_GROUPS or bias.dtype != torch.float32:
             return None
         return {"routing": MOE_ROUTINGS[f"{router.scoring}_biased"],

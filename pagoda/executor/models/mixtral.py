@@ -174,13 +174,14 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
                           max_position, make_mlp)
 
     def load_weights(self, weights) -> None:
-        layers = self.config.num_hidden_layers
-        super().load_weights((name, tensor) for name, tensor in weights
-                             if not _is_layer_at_or_past(name, layers))
+        super().load_weights(without_layers_past(weights, self.config.num_hidden_layers))
 
 
-def _is_layer_at_or_past(name: str, num_layers: int) -> bool:
-    """Whether `name` belongs to model.layers.{i} with i >= num_layers (an MTP layer)."""
-    parts = name.split(".")
-    return (len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
-            and int(parts[2]) >= num_layers)
+def without_layers_past(weights, num_layers: int):
+    """`weights` but those of model.layers.{i} with i >= num_layers (next-token-prediction
+    layers stored after the model's own: GLM-4.5's, DeepSeek-V3's)."""
+    for name, tensor in weights:
+        parts = name.split(".")
+        if not (len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
+                and int(parts[2]) >= num_layers):
+            yield name, tensor

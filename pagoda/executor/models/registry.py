@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagoda.executor.models.deepseek import (
+    DeepseekV2ForCausalLM,
+    DeepseekV3ForCausalLM,
+    latent_attention_shape,
+)
 from pagoda.executor.models.ernie import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
 from pagoda.executor.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagoda.executor.models.gpt_oss import GptOssForCausalLM
@@ -14,6 +19,7 @@ from pagoda.executor.models.llama import (
     Phi3ForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
+    head_dim_of,
 )
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
@@ -40,6 +46,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)
@@ -67,3 +75,12 @@ def resolve_model_class(hf_config) -> type[nn.Module]:
         f"unsupported model architecture {', '.join(architectures) or '(none given)'}; "
         f"supported: {', '.join(supported_architectures())}"
     )
+
+
+def attention_shape(hf_config) -> tuple[int, int, int]:
+    """(query heads, cached heads, cached head size) of the config's attention layers:
+    DeepSeek's latent attention caches one head of its latent; the others their KV heads."""
+    if getattr(hf_config, "kv_lora_rank", None):
+        return latent_attention_shape(hf_config)
+    return (hf_config.num_attention_heads, hf_config.num_key_value_heads,
+            head_dim_of(hf_config))

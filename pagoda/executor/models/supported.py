@@ -12,7 +12,7 @@ HF_ARCHITECTURES = (
     "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM",
     "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
     "Glm4MoeForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "GptOssForCausalLM",
-    "PhimoeForCausalLM", "PhiMoEForCausalLM",
+    "PhimoeForCausalLM", "PhiMoEForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
     # bare decoder stacks, as embedding models are saved (no head: embeddings only)
     "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
 )
