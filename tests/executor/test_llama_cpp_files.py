@@ -61,17 +61,19 @@ TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe", "gpt-oss": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
     "ernie4.5": "spm", "ernie4.5-moe": "spm",  # (the converter reads only tokenizer.model)
-    "phimoe": "spm",
+    "phimoe": "spm", "deepseek-v2": "bpe", "deepseek-v3": "bpe",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
-                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss", "phimoe"]
+                "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss", "phimoe",
+                "deepseek-v2", "deepseek-v3"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""
-LLAMA_CONVERTED = {"llama", "granite", "granitemoe"}
-"""Architectures llama.cpp's converter writes through its Llama converter class."""
+WRITES_VOCAB_SIZE = {"llama", "granite", "granitemoe", "deepseek2"}
+"""Architectures whose converter class writes `<arch>.vocab_size` (Llama's, which Granite's
+is, and DeepSeek's)."""
 PUBLISHED_ARCHITECTURES = {"phimoe": "PhiMoEForCausalLM"}
 """config.json `architectures` as the published checkpoint has it (remote code), where
 transformers' own class is named otherwise: llama.cpp's converter knows only that name."""
@@ -152,13 +154,13 @@ def converted_file(converted, arch: str, outtype: str) -> tuple[torch.nn.Module,
 
 @pytest.mark.parametrize("arch", list(TOKENIZER))
 def test_the_vocabulary_size_is_the_token_lists_length(arch, converted) -> None:
-    """The converter writes `<arch>.vocab_size` only for `llama` files: elsewhere the size is
-    the token list's length (Granite's converter is Llama's: it writes it too), read from its header whether the reader kept the list (<= 1024
-    entries) or skipped it."""
+    """The converter writes `<arch>.vocab_size` only for WRITES_VOCAB_SIZE files: elsewhere
+    the size is the token list's length, read from its header whether the reader kept the
+    list (<= 1024 entries) or skipped it."""
     reference, path = converted_file(converted, arch, "f32")
     reader = CompactGGUFReader(path, "r")
     architecture = str(reader.fields["general.architecture"].contents())
-    assert (f"{architecture}.vocab_size" in reader.fields) == (architecture in LLAMA_CONVERTED)
+    assert (f"{architecture}.vocab_size" in reader.fields) == (architecture in WRITES_VOCAB_SIZE)
     assert array_length(reader, "tokenizer.ggml.tokens") == reference.config.vocab_size
     checkpoint = open_checkpoint(resolve_model_files(path))
     assert checkpoint.hf_config.vocab_size == reference.config.vocab_size
@@ -182,6 +184,9 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
         assert len(shape) >= 2, tensor.name  # (a norm would need its 1 + w rounded)
         for name in hf_tensor_names(checkpoint.family, tensor.name, shape,
                                     checkpoint.num_experts):
+            if name.endswith(("k_b_proj.weight", "v_b_proj.weight")):  # DeepSeek's kv_b_proj
+                round_latent_part(state, name, checkpoint.hf_config, tensor.tensor_type)
+                continue
             if name not in state:  # Granite MoE's and gpt-oss's experts, stacked
                 name, input_major = stacked_name(name)
                 if name in rounded:
@@ -197,6 +202,21 @@ def rounded_as_stored(folder: str, path: str, out_folder: str) -> torch.nn.Modul
     shutil.copy(os.path.join(folder, "config.json"), out_folder)
     save_file(state, os.path.join(out_folder, "model.safetensors"), metadata={"format": "pt"})
     return AutoModelForCausalLM.from_pretrained(out_folder, dtype=torch.float32).eval()
+
+
+def round_latent_part(state: dict, name: str, config, qtype) -> None:
+    """Round DeepSeek's kv_b_proj (heads * (nope + v), rank) in `state` as the file stores
+    its part `name`: k_b_proj each head's (nope, rank) block transposed (rows of nope),
+    v_b_proj each head's (v, rank) block."""
+    whole = f"{name.rsplit('.', 2)[0]}.kv_b_proj.weight"
+    nope = config.qk_nope_head_dim
+    heads = state[whole].view(config.num_attention_heads, nope + config.v_head_dim, -1)
+    if "k_b_proj" in name:
+        part = heads[:, :nope].transpose(1, 2)
+        heads[:, :nope] = round_trip(part.reshape(-1, nope), qtype).view(part.shape).transpose(1, 2)
+    else:
+        part = heads[:, nope:]
+        heads[:, nope:] = round_trip(part.reshape(-1, part.shape[-1]), qtype).view(part.shape)
 
 
 def stacked_name(expert_name: str) -> tuple[str, bool]:

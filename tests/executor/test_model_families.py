@@ -41,6 +41,10 @@ GGUF_SETTINGS = {
     "olmoe": {"clip_qkv": None},  # llama.cpp's converter writes no clamp, its graph has none
     "glm4-moe": {"n_group": 1, "topk_group": 1},  # llama.cpp's graph has no expert groups
     "gpt-oss": {"swiglu_limit": 7.0},  # llama.cpp's graph: the published clamp, not the file's
+    # the published configs' routing key, from which the converter writes the gating function
+    # (transformers' DeepSeek configs have none: it keeps the extra field)
+    "deepseek-v2": {"scoring_func": "softmax"},
+    "deepseek-v3": {"scoring_func": "sigmoid"},
     # the file's LongRoPE attention factor is llama.cpp's formula, not the config's mscale
     "phimoe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
                "router_jitter_noise": 0.01},  # (the file has no jitter eps: the family's)

@@ -39,6 +39,13 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              (hidden / heads for the 27B), the facts llama.cpp hard-codes.
   gemma3     as gemma2, no softcaps, q/k norms, 5 of 6 layers sliding with rope base
              10000 (llama.cpp's fixed values) unless the file says otherwise.
+  deepseek2  DeepSeek-V2/V3: latent attention's projections under their own names, kv_b_proj
+             split by the converter into attn_k_b (each head's W_UK transposed) and attn_v_b
+             (models/deepseek.py joins them); experts as qwen3moe's, shared experts, the
+             correction bias; sigmoid gating (expert_gating_func 2) reads as V3, softmax as
+             V2; no q/k permutation (the rotary pairs stay adjacent, as DeepSeek's own).
+
+Each family's config fields from the file's metadata: gguf_family_configs.py.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ GGUF_ARCHITECTURES = {
     "phimoe": ("phimoe", "PhimoeForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "deepseek2": ("deepseek_v2", "DeepseekV2ForCausalLM"),  # (V3 where routing is sigmoid)
 }
 MIXTRAL = ("mixtral", "MixtralForCausalLM")
 """A `llama` file with experts."""
@@ -73,9 +81,6 @@ MIXTRAL = ("mixtral", "MixtralForCausalLM")
 PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe"}
 NORM_PLUS_ONE_ARCHITECTURES = {"gemma2", "gemma3"}
 """The converter stored (1 + w) for every norm weight of these (Gemma's RMSNorm scale)."""
-GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-"""llama.cpp scales the 27B's attention by (hidden / heads) ** -0.5, the others' by
-head_dim ** -0.5: it knows the 27B by its layer count."""
 SKIPPED_TENSORS = {"rope_factors_long.weight", "rope_factors_short.weight"}
 """Read into the config (Phi-3 LongRoPE), not weights."""
 
@@ -157,6 +162,14 @@ LAYER_NAMES = {
     "phimoe": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "gemma2": _GEMMA_NAMES,
     "gemma3": _GEMMA_NAMES,
+    "deepseek2": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], **_SHARED_EXPERT_NAMES,
+                  "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+                  "attn_q_b": "self_attn.q_b_proj",
+                  "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                  "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                  "attn_kv_b": "self_attn.kv_b_proj",  # (older files: whole)
+                  "attn_k_b": "self_attn.k_b_proj", "attn_v_b": "self_attn.v_b_proj",
+                  "exp_probs_b": "mlp.gate.e_score_correction_bias!"},
 }
 """Name table by family (a `llama` file with experts reads as "mixtral")."""
 WHOLE_NAME = "!"
@@ -218,149 +231,3 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     head_dim = weight.shape[0] // num_heads
     rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
     return rows.transpose(1, 2).reshape(weight.shape).contiguous()
-
-
-def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
-    """Add the family's own config fields to `kwargs` (the common ones are there).
-    `field(key, default)` reads `{arch}.key` metadata; `read_tensor(name)` a small tensor."""
-    if family in ("mixtral", "qwen3moe", "olmoe"):
-        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
-        experts = int(field("expert_count", 0))
-        if family == "olmoe":  # llama.cpp's olmoe graph: weights as routed, no clamp unless set
-            kwargs["num_experts"], kwargs["norm_topk_prob"] = experts, False
-            clamp = field("attention.clamp_kqv", None)
-            kwargs["clip_qkv"] = float(clamp) if clamp else None
-        elif family == "mixtral":
-            kwargs["num_local_experts"] = experts
-            kwargs["intermediate_size"] = int(
-                field("expert_feed_forward_length", None) or kwargs["intermediate_size"])
-        else:
-            kwargs["num_experts"] = experts
-            kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", None)
-                                                  or kwargs["intermediate_size"])
-            kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
-            kwargs["mlp_only_layers"], kwargs["decoder_sparse_step"] = [], 1
-    if family in ("granite", "granitemoe"):
-        _granite_config(family, field, kwargs)
-    elif family == "glm4moe":
-        _glm4_moe_config(field, kwargs, read_tensor)
-    elif family in ("ernie4_5", "ernie4_5-moe"):
-        _ernie_config(family, field, kwargs)
-    elif family == "gpt-oss":
-        _gpt_oss_config(field, kwargs, read_tensor)
-    elif family in ("phi3", "phimoe"):
-        _phi3_config(field, kwargs, read_tensor)
-    if family == "phimoe":
-        kwargs["num_local_experts"] = int(field("expert_count", 0))
-        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
-        kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
-        kwargs["lm_head_bias"] = read_tensor("output.bias") is not None
-    elif family in GEMMA_27B_LAYERS:
-        _gemma_config(family, field, kwargs)
-
-
-def _granite_config(family: str, field, kwargs: dict) -> None:
-    head_dim = kwargs.pop("head_dim")  # Granite's config derives it: hidden / heads
-    scales = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
-              "logits_scaling": "logit_scale", "attention_multiplier": "attention.scale"}
-    for name, key in scales.items():
-        value = field(key, None)  # absent (or 0): llama.cpp applies no scaling
-        kwargs[name] = float(value) if value else (head_dim ** -0.5 if key == "attention.scale"
-                                                    else 1.0)
-    if family == "granitemoe":
-        kwargs["num_local_experts"] = int(field("expert_count", 0))
-        kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
-        kwargs["intermediate_size"] = int(field("expert_feed_forward_length", None)
-                                          or kwargs["intermediate_size"])
-
-
-def _glm4_moe_config(field, kwargs: dict, read_tensor) -> None:
-    head_dim = kwargs["head_dim"]
-    kwargs["partial_rotary_factor"] = int(field("rope.dimension_count", head_dim)) / head_dim
-    kwargs["n_routed_experts"] = int(field("expert_count", 0))
-    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
-    kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0))
-    kwargs["n_shared_experts"] = int(field("expert_shared_count", 0))
-    kwargs["first_k_dense_replace"] = int(field("leading_dense_block_count", 0))
-    kwargs["routed_scaling_factor"] = float(field("expert_weights_scale", 1.0))
-    kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
-    kwargs["n_group"] = kwargs["topk_group"] = 1
-    kwargs["num_nextn_predict_layers"] = 0  # (not loaded: GGUFCheckpoint.num_layers)
-    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
-    kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
-
-
-def _ernie_config(family: str, field, kwargs: dict) -> None:
-    kwargs["rotary_rows_in_halves"] = True  # (convert_tensor reordered them: ernie.py)
-    if family != "ernie4_5-moe":
-        return
-    kwargs["moe_num_experts"] = int(field("expert_count", 0))
-    kwargs["moe_k"] = int(field("expert_used_count", 2))
-    kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0)
-                                          or kwargs["intermediate_size"])
-    kwargs["moe_num_shared_experts"] = int(field("expert_shared_count", 0))
-    kwargs["moe_layer_start_index"] = int(field("leading_dense_block_count", 0))
-    kwargs["moe_layer_interval"] = int(field("interleave_moe_layer_step", 1))
-    kwargs["moe_layer_end_index"] = kwargs["num_hidden_layers"] - 1
-
-
-def _gpt_oss_config(field, kwargs: dict, read_tensor) -> None:
-    kwargs["num_local_experts"] = int(field("expert_count", 0))
-    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 4))
-    kwargs["intermediate_size"] = int(field("expert_feed_forward_length", None)
-                                      or kwargs["intermediate_size"])
-    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
-    kwargs["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
-                             for i in range(kwargs["num_hidden_layers"])]
-    rope = kwargs.pop("rope_scaling", None)
-    if rope is not None:  # gpt-oss's YaRN keeps the blend's ends unrounded
-        kwargs["rope_parameters"] = {**rope, "rope_theta": kwargs["rope_theta"],
-                                     "truncate": False}
-
-
-def _phi3_config(field, kwargs: dict, read_tensor) -> None:
-    head_dim = kwargs["head_dim"]
-    rotary_dims = int(field("rope.dimension_count", head_dim))
-    kwargs["partial_rotary_factor"] = rotary_dims / head_dim
-    window = field("attention.sliding_window", None)
-    kwargs["sliding_window"] = int(window) if window else None
-    long_factors = read_tensor("rope_factors_long.weight")
-    if long_factors is not None:
-        original = int(field("rope.scaling.original_context_length",
-                             kwargs["max_position_embeddings"]))
-        kwargs["original_max_position_embeddings"] = original
-        kwargs["rope_scaling"] = {
-            "rope_type": "longrope", "original_max_position_embeddings": original,
-            "long_factor": long_factors.tolist(),
-            "short_factor": read_tensor("rope_factors_short.weight").tolist(),
-        }
-        attention_factor = field("rope.scaling.attn_factor", None)
-        if attention_factor is not None:
-            kwargs["rope_scaling"]["attention_factor"] = float(attention_factor)
-
-
-def _gemma_config(family: str, field, kwargs: dict) -> None:
-    num_layers = kwargs["num_hidden_layers"]
-    kwargs["hidden_activation"] = "gelu_pytorch_tanh"
-    kwargs["query_pre_attn_scalar"] = (
-        kwargs["hidden_size"] // kwargs["num_attention_heads"]
-        if num_layers == GEMMA_27B_LAYERS[family] else kwargs["head_dim"])
-    final_cap = field("final_logit_softcapping", None)
-    if family == "gemma2":
-        kwargs["attn_logit_softcapping"] = float(field("attn_logit_softcapping", 50.0))
-        kwargs["final_logit_softcapping"] = float(final_cap) if final_cap else 30.0
-        window, pattern = int(field("attention.sliding_window", 4096)), 2
-    else:
-        kwargs["final_logit_softcapping"] = float(final_cap) if final_cap else None
-        kwargs["rope_local_base_freq"] = float(field("rope.freq_base_swa", 10000.0))
-        window, pattern = int(field("attention.sliding_window", 0) or 0), 6
-    stored = field("attention.sliding_window_pattern", None)
-    if isinstance(stored, list):  # one flag per layer: True where the layer slides
-        sliding = [bool(flag) for flag in stored]
-    else:
-        pattern = int(stored or pattern)
-        sliding = [bool((i + 1) % pattern) for i in range(num_layers)]
-    if not window:  # no window in the file: every layer global (llama.cpp's reading)
-        sliding, window = [False] * num_layers, 4096
-    kwargs["sliding_window"] = window
-    kwargs["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]

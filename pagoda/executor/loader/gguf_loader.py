@@ -26,7 +26,6 @@ from pagoda.executor.loader.gguf_architectures import (
     MIXTRAL,
     SKIPPED_TENSORS,
     convert_tensor,
-    family_config,
     family_of,
     hf_tensor_names,
 )
@@ -35,6 +34,7 @@ from pagoda.executor.loader.gguf_dequant import (
     dequantize_tensor,
     owned_bytes,
 )
+from pagoda.executor.loader.gguf_family_configs import family_config
 from pagoda.executor.loader.gguf_reader import CompactGGUFReader, array_length
 from pagoda.executor.loader.model_files import ModelLoadError
 
@@ -127,7 +127,7 @@ class GGUFCheckpoint:
             kwargs["attention_bias"] = True  # informational: Qwen2 always has qkv bias
         family_config(self.family, lambda key, default=None: self._field(f"{arch}.{key}", default),
                       kwargs, self._small_tensor)
-        return AutoConfig.for_model(model_type, **kwargs)
+        return AutoConfig.for_model(kwargs.pop("model_type", model_type), **kwargs)
 
     def _rope_scaling(self, context_length: int) -> dict | None:
         """`<arch>.rope.scaling.*` as the Hugging Face rope_scaling dict llama.cpp's converter

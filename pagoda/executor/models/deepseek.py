@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from pagoda.executor.attention.layer import Attention
-from pagoda.executor.layers.linear import Linear, default_weight_loader
+from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.moe import CorrectionBiasRouter, GroupLimitedRouter, SparseMoeBlock
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rope_scaling import yarn_get_mscale
@@ -60,14 +60,36 @@ def softmax_scale(config) -> float:
 
 
 class LatentUpProjection(nn.Module):
-    """kv_b_proj: weight (heads * (nope + v), rank), used absorbed (the module docstring)."""
+    """kv_b_proj: weight (heads * (nope + v), rank), used absorbed (the module docstring).
+
+    Loaded whole (a Hugging Face checkpoint, an older GGUF file's attn_kv_b) or as the two
+    parts llama.cpp's converter splits it into: "k" its k_b_proj (heads, rank, nope), each
+    head's W_UK transposed, and "v" its v_b_proj (heads, v, rank)."""
+
+    shard_offsets = ("k", "v")
+    """The parts load_weights requires (LlamaForCausalLM.load_weights)."""
 
     def __init__(self, num_heads: int, nope_dim: int, v_dim: int, rank: int) -> None:
         super().__init__()
         self.num_heads, self.nope_dim, self.v_dim, self.rank = num_heads, nope_dim, v_dim, rank
         self.weight = nn.Parameter(torch.empty(num_heads * (nope_dim + v_dim), rank),
                                    requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.weight.weight_loader = self._load
+
+    def _load(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | None) -> None:
+        heads = param.data.view(self.num_heads, self.nope_dim + self.v_dim, self.rank)
+        if shard_id is None:
+            target, source = param.data, tensor
+        elif shard_id == "k":
+            target, source = heads[:, :self.nope_dim], tensor.transpose(1, 2)
+        else:
+            target, source = heads[:, self.nope_dim:], tensor
+        if source.shape != target.shape:
+            part = "kv_b_proj" if shard_id is None else f"{shard_id}_b_proj"
+            raise ValueError(f"{part} of shape {tuple(tensor.shape)} does not fit "
+                             f"{self.num_heads} heads of {self.nope_dim} + {self.v_dim} rows "
+                             f"over a {self.rank}-feature latent")
+        target.copy_(source)
 
     def _per_head(self) -> torch.Tensor:
         return self.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.rank)
@@ -130,8 +152,10 @@ class LatentAttention(nn.Module):
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     """DeepSeek-V2 / V2-Lite (the module docstring)."""
 
-    stacked_params = tuple(entry for entry in STACKED_PARAMS if entry[0] == ".gate_up_proj.")
-    """(no fused q/k/v: q_proj, kv_a_proj_with_mqa and kv_b_proj are separate)"""
+    stacked_params = (*(entry for entry in STACKED_PARAMS if entry[0] == ".gate_up_proj."),
+                      (".kv_b_proj.", ".k_b_proj.", "k"), (".kv_b_proj.", ".v_b_proj.", "v"))
+    """No fused q/k/v (q_proj, kv_a_proj_with_mqa, kv_b_proj are separate); kv_b_proj's parts
+    as a llama.cpp file splits it (LatentUpProjection)."""
 
     def build_model(self, config, max_position: int) -> nn.Module:
         config.head_dim = config.qk_rope_head_dim  # what the shared rotary turns

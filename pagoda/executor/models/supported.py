@@ -19,7 +19,7 @@ HF_ARCHITECTURES = (
 """config.json `architectures` of a Hugging Face folder."""
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "granite", "granitemoe",
                       "glm4moe", "ernie4_5", "ernie4_5-moe", "gpt-oss", "phi3", "phimoe",
-                      "gemma2", "gemma3")
+                      "gemma2", "gemma3", "deepseek2")
 """GGUF `general.architecture` (a `llama` file with experts is Mixtral)."""
 
 
