@@ -33,7 +33,7 @@ def run_env(args: argparse.Namespace) -> int:
         resolve_quantization,
         set_cpu_threads,
     )
-    from pagoda.executor.models.registry import attention_shape
+    from pagoda.executor.models.registry import attention_shape, has_latent_attention
 
     for line in environment_report():
         print(line)
@@ -43,7 +43,8 @@ def run_env(args: argparse.Namespace) -> int:
     config = checkpoint.hf_config
     dtype = resolve_dtype("auto", device)
     quantization = resolve_quantization("auto", checkpoint, device)
-    backend = select_backend(16, device, dtype, *attention_shape(config), None)
+    backend = select_backend(16, device, dtype, *attention_shape(config), None,
+                             values_in_keys=has_latent_attention(config))
     print(f"auto for {files.path}:")
     print(f"  device {device}{f', {threads} threads' if threads else ''}")
     print(f"  dtype {str(dtype).removeprefix('torch.')}")

@@ -63,14 +63,14 @@ def cpu_default_kv_blocks(one_sequence: int, bytes_per_block: int, most_useful: 
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                       kv_cache_dtype: str) -> int:
-    """K and V of one token over all layers and KV heads (`dtype` the activations'); an
-    8-bit cache counts its codes and its scales (kv_quant.py)."""
+                       kv_cache_dtype: str, planes: int = 2) -> int:
+    """K and V (`planes` 1: K only) of one token over all layers and KV heads (`dtype` the
+    activations'); an 8-bit cache counts its codes and its scales (kv_quant.py)."""
     if is_quantized(kv_cache_dtype):
         row_bytes = bytes_per_token_head(kv_cache_dtype, head_dim)
     else:
         row_bytes = head_dim * plain_cache_dtype(kv_cache_dtype, dtype).itemsize
-    return 2 * num_layers * num_kv_heads * row_bytes
+    return planes * num_layers * num_kv_heads * row_bytes
 
 
 def allocate_kv_caches(shape: tuple, num_layers: int, dtype: torch.dtype, device: torch.device,

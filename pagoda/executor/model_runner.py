@@ -94,6 +94,8 @@ class ModelRunner:
         self.num_heads = first_attention.num_heads
         self.num_kv_heads = first_attention.num_kv_heads
         self.head_dim = first_attention.head_dim
+        self.kv_planes = 1 if first_attention.values_in_keys else 2
+        """Planes of each layer's cache: keys and values, or keys only (values are keys)."""
         self.block_size = cache_config.block_size
         self.kv_cache_dtype = cache_config.kv_cache_dtype
         check_kv_cache_dtype(self.kv_cache_dtype, dtype, device)
@@ -151,6 +153,7 @@ class ModelRunner:
         self.backends = [select_backend(
             self.block_size, self.device, self.dtype, self.num_heads, self.num_kv_heads,
             self.head_dim, model.sliding_window, self.kv_cache_dtype, self.batch_invariant,
+            values_in_keys=self.kv_planes == 1,
         ) for _ in self.kv_cache_windows]
         self.backend = self.backends[0]
         self.input_batch = InputBatch(num_kv_cache_groups=self.num_kv_cache_groups)
@@ -169,7 +172,7 @@ class ModelRunner:
         """K and V of one token over all layers and KV heads; an 8-bit cache counts its
         codes and its scales (kv_quant.py)."""
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
-                                  self.kv_cache_dtype)
+                                  self.kv_cache_dtype, self.kv_planes)
 
     def initialize_kv_cache(self, per_group: list[int]) -> None:
         """Allocate each layer's paged cache, sized by its KV-cache group's number of blocks
@@ -178,7 +181,8 @@ class ModelRunner:
         self.kv_caches = [None] * len(self.layer_kv_groups)
         for group, (backend, count) in enumerate(zip(self.backends, per_group)):
             layer_ids = [i for i, g in enumerate(self.layer_kv_groups) if g == group]
-            shape = backend.kv_cache_shape(count, self.num_kv_heads, self.head_dim)
+            shape = backend.kv_cache_shape(count, self.num_kv_heads, self.head_dim,
+                                           self.kv_planes)
             caches = allocate_kv_caches(shape, len(layer_ids), self.dtype, self.device,
                                         self.kv_cache_dtype)
             for i, kv_cache in zip(layer_ids, caches):

@@ -78,8 +78,10 @@ class AttentionBackend(ABC):
         return metadata
 
     @abstractmethod
-    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int) -> tuple:
-        """Shape of one layer's cache tensor; called once, when the runner allocates it."""
+    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int,
+                       planes: int = 2) -> tuple:
+        """Shape of one layer's cache tensor; called once, when the runner allocates it.
+        `planes`: 2 (keys and values) or 1 (keys only: layers whose values are their keys)."""
 
     @abstractmethod
     def prepare(

@@ -151,21 +151,22 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
 def select_backend(
     block_size: int, device: torch.device, dtype: torch.dtype, num_heads: int,
     num_kv_heads: int, head_dim: int, sliding_window: int | None, kv_cache_dtype: str = "auto",
-    batch_invariant: bool = False,
+    batch_invariant: bool = False, values_in_keys: bool = False,
 ) -> AttentionBackend:
     """The C-kernel backend on CPU where it takes these shapes, else the torch backend. An
     8-bit KV cache has a kernel for float32 activations only (attention_f32.c): with bf16
     ones it takes the torch backend, which dequantizes the gathered tiles.
-    `batch_invariant`: the kernel backend in that mode, or ValueError where it cannot run."""
+    `batch_invariant`: the kernel backend in that mode, or ValueError where it cannot run.
+    `values_in_keys` (a keys-only cache, which the kernel does not read): the torch backend."""
     if batch_invariant:
-        if device.type != "cpu" or not paged_attention_supported(
+        if device.type != "cpu" or values_in_keys or not paged_attention_supported(
                 dtype, num_heads, num_kv_heads, head_dim):
             raise ValueError(
                 f"--deterministic needs Pagoda's C attention kernel, which does not take "
                 f"{dtype} on {device} with {num_heads} heads / {num_kv_heads} KV heads of "
-                f"{head_dim}")
+                f"{head_dim}{' in a keys-only (latent) cache' if values_in_keys else ''}")
         return CpuKernelAttentionBackend(block_size, device, sliding_window, batch_invariant=True)
-    if is_quantized(kv_cache_dtype) and dtype != torch.float32:
+    if values_in_keys or is_quantized(kv_cache_dtype) and dtype != torch.float32:
         return TorchAttentionBackend(block_size, device, sliding_window)
     if device.type == "cpu" and paged_attention_supported(dtype, num_heads, num_kv_heads, head_dim):
         return CpuKernelAttentionBackend(block_size, device, sliding_window)

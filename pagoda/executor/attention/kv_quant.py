@@ -69,6 +69,12 @@ def rotate_keys(x: torch.Tensor) -> torch.Tensor:
     return x @ key_rotation(x.shape[-1]).to(device=x.device, dtype=x.dtype)
 
 
+def unrotate_keys(x: torch.Tensor) -> torch.Tensor:
+    """x (..., head_dim) rotated by rotate_keys -> x @ R^T: back where it was (R is
+    orthogonal). For outputs whose values were read from rotated keys."""
+    return x @ key_rotation(x.shape[-1]).t().to(device=x.device, dtype=x.dtype)
+
+
 def canonical_kv_cache_dtype(name: str) -> str:
     return KV_CACHE_ALIASES.get(name, name)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pagoda.executor.attention.backend import AttentionBackend
-from pagoda.executor.attention.kv_quant import QuantizedKVCache, rotate_keys
+from pagoda.executor.attention.kv_quant import QuantizedKVCache, rotate_keys, unrotate_keys
 from pagoda.executor.forward_context import get_forward_context
 from pagoda.executor.layers.linear import default_weight_loader
 
@@ -27,17 +27,21 @@ class Attention(nn.Module):
     (Gemma 2/3); None takes the backend's, the model-wide window the runner set (Mistral).
     `logit_softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
     `sinks`: the layer has `sinks` (num_heads,), a learned logit per head that takes a share
-    of each row's softmax (gpt-oss; the checkpoint fills it)."""
+    of each row's softmax (gpt-oss; the checkpoint fills it).
+    `values_in_keys`: the layer's values are its keys (DeepSeek's latent attention, whose
+    callers drop the features past the value's): the cache holds one plane, the keys, and
+    reads take them as the values too."""
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
         sliding_window: int | None = None, logit_softcap: float | None = None,
-        sinks: bool = False,
+        sinks: bool = False, values_in_keys: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window, self.logit_softcap = sliding_window, logit_softcap
+        self.values_in_keys = values_in_keys
         self.sinks = None
         if sinks:
             self.sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False)
@@ -62,11 +66,14 @@ class Attention(nn.Module):
         if self.kv_cache is None or self.backend is None:
             raise RuntimeError("attention layer has no KV cache bound; the runner binds one")
         metadata = get_forward_context()[self.kv_cache_group]  # (one per KV-cache group)
-        if isinstance(self.kv_cache, QuantizedKVCache):  # keys stored rotated (kv_quant.py)
+        rotated = isinstance(self.kv_cache, QuantizedKVCache)
+        if rotated:  # keys stored rotated (kv_quant.py)
             q, k = rotate_keys(q), rotate_keys(k)
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,
                                    window=self.sliding_window, softcap=self.logit_softcap,
                                    sinks=self.sinks)
+        if rotated and self.values_in_keys:  # values read from the rotated keys
+            out = unrotate_keys(out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
 

@@ -4,6 +4,7 @@ Cache layout of one layer, head-major so that a block of one KV head is one cont
 (block_size, head_dim) tile:
 
     kv_cache (2, num_kv_heads, num_blocks, block_size, head_dim)      [0] = K, [1] = V
+             (1, ...) for layers whose values are their keys (DeepSeek's latent): [0] = K = V
 
 Reading a sequence's keys is then one `index_select` of whole tiles through its block table
 (no per-token gather, no transposing copy): for KV head h and block b the tile is row
@@ -88,10 +89,12 @@ class TorchAttentionBackend(AttentionBackend):
         self.num_blocks = 0
         self.num_kv_heads = 0
 
-    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int) -> tuple:
-        """(2, num_kv_heads, num_blocks, block_size, head_dim); see the module docstring."""
+    def kv_cache_shape(self, num_blocks: int, num_kv_heads: int, head_dim: int,
+                       planes: int = 2) -> tuple:
+        """(planes, num_kv_heads, num_blocks, block_size, head_dim); see the module
+        docstring."""
         self.num_blocks, self.num_kv_heads = num_blocks, num_kv_heads
-        return (2, num_kv_heads, num_blocks, self.block_size, head_dim)
+        return (planes, num_kv_heads, num_blocks, self.block_size, head_dim)
 
     def prepare(
         self, metadata: AttentionMetadata, query_lens: np.ndarray, block_tables: np.ndarray
@@ -216,20 +219,18 @@ class TorchAttentionBackend(AttentionBackend):
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The group's keys and values, (Hkv * S, L, D): kv head major, then sequence. From
         an 8-bit cache, the gathered tiles (only those) dequantized to `dtype`."""
-        num_kv_heads, _, block_size, head_dim = kv_cache.shape[1:]
+        planes, num_kv_heads, _, block_size, head_dim = kv_cache.shape
         rows = num_kv_heads * group.num_seqs
         if isinstance(kv_cache, QuantizedKVCache):
-            k, v = (
-                dequantize(
-                    kv_cache.codes[i].view(-1, block_size, head_dim).index_select(0, group.tile_index),
-                    kv_cache.scales[i].view(-1, block_size).index_select(0, group.tile_index),
-                    kv_cache.kv_cache_dtype, dtype,
-                ) for i in (0, 1))
-            return k.view(rows, -1, head_dim), v.view(rows, -1, head_dim)
-        k = kv_cache[0].view(-1, block_size, head_dim).index_select(0, group.tile_index)
-        v = kv_cache[1].view(-1, block_size, head_dim).index_select(0, group.tile_index)
-        # a 16-bit cache under float32 activations: the gathered tiles widened
-        return k.view(rows, -1, head_dim).to(dtype), v.view(rows, -1, head_dim).to(dtype)
+            tiles = [dequantize(
+                kv_cache.codes[i].view(-1, block_size, head_dim).index_select(0, group.tile_index),
+                kv_cache.scales[i].view(-1, block_size).index_select(0, group.tile_index),
+                kv_cache.kv_cache_dtype, dtype,
+            ).view(rows, -1, head_dim) for i in range(planes)]
+        else:  # a 16-bit cache under float32 activations: the gathered tiles widened
+            tiles = [kv_cache[i].view(-1, block_size, head_dim).index_select(0, group.tile_index)
+                     .view(rows, -1, head_dim).to(dtype) for i in range(planes)]
+        return tiles[0], tiles[-1]  # (one plane: the keys are the values)
 
     def prefill(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
@@ -272,21 +273,23 @@ def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor | QuantizedKVCache,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row).
+    """Store this step's K/V (T, Hkv, D) at their flat slots (block * block_size + row); a
+    one-plane cache (values are keys) the keys only.
     index_put_, not index_copy_: on CPU index_copy_ wrote every page of the layer's cache
     (RSS grew by the whole cache at the first prefill), index_put_ only the rows it stores.
     An 8-bit cache takes each row's codes and scale (kv_quant.quantize), a 16-bit one under
     float32 activations the values rounded to nearest even."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     index = (slice(None), slot_mapping)
+    planes = (key, value)[:kv_cache.shape[0]]
     if isinstance(kv_cache, QuantizedKVCache):
-        for i, rows in enumerate((key, value)):
+        for i, rows in enumerate(planes):
             codes, scales = quantize(rows.transpose(0, 1), kv_cache.kv_cache_dtype)
             kv_cache.codes[i].view(num_kv_heads, -1, head_dim)[index] = codes
             kv_cache.scales[i].view(num_kv_heads, -1)[index] = scales
         return
-    kv_cache[0].view(num_kv_heads, -1, head_dim)[index] = key.transpose(0, 1).to(kv_cache.dtype)
-    kv_cache[1].view(num_kv_heads, -1, head_dim)[index] = value.transpose(0, 1).to(kv_cache.dtype)
+    for i, rows in enumerate(planes):
+        kv_cache[i].view(num_kv_heads, -1, head_dim)[index] = rows.transpose(0, 1).to(kv_cache.dtype)
 
 
 def _decode_attention(

@@ -3,7 +3,8 @@
 The runner holds one cache a layer (kv_cache_allocation.py), each block on axis 2:
 
     float   (2, num_kv_heads, num_blocks, block_size, head_dim)   the model's dtype, or the
-            16-bit --kv-cache-dtype (float16 / bfloat16) under float32 activations
+            16-bit --kv-cache-dtype (float16 / bfloat16) under float32 activations; (1, ...)
+            where the values are the keys (DeepSeek's latent attention), 8-bit ones alike
     8-bit   QuantizedKVCache (kv_quant.py):
               codes   (2, num_kv_heads, num_blocks, block_size, head_dim)  int8 / uint8
               scales  (2, num_kv_heads, num_blocks, block_size)            bfloat16
@@ -46,8 +47,8 @@ uint8 one byte at a time; int64 is ~5x faster for these gathers and scatters).""
 
 
 def _check(tensor: torch.Tensor, what: str) -> None:
-    if tensor.dim() < 4 or tensor.shape[0] != 2 or not tensor.is_contiguous():
-        raise ValueError(f"KV offload: {what} is not a contiguous (2, heads, blocks, ...) cache: "
+    if tensor.dim() < 4 or tensor.shape[0] not in (1, 2) or not tensor.is_contiguous():
+        raise ValueError(f"KV offload: {what} is not a contiguous (2 or 1, heads, blocks, ...) cache: "
                          f"shape {tuple(tensor.shape)}")
 
 
@@ -58,8 +59,8 @@ def _shape_but_blocks(tensor: torch.Tensor) -> tuple[int, ...]:
 def _word_view(tensor: torch.Tensor, unit: int) -> torch.Tensor:
     """tensor (2, H, num_blocks, ...) -> (2 * H, num_blocks, row_bytes / unit) view of the
     same memory in UNITS[unit] (writes through)."""
-    two, heads, blocks = tensor.shape[:3]
-    return tensor.view(torch.uint8).view(two * heads, blocks, -1).view(UNITS[unit])
+    planes, heads, blocks = tensor.shape[:3]
+    return tensor.view(torch.uint8).view(planes * heads, blocks, -1).view(UNITS[unit])
 
 
 class BlockCopier:
@@ -73,7 +74,8 @@ class BlockCopier:
         for tensor, what in planes:
             _check(tensor, what)
         row_bytes = [tensor[0, 0, 0].numel() * tensor.element_size() for tensor, _ in planes]
-        slab_bytes = [2 * tensor.shape[1] * rb for (tensor, _), rb in zip(planes, row_bytes)]
+        slab_bytes = [tensor.shape[0] * tensor.shape[1] * rb
+                      for (tensor, _), rb in zip(planes, row_bytes)]
         self.payload_bytes = sum(slab_bytes)
         starts = [sum(slab_bytes[:i]) for i in range(len(slab_bytes))]
         alignment = [*row_bytes, *starts] + [tensor.data_ptr() for tensor, _ in planes]

@@ -11,10 +11,10 @@ a `qk_rope_head_dim` rotary key shared by every head:
 
 Here it runs in the absorbed form: q_nope_h . (W_UK_h latent) = (W_UK_h^T q_nope_h) . latent,
 so each head's query is taken into latent space, attention is multi-query over one cached
-head of [latent | k_pe] (rank + rope features: 576 for V2/V3, against 2 x heads x 192 when
-the keys and values are expanded), and the output, still a latent, leaves through W_UV_h.
-The cache holds that one head as both key and value (the value's last `rope` features are
-dropped after attention). kv_b_proj is therefore kept as a float matrix
+head of [latent | k_pe] (rank + rope features: 576 for V2/V3, against heads x (192 + 128)
+when the keys and values are expanded), and the output, still a latent, leaves through W_UV_h.
+The cache holds that one head once (Attention's `values_in_keys`): it is the key and, read
+again, the value (whose last `rope` features are dropped after attention). kv_b_proj is therefore kept as a float matrix
 (`LatentUpProjection`, not a Linear: never quantized nor packed).
 
 The rotary part is DeepSeek's: pairs (x0, x1), (x2, x3), ... turn together (`rope_interleave`,
@@ -128,7 +128,8 @@ class LatentAttention(nn.Module):
         self.rotary = rotary
         self.interleaved = bool(getattr(config, "rope_interleave", True))
         _, cached_heads, cached_dim = latent_attention_shape(config)
-        self.attn = Attention(self.num_heads, cached_heads, cached_dim, softmax_scale(config))
+        self.attn = Attention(self.num_heads, cached_heads, cached_dim, softmax_scale(config),
+                              values_in_keys=True)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         num_tokens = hidden.shape[0]

@@ -77,10 +77,15 @@ def resolve_model_class(hf_config) -> type[nn.Module]:
     )
 
 
+def has_latent_attention(hf_config) -> bool:
+    """DeepSeek's multi-head latent attention: its cache holds one latent head, keys only."""
+    return bool(getattr(hf_config, "kv_lora_rank", None))
+
+
 def attention_shape(hf_config) -> tuple[int, int, int]:
     """(query heads, cached heads, cached head size) of the config's attention layers:
     DeepSeek's latent attention caches one head of its latent; the others their KV heads."""
-    if getattr(hf_config, "kv_lora_rank", None):
+    if has_latent_attention(hf_config):
         return latent_attention_shape(hf_config)
     return (hf_config.num_attention_heads, hf_config.num_key_value_heads,
             head_dim_of(hf_config))

@@ -15,11 +15,12 @@ FINGERPRINT = "model.gguf|123|456|float32|auto|bs4|layers3|kv2|hd16|tp0/1|layout
 
 
 def make_caches(dtype: torch.dtype = torch.float32, kv_cache_dtype: str = "auto", seed: int = 0,
-                block_size: int = BLOCK_SIZE) -> list:
+                block_size: int = BLOCK_SIZE, kv_planes: int = 2) -> list:
     """The runner's per-layer caches (the backends' shape, the runner's allocation), every
-    byte random. (The CPU kernel backend takes the torch backend's kv_cache_shape.)"""
+    byte random; `kv_planes` 1: keys only (latent attention). (The CPU kernel backend takes
+    the torch backend's kv_cache_shape.)"""
     shape = TorchAttentionBackend(block_size, torch.device("cpu")).kv_cache_shape(
-        NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM)
+        NUM_BLOCKS, NUM_KV_HEADS, HEAD_DIM, kv_planes)
     caches = allocate_kv_caches(shape, NUM_LAYERS, dtype, torch.device("cpu"), kv_cache_dtype)
     generator = torch.Generator().manual_seed(seed)
     for plane in planes(caches):

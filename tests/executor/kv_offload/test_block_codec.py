@@ -59,6 +59,23 @@ def test_round_trip_is_bit_exact(dtype, kv_cache_dtype, tier, tmp_path) -> None:
     assert stats[f"{tier}_bytes_read"] == 3 * w.record_bytes
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_a_keys_only_cache_round_trips_its_one_plane(kv_cache_dtype, tmp_path) -> None:
+    """Latent attention's cache (values are the keys: one plane): the payload is half a
+    two-plane one's, and blocks come back bit for bit through the disk tier."""
+    source = make_caches(torch.float32, kv_cache_dtype, seed=1, kv_planes=1)
+    w = worker(source, disk_dir=tmp_path, disk_records=NUM_BLOCKS)
+    two_planes = worker(make_caches(torch.float32, kv_cache_dtype), host_records=1)
+    assert w.payload_bytes * 2 == two_planes.payload_bytes
+    original = block_bytes(source, 5)
+    w.save([(1000, 5, True)])
+    for plane, other in zip(planes(source), planes(make_caches(
+            torch.float32, kv_cache_dtype, seed=2, kv_planes=1))):
+        plane.copy_(other)
+    assert w.load([(1000, 2)]) == []
+    assert all(torch.equal(a, b) for a, b in zip(block_bytes(source, 2), original))
+
+
 def test_save_copies_before_the_block_is_overwritten() -> None:
     caches = make_caches(seed=3)
     before = block_bytes(caches, 2)
