@@ -148,7 +148,7 @@ class ModelRunner:
         in the full-attention group (and prefix caching stays on). Before the cache exists."""
         model = self.model
         self.kv_cache_windows, self.layer_kv_groups = kv_cache_groups(
-            [layer.sliding_window or model.sliding_window or None
+            [layer.keys_window or model.sliding_window or None
              for layer in model.attention_layers()], max_model_len)
         self.backends = [select_backend(
             self.block_size, self.device, self.dtype, self.num_heads, self.num_kv_heads,

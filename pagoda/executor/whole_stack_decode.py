@@ -213,7 +213,7 @@ class WholeStackDecode:
                 or any(type(n) is not RMSNorm or n.eps != self.model.norm.eps
                        or n.weight.dtype != torch.float32 for n in norms)
                 or attention.rotary is not self.model.rotary or attn.logit_softcap is not None
-                or attn.sinks is not None
+                or attn.sinks is not None or attn.chunk is not None
                 or not isinstance(attn.backend, CpuKernelAttentionBackend)
                 or attn.backend is not first.self_attn.attn.backend or attn.kv_cache_group != 0
                 or type(attn.kv_cache) is not torch.Tensor

@@ -276,7 +276,7 @@ def fake_runner(dtype: torch.dtype, kv_cache_dtype: str, memory: int):
                                    hidden_size=576, head_dim=64)
     model = types.SimpleNamespace(config=config, sliding_window=None,
                                   attention_layers=lambda: [types.SimpleNamespace(
-                                      sliding_window=None, num_heads=9, num_kv_heads=3, head_dim=64,
+                                      keys_window=None, num_heads=9, num_kv_heads=3, head_dim=64,
                                       values_in_keys=False)] * 30)
     return ModelRunner(model, torch.device("cpu"), dtype,
                        CacheConfig(kv_cache_memory=memory, kv_cache_dtype=kv_cache_dtype), [])

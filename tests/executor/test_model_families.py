@@ -105,7 +105,8 @@ def greedy_reference(model, prompt: list[int], num_tokens: int) -> tuple[list[in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", [*FAMILIES, "gpt-oss", "phimoe", "deepseek-v2", "deepseek-v3"])
+@pytest.mark.parametrize("arch", [*FAMILIES, "gpt-oss", "phimoe", "deepseek-v2", "deepseek-v3",
+                                  "llama4"])
 def test_greedy_decoding_through_the_paged_cache_matches_transformers(arch, tmp_path) -> None:
     """The engine end to end on a tiny folder (the bundled tokenizer only for the engine's
     start; prompts are token ids): 4-token blocks, chunked prefill of 16 tokens a step, so

@@ -31,6 +31,8 @@ from transformers import (
     GraniteForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -184,6 +186,18 @@ ARCHITECTURES = {
          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                              "original_max_position_embeddings": 64, "mscale": 1.0,
                              "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}},
+    ),
+    # Llama 4: rotary layers 0 and 2 (chunked attention in chunks of 8, q/k norms), NoPE
+    # layers 1 and 3 (whole context, temperature tuned from position 3 on: floor_scale 4);
+    # MoE on layers 1 and 3 (2 of 4 experts, a shared one), dense MLPs of 96 elsewhere. Heads
+    # of 32: the C attention kernel takes the NoPE layers, the chunked ones the torch path.
+    "llama4": (
+        Llama4TextConfig, Llama4ForCausalLM,
+        {"num_hidden_layers": 4, "head_dim": 32, "intermediate_size": 32,
+         "intermediate_size_mlp": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "interleave_moe_layer_step": 2, "no_rope_layer_interval": 2,
+         "attention_chunk_size": 8, "floor_scale": 4, "attn_scale": 0.1, "use_qk_norm": True,
+         "tie_word_embeddings": False},
     ),
         # q/k norms over all heads at once, clip_qkv low enough to clamp the tiny model's q/k/v.
     "olmoe": (

@@ -102,6 +102,7 @@ class AttentionBackend(ABC):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """query (num_tokens, num_heads, head_dim); key, value (num_tokens, num_kv_heads, head_dim);
         returns (num_tokens, num_heads, head_dim).
@@ -109,4 +110,5 @@ class AttentionBackend(ABC):
         `window`: the calling layer's sliding window, None for the backend's own
         (`self.sliding_window`); `softcap`: tanh soft-capping of the scores (Gemma 2);
         `sinks` (num_heads,): a learned logit per head that joins each row's softmax and is
-        dropped after it (gpt-oss)."""
+        dropped after it (gpt-oss); `chunk`: each query sees only its own chunk's keys
+        (Llama 4's chunked local attention)."""

@@ -113,17 +113,19 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """A decode-only step is one kernel call that also writes the step's K/V; anything
         else goes the torch backend's way (cache write, then a call per group). The kernel
-        has no soft-capping and no sinks: layers with them (Gemma 2, gpt-oss) take the torch
-        path throughout."""
+        has no soft-capping, no sinks and no chunks: layers with them (Gemma 2, gpt-oss,
+        Llama 4's local layers) take the torch path throughout."""
         window = self.sliding_window if window is None else window
         groups = metadata.backend_data
-        explicit = softcap is not None or sinks is not None
+        explicit = softcap is not None or sinks is not None or chunk is not None
         if self.batch_invariant:
             if explicit:
-                raise ValueError("batch-invariant attention has no soft-capping and no sinks")
+                raise ValueError("batch-invariant attention has no soft-capping, no sinks and "
+                                 "no chunks")
             write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
             group = groups[0]
             return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
@@ -135,15 +137,15 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                                    group.seq_lens, scale, window,
                                    new_keys=(key, value, metadata.slot_mapping))
         return super().forward(query, key, value, kv_cache, metadata, scale,
-                               window=window, softcap=softcap, sinks=sinks)
+                               window=window, softcap=softcap, sinks=sinks, chunk=chunk)
 
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: KernelDecodeGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, chunk: int | None = None,
     ) -> torch.Tensor:
-        if softcap is not None or sinks is not None:
-            return super().decode(query, kv_cache, group, scale, window, softcap, sinks)
+        if softcap is not None or sinks is not None or chunk is not None:
+            return super().decode(query, kv_cache, group, scale, window, softcap, sinks, chunk)
         return paged_attention(query, kv_cache, group.block_tables, group.query_seq,
                                group.seq_lens, scale, window)
 

@@ -28,6 +28,8 @@ class Attention(nn.Module):
     `logit_softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
     `sinks`: the layer has `sinks` (num_heads,), a learned logit per head that takes a share
     of each row's softmax (gpt-oss; the checkpoint fills it).
+    `chunk`: chunked local attention (Llama 4): a query at position p sees only the keys of
+    its own chunk, positions p // chunk * chunk .. p.
     `values_in_keys`: the layer's values are its keys (DeepSeek's latent attention, whose
     callers drop the features past the value's): the cache holds one plane, the keys, and
     reads take them as the values too."""
@@ -35,13 +37,13 @@ class Attention(nn.Module):
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
         sliding_window: int | None = None, logit_softcap: float | None = None,
-        sinks: bool = False, values_in_keys: bool = False,
+        sinks: bool = False, values_in_keys: bool = False, chunk: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window, self.logit_softcap = sliding_window, logit_softcap
-        self.values_in_keys = values_in_keys
+        self.values_in_keys, self.chunk = values_in_keys, chunk
         self.sinks = None
         if sinks:
             self.sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False)
@@ -55,6 +57,12 @@ class Attention(nn.Module):
         self.kv_cache_group = 0
         self.layer_id = next(_next_layer_id)  # how the custom op finds this layer
         _layers[self.layer_id] = self
+
+    @property
+    def keys_window(self) -> int | None:
+        """How far back any query of the layer reads: its sliding window or its chunk (the
+        runner keeps only that many positions' blocks for it); None: every key."""
+        return self.sliding_window or self.chunk
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (T, H, D), k/v (T, Hkv, D) -> (T, H * D)."""
@@ -71,7 +79,7 @@ class Attention(nn.Module):
             q, k = rotate_keys(q), rotate_keys(k)
         out = self.backend.forward(q, k, v, self.kv_cache, metadata, self.scale,
                                    window=self.sliding_window, softcap=self.logit_softcap,
-                                   sinks=self.sinks)
+                                   sinks=self.sinks, chunk=self.chunk)
         if rotated and self.values_in_keys:  # values read from the rotated keys
             out = unrotate_keys(out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

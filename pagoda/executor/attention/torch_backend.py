@@ -31,9 +31,10 @@ A sink is a learned logit per query head that joins every row's softmax as one m
 column and is then dropped: it takes a share of the probability mass, so a row may attend
 to nothing much (out = sum_j p_j v_j with sum_j p_j < 1).
 
-A layer may bring its own window (models that interleave windowed and global layers): each
-group builds the mask of a window the first time a layer asks for it in the step, and the
-other layers of the step reuse it.
+A layer may bring its own window (models that interleave windowed and global layers), or
+chunks (Llama 4: a query at p sees keys p // chunk * chunk .. p): each group builds the mask
+of a window or chunk size the first time a layer asks for it in the step, and the other
+layers of the step reuse it.
 """
 
 from __future__ import annotations
@@ -156,20 +157,25 @@ class TorchAttentionBackend(AttentionBackend):
         return group
 
     def mask(
-        self, group: AttentionGroup, window: int | None, explicit: bool = False
+        self, group: AttentionGroup, window: int | None, explicit: bool = False,
+        chunk: int | None = None,
     ) -> torch.Tensor | None:
-        """The group's mask (see AttentionGroup.mask) for `window`; `explicit`: never None
-        (the soft-capped path has no is_causal shortcut). Built once per step and window."""
-        key = (window, explicit)
+        """The group's mask (see AttentionGroup.mask) for `window` or `chunk`; `explicit`:
+        never None (the soft-capped path has no is_causal shortcut). Built once per step and
+        window."""
+        key = (window, explicit, chunk)
         if key in group.masks:
             return group.masks[key]
         allowed = group.allowed
+        kv_pos = np.arange(group.num_key_positions)
         if window is not None:
-            kv_pos = np.arange(group.num_key_positions)
             allowed = allowed & (group.query_positions[:, :, None] - kv_pos[None, None, :] < window)
+        if chunk is not None:
+            allowed = allowed & (group.query_positions[:, :, None] // chunk
+                                 == kv_pos[None, None, :] // chunk)
         if group.max_query_len == 1:
             mask = torch.from_numpy(np.where(allowed[:, 0], 0.0, -np.inf).astype(np.float32))
-        elif window is None and group.starts_at_zero and not explicit:
+        elif window is None and chunk is None and group.starts_at_zero and not explicit:
             # Every prompt starts at position 0: query row r attends keys 0..r, which is
             # is_causal's top-left mask; padding rows see stale (finite) keys and are dropped.
             # Same result, bit for bit, and the flash kernel skips the masked half.
@@ -195,6 +201,7 @@ class TorchAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         window = self.sliding_window if window is None else window
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
@@ -205,13 +212,13 @@ class TorchAttentionBackend(AttentionBackend):
         for group in groups:
             q = query if group.query_token_index is None else query[group.query_token_index]
             if group.max_query_len == 1:
-                out = self.decode(q, kv_cache, group, scale, window, softcap, sinks)
+                out = self.decode(q, kv_cache, group, scale, window, softcap, sinks, chunk)
                 if output is None:
                     return out
                 output[group.output_token_index] = out
             else:
                 output[group.output_token_index] = self.prefill(
-                    q, kv_cache, group, scale, window, softcap, sinks)
+                    q, kv_cache, group, scale, window, softcap, sinks, chunk)
         return output
 
     @staticmethod
@@ -235,7 +242,7 @@ class TorchAttentionBackend(AttentionBackend):
     def prefill(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, chunk: int | None = None,
     ) -> torch.Tensor:
         """The prefill group's attention: query (S * max_query_len, H, D), padded rows
         included -> (valid rows, H, D), one padded scaled_dot_product_attention call (explicit
@@ -247,7 +254,7 @@ class TorchAttentionBackend(AttentionBackend):
         k = k.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)  # (S, Hkv, L, D)
         v = v.view(num_kv_heads, s, -1, head_dim).transpose(0, 1)
         explicit = softcap is not None or sinks is not None
-        mask = self.mask(group, window, explicit=explicit)
+        mask = self.mask(group, window, explicit=explicit, chunk=chunk)
         if explicit:
             out = _explicit_attention(q, k, v, mask, scale, softcap, sinks)
         else:
@@ -260,12 +267,12 @@ class TorchAttentionBackend(AttentionBackend):
     def decode(
         self, query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup, scale: float,
         window: int | None = None, softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, chunk: int | None = None,
     ) -> torch.Tensor:
         """The decode group's attention: query (S, H, D) -> (S, H, D). Gathers each
         sequence's key/value tiles, then two batched matmuls (`_decode_attention`)."""
         k, v = self._gather(kv_cache, group, query.dtype)
-        mask = self.mask(group, window)
+        mask = self.mask(group, window, chunk=chunk)
         return _decode_attention(query, k, v, mask, scale, kv_cache.shape[1], softcap, sinks)
 
 

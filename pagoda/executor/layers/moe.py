@@ -173,6 +173,18 @@ class GroupLimitedRouter(Router):
         return weights * self.routed_scaling_factor, choices
 
 
+class SigmoidTopKRouter(Router):
+    """Llama 4's routing: the top_k largest logits, each expert weighted by its logit's
+    sigmoid (not normalised)."""
+
+    kernel_rule = None
+
+    def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden (T, hidden) -> float32 weights (T, top_k), expert ids (T, top_k)."""
+        top, choices = torch.topk(F.linear(hidden.float(), self.weight.float()), top_k, dim=-1)
+        return torch.sigmoid(top), choices
+
+
 class SparseMoeBlock(nn.Module):
     """`gate` (the router) and `experts.{i}`, named as in the Hugging Face checkpoints.
 
@@ -181,7 +193,9 @@ class SparseMoeBlock(nn.Module):
     `softmax_after_top_k` (Granite MoE), the top_k largest logits, softmax over them; or a
     router's own rule (`route`: CorrectionBiasRouter's for GLM-4.5 and DeepSeek-V3,
     GroupLimitedRouter's for DeepSeek-V2, SparseMixerRouter's for PhiMoE). `router`: one of
-    the block's own (those, or a Router with a bias: gpt-oss). `shared_experts`, where given, is
+    the block's own (those, or a Router with a bias: gpt-oss). `weights_scale_inputs`: each
+    chosen expert runs on its token scaled by the weight, its output summed as it is (Llama
+    4; the others scale the outputs). `shared_experts`, where given, is
     an MLP every token also runs, added to the routed experts' sum. Mixtral
     scales expert outputs by the float32 weights, Qwen3-MoE by weights cast to the run dtype
     (`weights_in_run_dtype`): Hugging Face's roundings in half precision."""
@@ -190,6 +204,7 @@ class SparseMoeBlock(nn.Module):
         self, hidden_size: int, experts: list[nn.Module], top_k: int, normalize_top_k: bool,
         weights_in_run_dtype: bool = False, softmax_after_top_k: bool = False,
         router: Router | None = None, shared_experts: nn.Module | None = None,
+        weights_scale_inputs: bool = False,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= len(experts):
@@ -200,6 +215,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.normalize_top_k = top_k, normalize_top_k
         self.weights_in_run_dtype = weights_in_run_dtype
         self.softmax_after_top_k = softmax_after_top_k
+        self.weights_scale_inputs = weights_scale_inputs
         self.block_id = next(_next_block_id)  # how the custom op finds this block
         self._plan: MoEPlan | None = None
         self._plan_key: tuple | None = None
@@ -228,12 +244,17 @@ class SparseMoeBlock(nn.Module):
         counts = torch.bincount(choices, minlength=len(self.experts)).tolist()  # one sync
         rows = hidden.index_select(0, token_of_row)  # (T * k, hidden)
         row_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1)  # (T * k, 1)
+        if self.weights_scale_inputs:
+            rows = (rows * row_weights).to(rows.dtype)
         out = torch.empty_like(rows)
         start = 0
         for expert, count in zip(self.experts, counts):
             if count:
                 end = start + count
-                out[start:end] = (expert(rows[start:end]) * row_weights[start:end]).to(out.dtype)
+                expert_out = expert(rows[start:end])
+                if not self.weights_scale_inputs:
+                    expert_out = expert_out * row_weights[start:end]
+                out[start:end] = expert_out.to(out.dtype)
                 start = end
         routed = torch.zeros_like(hidden).index_add_(0, token_of_row, out)
         return routed if self.shared_experts is None else routed + self.shared_experts(hidden)
@@ -243,8 +264,9 @@ class SparseMoeBlock(nn.Module):
         its experts' arithmetic settings changed; None where they cannot take it."""
         key = tuple((getattr(m, "activation_parts", None), getattr(m, "batch_invariant", None))
                     for m in self.experts[0].modules())
-        if self._plan_key != key:
-            self._plan = MoEPlan.describe(self) if kernels_available(torch.float32) else None
+        if self._plan_key != key:  # (the C experts scale their outputs, never their inputs)
+            self._plan = (MoEPlan.describe(self) if kernels_available(torch.float32)
+                          and not self.weights_scale_inputs else None)
             self._plan_key = key
         return self._plan
 

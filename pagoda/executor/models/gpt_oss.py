@@ -41,10 +41,11 @@ from pagoda.executor.models.llama import LlamaAttention, LlamaForCausalLM, Llama
 
 class GptOssAttention(LlamaAttention):
     """LlamaAttention with a bias on o_proj and a sink per head (the layer's Attention holds
-    it: self_attn.attn.sinks)."""
+    it: self_attn.attn.sinks), and the layer's window where it slides."""
 
-    def __init__(self, config, rotary, qkv_bias: bool, qk_norm: bool) -> None:
-        super().__init__(config, rotary, qkv_bias, qk_norm, o_bias=qkv_bias, sinks=True)
+    def __init__(self, config, rotary, qkv_bias: bool, sliding_window: int | None) -> None:
+        super().__init__(config, rotary, qkv_bias, False, o_bias=qkv_bias, sinks=True,
+                         sliding_window=sliding_window)
 
 
 class GptOssExpert(nn.Module):
@@ -72,12 +73,14 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 softmax_after_top_k=True,
                 router=Router(config.hidden_size, config.num_local_experts, bias=True))
 
-        model = LlamaModel(config, bool(config.attention_bias), False, max_position, make_mlp,
-                           attention_class=GptOssAttention)
-        for layer, kind in zip(model.layers, layer_types(config)):
-            layer.self_attn.attn.sliding_window = (
-                config.sliding_window if kind == SLIDING else None)
-        return model
+        kinds, bias = layer_types(config), bool(config.attention_bias)
+
+        def make_attention(index: int, rotary) -> nn.Module:
+            window = config.sliding_window if kinds[index] == SLIDING else None
+            return GptOssAttention(config, rotary, bias, window)
+
+        return LlamaModel(config, bias, False, max_position, make_mlp,
+                          make_attention=make_attention)
 
     @property
     def sliding_window(self) -> int | None:

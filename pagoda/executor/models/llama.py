@@ -44,13 +44,13 @@ def head_dim_of(config) -> int:
 class LlamaAttention(nn.Module):
     """Gemma's settings come in as keywords: `scale` (default head_dim ** -0.5), a per-layer
     `sliding_window`, `logit_softcap`, `o_bias` and the class of the q/k norms; gpt-oss's
-    `sinks` (attention/layer.py)."""
+    `sinks`, Llama 4's `chunk` (attention/layer.py)."""
 
     def __init__(
         self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, *,
         scale: float | None = None, sliding_window: int | None = None,
         logit_softcap: float | None = None, o_bias: bool = False, norm_class: type = RMSNorm,
-        sinks: bool = False,
+        sinks: bool = False, chunk: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -67,7 +67,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(
             self.num_heads, self.num_kv_heads, self.head_dim,
             self.head_dim**-0.5 if scale is None else scale,
-            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
+            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, chunk=chunk,
         )
         self.qk_v_sizes = [q_size + kv_size, kv_size]  # q and k heads are rotated together
 
@@ -100,16 +100,16 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """`mlp_name`: the MLP's name in the checkpoint ("mlp"; Mixtral's "block_sparse_moe");
+    """`attention` (a LlamaAttention or a family's own) and `mlp`, built by LlamaModel;
+    `mlp_name`: the MLP's name in the checkpoint ("mlp"; Mixtral's "block_sparse_moe");
     `norm_class`: the two norms' (RMSNorm; PhiMoE's LayerNorm)."""
 
     def __init__(
-        self, config, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool, mlp: nn.Module,
-        mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
+        self, config, attention: nn.Module, mlp: nn.Module, mlp_name: str = "mlp",
         norm_class: type[nn.Module] = RMSNorm,
     ) -> None:
         super().__init__()
-        self.self_attn = attention_class(config, rotary, qkv_bias, qk_norm)
+        self.self_attn = attention
         self.mlp_name = mlp_name
         self.add_module(mlp_name, mlp)
         self.input_layernorm = norm_class(config.hidden_size, config.rms_norm_eps)
@@ -140,22 +140,26 @@ def unfilled_embedding(config) -> nn.Embedding:
 class LlamaModel(nn.Module):
     """`make_mlp(layer_index)`: each layer's MLP (a LlamaMLP unless a family says otherwise:
     mixture-of-experts layers), named `mlp_name` in the checkpoint; `attention_class`: the
-    layers' attention (a LlamaAttention subclass: OLMoE's, Granite's); `norm_class`: every
-    norm's, the final one's included (RMSNorm; PhiMoE's LayerNorm)."""
+    layers' attention (a LlamaAttention subclass: OLMoE's, Granite's), or
+    `make_attention(layer_index, rotary)` where layers differ (gpt-oss's windows, Llama 4's
+    rotary and chunked layers); `norm_class`: every norm's, the final one's included
+    (RMSNorm; PhiMoE's LayerNorm)."""
 
     def __init__(
         self, config, qkv_bias: bool, qk_norm: bool, max_position: int, make_mlp=None,
         mlp_name: str = "mlp", attention_class: type[LlamaAttention] = LlamaAttention,
-        norm_class: type[nn.Module] = RMSNorm,
+        norm_class: type[nn.Module] = RMSNorm, make_attention=None,
     ) -> None:
         super().__init__()
         self.embed_tokens = unfilled_embedding(config)
         rotary = RotaryEmbedding(config, head_dim_of(config), max_position)
         self.rotary = rotary
         make_mlp = make_mlp or (lambda index: LlamaMLP(config))
+        make_attention = make_attention or (
+            lambda index, rotary: attention_class(config, rotary, qkv_bias, qk_norm))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, qkv_bias, qk_norm, make_mlp(index), mlp_name,
-                              attention_class, norm_class)
+            LlamaDecoderLayer(config, make_attention(index, rotary), make_mlp(index), mlp_name,
+                              norm_class)
             for index in range(config.num_hidden_layers)
         )
         self.norm = norm_class(config.hidden_size, config.rms_norm_eps)

@@ -21,6 +21,7 @@ from pagoda.executor.models.llama import (
     Qwen3ForCausalLM,
     head_dim_of,
 )
+from pagoda.executor.models.llama4 import Llama4ForCausalLM
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
     MixtralForCausalLM,
@@ -48,6 +49,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Llama4ForCausalLM": Llama4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     # Bare decoder stacks (embedding models saved without the head: safetensors_loader.py)

@@ -13,6 +13,7 @@ HF_ARCHITECTURES = (
     "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
     "Glm4MoeForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "GptOssForCausalLM",
     "PhimoeForCausalLM", "PhiMoEForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+    "Llama4ForCausalLM",
     # bare decoder stacks, as embedding models are saved (no head: embeddings only)
     "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
 )
