@@ -61,13 +61,13 @@ TOKENIZER = {  # arch (tiny_checkpoints.ARCHITECTURES) -> "bpe" | "glm" | "spm"
     "granite-moe": "bpe", "glm4-moe": "glm", "gemma3": "bpe", "gpt-oss": "bpe",
     "qwen2": "spm", "phi3": "spm", "phi3-longrope": "spm", "gemma2": "spm", "gemma3-spm": "spm",
     "ernie4.5": "spm", "ernie4.5-moe": "spm",  # (the converter reads only tokenizer.model)
-    "phimoe": "spm", "deepseek-v2": "bpe", "deepseek-v3": "bpe",
+    "phimoe": "spm", "deepseek-v2": "bpe", "deepseek-v3": "bpe", "llama4": "bpe",
 }
 OUTTYPES = {arch: ("f32", "q8_0") for arch in TOKENIZER}
 OUTTYPES["gemma3"] += ("f16",)
 GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwen3-moe",
                 "olmoe", "granite-moe", "glm4-moe", "ernie4.5-moe", "gpt-oss", "phimoe",
-                "deepseek-v2", "deepseek-v3"]
+                "deepseek-v2", "deepseek-v3", "llama4"]
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""

@@ -45,6 +45,8 @@ GGUF_SETTINGS = {
     # (transformers' DeepSeek configs have none: it keeps the extra field)
     "deepseek-v2": {"scoring_func": "softmax"},
     "deepseek-v3": {"scoring_func": "sigmoid"},
+    # llama.cpp's llama4 graph fixes the chunk, the NoPE pattern and the temperature floor
+    "llama4": {"no_rope_layer_interval": 4, "attention_chunk_size": 8192, "floor_scale": 8192},
     # the file's LongRoPE attention factor is llama.cpp's formula, not the config's mscale
     "phimoe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
                "router_jitter_noise": 0.01},  # (the file has no jitter eps: the family's)
@@ -161,7 +163,9 @@ def test_quantized_linears(arch, method, tmp_path) -> None:
 
 
 def test_supported_lists_match_the_implementations() -> None:
-    assert set(supported.HF_ARCHITECTURES) == set(MODEL_REGISTRY)
+    from pagoda.executor.loader.safetensors_loader import TEXT_OF_MULTIMODAL
+
+    assert set(supported.HF_ARCHITECTURES) == set(MODEL_REGISTRY) | set(TEXT_OF_MULTIMODAL)
     assert set(supported.GGUF_ARCHITECTURES) == set(gguf_architectures.GGUF_ARCHITECTURES)
 
 

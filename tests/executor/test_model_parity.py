@@ -11,7 +11,7 @@ from pagoda.config import CacheConfig
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from pagoda.executor.model_runner import ModelRunner
-from tests.executor.tiny_checkpoints import ARCHITECTURES, build_checkpoint
+from tests.executor.tiny_checkpoints import ARCHITECTURES, COMMON, build_checkpoint
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 77], [1], [120, 4] * 20, list(range(10, 70))]
 
@@ -46,6 +46,30 @@ def test_sharded_safetensors(tmp_path) -> None:
     with torch.no_grad():
         theirs = reference(torch.tensor([PROMPTS[0]])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_language_model_of_a_llama4_text_and_vision_checkpoint(tmp_path) -> None:
+    """Meta publishes Llama 4 as Llama4ForConditionalGeneration (a vision tower beside the
+    language model): Pagoda loads the language model alone (the vision tensors unread), and
+    its logits on text are transformers' on the whole checkpoint."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 64, "vision_output_dim": 32, "projector_input_dim": 32,
+              "projector_output_dim": 64, "image_size": 28, "patch_size": 14}
+    torch.manual_seed(0)
+    reference = Llama4ForConditionalGeneration(Llama4Config(
+        text_config={**COMMON, **ARCHITECTURES["llama4"][2]}, vision_config=vision)).eval()
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.normal_(0, 0.2)
+    reference.save_pretrained(tmp_path)
+    runner = pagoda_runner(str(tmp_path))
+    assert type(runner.model).__name__ == "Llama4ForCausalLM"
+    with torch.no_grad():
+        for prompt, ours in zip(PROMPTS, runner.prompt_logits(PROMPTS)):
+            theirs = reference(input_ids=torch.tensor([prompt])).logits[0]
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
 def test_unsupported_architecture_lists_supported(tmp_path) -> None:

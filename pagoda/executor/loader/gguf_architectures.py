@@ -39,6 +39,10 @@ the changes llama.cpp's converter (convert_hf_to_gguf.py) made to the tensors.
              (hidden / heads for the 27B), the facts llama.cpp hard-codes.
   gemma3     as gemma2, no softcaps, q/k norms, 5 of 6 layers sliding with rope base
              10000 (llama.cpp's fixed values) unless the file says otherwise.
+  llama4     Llama 4 text: the MLP is `feed_forward` (dense, or experts as qwen3moe's with a
+             shared expert and `router`); q/k rows as Meta's own, adjacent rotary pairs,
+             reordered here as ERNIE's are; llama.cpp's fixed chunk (8192), NoPE pattern (every
+             4th layer), temperature tuning and q/k norms (not for 128 experts: Maverick)
   deepseek2  DeepSeek-V2/V3: latent attention's projections under their own names, kv_b_proj
              split by the converter into attn_k_b (each head's W_UK transposed) and attn_v_b
              (models/deepseek.py joins them); experts as qwen3moe's, shared experts, the
@@ -72,13 +76,15 @@ GGUF_ARCHITECTURES = {
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "deepseek2": ("deepseek_v2", "DeepseekV2ForCausalLM"),  # (V3 where routing is sigmoid)
+    "llama4": ("llama4_text", "Llama4ForCausalLM"),
 }
 MIXTRAL = ("mixtral", "MixtralForCausalLM")
 """A `llama` file with experts."""
 # Architectures whose q/k rows are in llama.cpp's interleaved-rotary (adjacent pairs) order:
 # the converter permuted Llama's and Granite's, ERNIE's are so by design. Reordered to the
 # halves Pagoda's rotary takes at load, raw (packed) rows and decoded tensors alike.
-PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe"}
+PERMUTED_QK_ARCHITECTURES = {"llama", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe",
+                             "llama4"}
 NORM_PLUS_ONE_ARCHITECTURES = {"gemma2", "gemma3"}
 """The converter stored (1 + w) for every norm weight of these (Gemma's RMSNorm scale)."""
 SKIPPED_TENSORS = {"rope_factors_long.weight", "rope_factors_short.weight"}
@@ -162,6 +168,15 @@ LAYER_NAMES = {
     "phimoe": {**_LAYER_NAMES, **_EXPERT_NAMES["mixtral"]},
     "gemma2": _GEMMA_NAMES,
     "gemma3": _GEMMA_NAMES,
+    "llama4": {**_LAYER_NAMES,
+               "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
+               "ffn_down": "feed_forward.down_proj", "ffn_gate_inp": "feed_forward.router",
+               "ffn_gate_exps": "feed_forward.experts.{e}.gate_proj",
+               "ffn_up_exps": "feed_forward.experts.{e}.up_proj",
+               "ffn_down_exps": "feed_forward.experts.{e}.down_proj",
+               "ffn_gate_shexp": "feed_forward.shared_expert.gate_proj",
+               "ffn_up_shexp": "feed_forward.shared_expert.up_proj",
+               "ffn_down_shexp": "feed_forward.shared_expert.down_proj"},
     "deepseek2": {**_LAYER_NAMES, **_EXPERT_NAMES["qwen3moe"], **_SHARED_EXPERT_NAMES,
                   "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
                   "attn_q_b": "self_attn.q_b_proj",

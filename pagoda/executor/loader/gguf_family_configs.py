@@ -45,6 +45,8 @@ def family_config(family: str, field, kwargs: dict, read_tensor) -> None:
         _gpt_oss_config(field, kwargs, read_tensor)
     elif family == "deepseek2":
         _deepseek2_config(field, kwargs)
+    elif family == "llama4":
+        _llama4_config(field, kwargs)
     elif family in ("phi3", "phimoe"):
         _phi3_config(field, kwargs, read_tensor)
     if family == "phimoe":
@@ -121,6 +123,38 @@ def _deepseek2_config(field, kwargs: dict) -> None:
             mscale = rope_scaling["mscale_all_dim"] / DEEPSEEK2_LOG_MULTIPLIER_PER_MSCALE
             rope_scaling["mscale"] = rope_scaling["mscale_all_dim"] = mscale
         kwargs["rope_parameters"] = {**rope_scaling, "rope_theta": kwargs["rope_theta"]}
+
+
+LLAMA4_CHUNK, LLAMA4_NOPE_INTERVAL, LLAMA4_FLOOR_SCALE, LLAMA4_ATTN_SCALE = 8192, 4, 8192, 0.1
+"""What llama.cpp's llama4 graph fixes (the file holds none of them): chunks of 8192 on three
+layers of four, the fourth NoPE with temperature tuning from floor 8192 and scale 0.1."""
+LLAMA4_NO_QK_NORM_EXPERTS = 128
+"""Maverick (128 experts) has no q/k norms: llama.cpp tells it by its expert count."""
+
+
+def _llama4_config(field, kwargs: dict) -> None:
+    """Llama 4 text: the dense MLP's size is feed_forward_length, the experts'
+    expert_feed_forward_length; a sliding_window of 0 in the file turns chunks (and NoPE
+    layers) off, as llama.cpp reads it."""
+    experts = int(field("expert_count", 0))
+    kwargs["intermediate_size_mlp"] = kwargs["intermediate_size"]
+    kwargs["intermediate_size"] = int(field("expert_feed_forward_length", 0)
+                                      or kwargs["intermediate_size"])
+    kwargs["num_local_experts"] = experts
+    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 1))
+    kwargs["interleave_moe_layer_step"] = int(field("interleave_moe_layer_step", 1))
+    chunk = field("attention.sliding_window", None)
+    kwargs.pop("sliding_window", None)
+    if chunk is not None and int(chunk) == 0:
+        kwargs["attention_chunk_size"] = None
+        kwargs["no_rope_layer_interval"] = kwargs["num_hidden_layers"] + 1  # every layer rotary
+    else:
+        kwargs["attention_chunk_size"] = int(chunk or LLAMA4_CHUNK)
+        kwargs["no_rope_layer_interval"] = LLAMA4_NOPE_INTERVAL
+    kwargs["floor_scale"], kwargs["attn_scale"] = LLAMA4_FLOOR_SCALE, LLAMA4_ATTN_SCALE
+    kwargs["attn_temperature_tuning"] = True
+    kwargs["use_qk_norm"] = experts != LLAMA4_NO_QK_NORM_EXPERTS
+    kwargs["rotary_rows_in_halves"] = True  # (convert_tensor reordered them: llama4.py)
 
 
 def _ernie_config(family: str, field, kwargs: dict) -> None:

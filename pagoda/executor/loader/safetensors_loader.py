@@ -4,7 +4,12 @@ A bare decoder stack (a `Qwen3Model` / `MistralModel` saved on its own, as embed
 such as e5-mistral and Qwen3-Embedding are) stores its tensors without the `model.` prefix
 and has no lm_head: its names are read with the prefix added, and without an lm_head the
 embedding matrix stands in as the head (embeddings need no head; generated text from such
-a checkpoint is meaningless, and the start-up log says so)."""
+a checkpoint is meaningless, and the start-up log says so).
+
+A text-and-vision checkpoint whose language model Pagoda runs (TEXT_OF_MULTIMODAL: Llama 4
+as Meta publishes it) is read as that language model alone: its text config, its tensors
+under the language model's prefix (the prefix dropped), the vision tower's never read.
+Images are not supported."""
 
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 STACK_PREFIX = "model."
+TEXT_OF_MULTIMODAL = {"Llama4ForConditionalGeneration": ("Llama4ForCausalLM", "language_model.")}
+"""Text-and-vision architecture -> (its language model's class, its tensors' prefix)."""
 
 
 class SafetensorsCheckpoint:
@@ -35,6 +42,15 @@ class SafetensorsCheckpoint:
             self.hf_config: PretrainedConfig = AutoConfig.from_pretrained(folder)
         except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
             raise ModelLoadError(f"{folder}/config.json: cannot read ({e})") from None
+        self.text_prefix = ""
+        """The language model's prefix in a text-and-vision checkpoint; other tensors unread."""
+        architecture = (getattr(self.hf_config, "architectures", None) or [None])[0]
+        if architecture in TEXT_OF_MULTIMODAL:
+            text_class, self.text_prefix = TEXT_OF_MULTIMODAL[architecture]
+            self.hf_config = self.hf_config.get_text_config()
+            self.hf_config.architectures = [text_class]
+            logger.info("%s: %s, run as its language model (%s); images are not supported",
+                        folder, architecture, text_class)
         self.files = self._weight_files()
         raw_names = self._stored_names()
         self.name_prefix = STACK_PREFIX if is_bare_stack(raw_names) else ""
@@ -73,14 +89,18 @@ class SafetensorsCheckpoint:
 
     def _model_name(self, stored: str) -> str:
         """A stored tensor's name as the model's parameters spell it."""
+        stored = stored.removeprefix(self.text_prefix)
         return stored if stored.startswith("lm_head.") else self.name_prefix + stored
 
     def _stored_names(self) -> list[str]:
+        """The names of the tensors the model reads (a text-and-vision checkpoint's language
+        model's), as stored."""
         names = []
         for file in self.files:
             try:
                 with safe_open(file, framework="pt") as handle:
-                    names.extend(handle.keys())
+                    stored = handle.keys()  # (a safetensors handle, not a dict)
+                names.extend(name for name in stored if name.startswith(self.text_prefix))
             except Exception as e:  # noqa: BLE001 -- as iter_weights
                 raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
         return names
@@ -93,7 +113,8 @@ class SafetensorsCheckpoint:
             except Exception as e:  # noqa: BLE001 -- any failure becomes one clear ModelLoadError
                 raise ModelLoadError(f"{file}: not a readable safetensors file ({e})") from None
             with handle:
-                keys = list(handle.keys())
+                stored = handle.keys()  # (a safetensors handle, not a dict)
+                keys = [name for name in stored if name.startswith(self.text_prefix)]
                 desc = f"Loading {os.path.basename(file)}"
                 for name in tqdm(keys, desc=desc, unit="tensor", disable=None):
                     tensor = handle.get_tensor(name)

@@ -19,14 +19,13 @@ renormalised, plus shared experts (moe_num_shared_experts * moe_intermediate_siz
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from pagoda.executor.layers.moe import CorrectionBiasRouter, SparseMoeBlock
-from pagoda.executor.loader.gguf_architectures import unpermute_rotary
-from pagoda.executor.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from pagoda.executor.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel, half_rotary
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
@@ -80,15 +79,3 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
                 yield name.replace("moe_statics", "gate"), tensor.reshape(-1)
             else:
                 yield name, tensor
-
-
-def half_rotary(weights: Iterable[tuple[str, torch.Tensor]], config
-                ) -> Iterator[tuple[str, torch.Tensor]]:
-    """q and k rows (weights and biases) from ERNIE's pairwise rotary layout to the halves
-    layout Pagoda's rotary takes (the module docstring)."""
-    for name, tensor in weights:
-        if ".self_attn.q_proj." in name:
-            tensor = unpermute_rotary(tensor, config.num_attention_heads)
-        elif ".self_attn.k_proj." in name:
-            tensor = unpermute_rotary(tensor, config.num_key_value_heads)
-        yield name, tensor

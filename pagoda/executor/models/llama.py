@@ -10,7 +10,7 @@ mixtral.py), which swap in their own MLP, norms or attention settings.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from pagoda.executor.layers.linear import (
 )
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rotary import RotaryEmbedding
+from pagoda.executor.loader.gguf_architectures import unpermute_rotary
 
 # (fused parameter, checkpoint part, shard id)
 STACKED_PARAMS = [
@@ -334,3 +335,16 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     """Llama blocks; the checkpoint stores qkv_proj and gate_up_proj fused, in Pagoda's
     layout ([q | k | v] and [gate | up] rows), so they load whole. Phi-3.5 / Phi-4-mini bring
     longrope scaling and partial rotary (layers/rotary.py)."""
+
+
+def half_rotary(weights: Iterable[tuple[str, torch.Tensor]], config
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+    """q and k rows (weights and biases) from a pairwise rotary layout (each head's rows
+    (x0, x1), (x2, x3), ... turn together: ERNIE's, Meta's Llama 4) to the halves layout
+    Pagoda's rotary takes; the same pairs then turn, and q . k is unchanged."""
+    for name, tensor in weights:
+        if ".self_attn.q_proj." in name:
+            tensor = unpermute_rotary(tensor, config.num_attention_heads)
+        elif ".self_attn.k_proj." in name:
+            tensor = unpermute_rotary(tensor, config.num_key_value_heads)
+        yield name, tensor

@@ -10,9 +10,10 @@ Llama blocks with two kinds of attention layer, by `config.no_rope_layers` (1: r
   attn_scale + 1 (longer contexts, sharper attention).
 
 Meta's rotary turns adjacent pairs (x0, x1), (x2, x3), ...: q_proj and k_proj rows are put in
-halves order at load (loader/gguf_architectures.py's unpermute_rotary), so Llama's
-rotate-half rotary turns the same pairs (dot products between q and k are unchanged by the
-reordering, and so are the per-head norms).
+halves order at load (`half_rotary`), so Llama's rotate-half rotary turns the same pairs
+(dot products between q and k are unchanged by the reordering, and so are the per-head
+norms). A GGUF file's rows are reordered by the GGUF loader instead (packed rows included,
+which never reach load_weights): its config says `rotary_rows_in_halves`.
 
 The MLP is `feed_forward`: on `moe_layers` a sparse MoE (the router's top-k logits, each
 chosen expert's input scaled by its logit's sigmoid: SparseMoeBlock's weights_scale_inputs),
@@ -34,8 +35,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagoda.executor.layers.moe import SigmoidTopKRouter, SparseMoeBlock
-from pagoda.executor.loader.gguf_architectures import unpermute_rotary
-from pagoda.executor.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from pagoda.executor.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+    half_rotary,
+)
 
 CHUNKED = "chunked_attention"
 
@@ -91,20 +97,18 @@ class Llama4ForCausalLM(LlamaForCausalLM):
                               config, rotary, index))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._renamed(weights))
+        weights = self._renamed(weights)
+        if not getattr(self.config, "rotary_rows_in_halves", False):
+            weights = half_rotary(weights, self.config)
+        super().load_weights(weights)
 
     def _renamed(self, weights: Iterable[tuple[str, torch.Tensor]]
                  ) -> Iterator[tuple[str, torch.Tensor]]:
-        """The checkpoint's names, stacked experts and rotary row order as the modules take
-        them (the module docstring)."""
-        config = self.config
+        """The checkpoint's names and stacked experts as the modules take them (the module
+        docstring)."""
         for name, tensor in weights:
             prefix, _, last = name.rpartition(".")
-            if prefix.endswith((".q_proj", ".k_proj")):
-                heads = (config.num_attention_heads if prefix.endswith(".q_proj")
-                         else config.num_key_value_heads)
-                yield name, unpermute_rotary(tensor, heads)
-            elif prefix.endswith(".feed_forward.router"):
+            if prefix.endswith(".feed_forward.router"):
                 yield f"{prefix.removesuffix('.router')}.gate.{last}", tensor
             elif ".feed_forward.shared_expert." in name:
                 yield name.replace(".shared_expert.", ".shared_experts."), tensor

@@ -13,14 +13,15 @@ HF_ARCHITECTURES = (
     "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
     "Glm4MoeForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "GptOssForCausalLM",
     "PhimoeForCausalLM", "PhiMoEForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-    "Llama4ForCausalLM",
+    "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+    # (text and vision in one checkpoint: its language model; safetensors_loader.py)
     # bare decoder stacks, as embedding models are saved (no head: embeddings only)
     "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
 )
 """config.json `architectures` of a Hugging Face folder."""
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "olmoe", "granite", "granitemoe",
                       "glm4moe", "ernie4_5", "ernie4_5-moe", "gpt-oss", "phi3", "phimoe",
-                      "gemma2", "gemma3", "deepseek2")
+                      "gemma2", "gemma3", "deepseek2", "llama4")
 """GGUF `general.architecture` (a `llama` file with experts is Mixtral)."""
 
 
