@@ -84,7 +84,8 @@ def build_ahead(cache: Path, modules: list[str]) -> None:
                 list(pool.map(lambda flags: driver_build(flags, cache),
                               (DRIVER_FLAGS, DOTPROD_DRIVER_FLAGS)))
 
-    if "test_llama_cpp_files.py" in modules and shutil.which("cmake") and shutil.which("c++"):
+    if ({"test_llama_cpp_files.py", "test_llama_quantize_files.py"} & set(modules)
+            and shutil.which("cmake") and shutil.which("c++")):
         from tests.llama_cpp_tools import ToolUnavailable, llama_quantize
 
         try:
@@ -95,7 +96,8 @@ def build_ahead(cache: Path, modules: list[str]) -> None:
 
 AHEAD_OF = ("test_cpu_kernels.py", "test_cpu_kinds.py", "test_decode_kernel.py",
             "test_gguf_packed.py", "test_kernel_emulation.py", "test_kernels_aarch64.py",
-            "test_llama_cpp_files.py", "test_lora_kernel.py", "test_moe_kernel.py")
+            "test_llama_cpp_files.py", "test_llama_quantize_files.py", "test_lora_kernel.py",
+            "test_moe_kernel.py")
 """tests/executor modules whose builds this process compiles: a session holding none of
 them (make test-fast, most single-module runs) starts no background build."""
 

@@ -109,13 +109,19 @@ def assert_tp2_matches_tp1(model: str, **options) -> None:
     assert worker_pids() == set()
 
 
-@pytest.mark.parametrize(("arch", "options"), [
-    ("llama", {}), ("qwen3", {}),
-    ("llama", {"quantization": "int8"}),  # int8 linears (Pagoda's kernel: cut as packed q8)
-], ids=["llama", "qwen3", "llama-int8"])
-def test_tiny_models_tp2_equal_tp1(arch, options, tmp_path) -> None:
-    # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32
-    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch)
+@pytest.mark.parametrize(("arch", "options", "overrides"), [
+    ("llama", {}, {}), ("qwen3", {}, {}),
+    ("llama", {"quantization": "int8"}, {}),  # int8 linears (Pagoda's kernel: cut as packed q8)
+    # (no window: sliding-window layers turn prefix caching off, which the batch exercises)
+    ("mixtral", {}, {"sliding_window": None}), ("glm4-moe", {}, {}),
+    # experts of 64 rows: 32 a rank, whole blocks of the packed q8 experts (the C MoE kernel)
+    ("qwen3-moe", {"quantization": "int8"}, {"moe_intermediate_size": 64}),
+], ids=["llama", "qwen3", "llama-int8", "mixtral", "glm4-moe", "qwen3-moe-int8"])
+def test_tiny_models_tp2_equal_tp1(arch, options, overrides, tmp_path) -> None:
+    # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32; the
+    # MoE models: every expert's rows split, the block's output summed once (GLM-4.5 with
+    # its shared expert, grouped routing and a dense first layer)
+    folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch, **overrides)
     assert_tp2_matches_tp1(folder, **options)
 
 

@@ -216,6 +216,9 @@ class SparseMoeBlock(nn.Module):
         self.weights_in_run_dtype = weights_in_run_dtype
         self.softmax_after_top_k = softmax_after_top_k
         self.weights_scale_inputs = weights_scale_inputs
+        self.tensor_parallel_group = None
+        """Set by parallel/sharding.py: each expert holds this rank's share of its rows, and
+        the block's output is summed over the ranks (one all-reduce)."""
         self.block_id = next(_next_block_id)  # how the custom op finds this block
         self._plan: MoEPlan | None = None
         self._plan_key: tuple | None = None
@@ -228,6 +231,11 @@ class SparseMoeBlock(nn.Module):
         return self.route_and_run(hidden)
 
     def route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self._route_and_run(hidden)
+        group = self.tensor_parallel_group
+        return out if group is None else group.all_reduce(out)
+
+    def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         k = self.top_k
         if hasattr(self.gate, "route"):  # a router with its own rule
             weights, choices = self.gate.route(hidden, k)

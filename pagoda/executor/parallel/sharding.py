@@ -7,6 +7,8 @@ which heads and rows rank r holds):
     o_proj       input columns of r's q heads, bias on rank 0            row-parallel, all-reduce
     gate_up_proj rows [gate rows of r | up rows of r]                    column-parallel
     down_proj    input columns of r's rows, bias on rank 0               row-parallel, all-reduce
+    sparse MoE   every expert (and the shared one) cut as an MLP is,      one all-reduce of
+                 the router whole: every rank routes alike                the block's output
     attention    r's heads only: its KV cache holds r's KV heads
     embedding    vocabulary rows of r, lookup + all-reduce
     logits head  vocabulary rows of r (the embedding's when tied), all-gather
@@ -20,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagoda.executor.layers.moe import SparseMoeBlock
 from pagoda.executor.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -30,6 +33,11 @@ from pagoda.executor.models.llama import (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
     head_dim_of,
+)
+from pagoda.executor.models.mixtral import (
+    Glm4MoeForCausalLM,
+    MixtralForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 from pagoda.executor.parallel.communication import TensorParallelGroup
 from pagoda.executor.parallel.layers import (
@@ -47,8 +55,11 @@ from pagoda.executor.parallel.slicing import (
 )
 
 SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                    Phi3ForCausalLM)
-"""Exactly these classes (Gemma's norms and soft-capping, Mixtral's experts are not split)."""
+                    Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
+                    Glm4MoeForCausalLM)
+"""Exactly these classes: the Llama family and the MoE models on its attention whose experts
+are SwiGLU MLPs (Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, gpt-oss's
+sinks and biased experts are not split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
@@ -100,17 +111,34 @@ def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int,
 
 
 def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
+    if isinstance(mlp, SparseMoeBlock):
+        shared = [] if mlp.shared_experts is None else [mlp.shared_experts]
+        for expert in [*mlp.experts, *shared]:
+            _shard_swiglu(expert, group, reduce=False)
+        mlp.tensor_parallel_group = group  # (the block sums its output over ranks once)
+        return
     if not isinstance(mlp, LlamaMLP):
         raise ValueError(f"tensor parallelism cannot split a {type(mlp).__name__} MLP")  # noqa: TRY004
-    intermediate = mlp.down_proj.in_features
-    align = max(row_align(mlp.gate_up_proj), column_align(mlp.down_proj))
+    _shard_swiglu(mlp, group, reduce=True)
+
+
+def _shard_swiglu(mlp: nn.Module, group: TensorParallelGroup, reduce: bool) -> None:
+    """A SwiGLU MLP (LlamaMLP: gate_up_proj, down_proj; a Mixtral expert: w13, w2) down to
+    rank r's intermediate rows; its down projection all-reduced where `reduce` (an expert's
+    partial output is summed with the whole block's instead)."""
+    up_name, down_name = ("w13", "w2") if hasattr(mlp, "w13") else ("gate_up_proj", "down_proj")
+    up, down = getattr(mlp, up_name), getattr(mlp, down_name)
+    intermediate = down.in_features
+    align = max(row_align(up), column_align(down))
     start, stop = aligned_runs(intermediate, group.world_size, align)[group.rank]
-    mlp.gate_up_proj = linear_rows(
-        mlp.gate_up_proj, [(start, stop), (intermediate + start, intermediate + stop)])
-    mlp.gate_up_proj.shard_rows = ((start, stop), (start, stop))  # gate's, up's own rows
-    mlp.down_proj = RowParallelLinear(
-        linear_columns(mlp.down_proj, start, stop, keep_bias=group.rank == 0), group,
-        columns=(start, stop), whole_in_features=intermediate)
+    new_up = linear_rows(up, [(start, stop), (intermediate + start, intermediate + stop)])
+    new_up.shard_rows = ((start, stop), (start, stop))  # gate's, up's own rows
+    new_down = linear_columns(down, start, stop, keep_bias=group.rank == 0)
+    if reduce:
+        new_down = RowParallelLinear(new_down, group, columns=(start, stop),
+                                     whole_in_features=intermediate)
+    setattr(mlp, up_name, new_up)
+    setattr(mlp, down_name, new_down)
 
 
 def _shard_vocabulary(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:
