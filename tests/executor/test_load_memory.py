@@ -125,7 +125,7 @@ def runner_shape(dtype: torch.dtype, kv_cache_memory: int | None = None) -> Mode
     runner.cache_config = CacheConfig(kv_cache_memory=kv_cache_memory)
     runner.device, runner.dtype, runner.block_size = torch.device("cpu"), dtype, 16
     runner.num_layers, runner.num_kv_heads, runner.head_dim = 30, 3, 64
-    runner.kv_cache_dtype = "auto"
+    runner.kv_cache_dtype, runner.kv_planes = "auto", 2
     return runner
 
 
