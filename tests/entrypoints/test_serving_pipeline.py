@@ -223,6 +223,23 @@ def test_completion_stream_with_usage_and_echo(client):
     assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 
 
+def test_continuous_usage_stats_put_usage_in_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats (GuideLLM and AIPerf send it with
+    include_usage): each chunk's usage counts the tokens so far, the last one all of them."""
+    response = client.post("/v1/completions", json={
+        "prompt": ["x", "yz"], "max_tokens": 2, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    events = sse_events(response)
+    counts = [event["usage"]["completion_tokens"] for event in events]
+    assert all(event["usage"]["prompt_tokens"] == 3 for event in events)
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 4
+    assert events[-1]["choices"] == []
+    without = sse_events(client.post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 2, "stream": True,
+        "stream_options": {"continuous_usage_stats": True}}))  # (needs include_usage)
+    assert all("usage" not in event for event in without)
+
+
 def test_chat_response_and_stream(client, engine):
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 2,
             "logprobs": True, "top_logprobs": 0}

@@ -69,9 +69,9 @@ GREEDY_ARCHS = ["llama", "gemma2", "gemma3", "gemma3-spm", "phi3-longrope", "qwe
 """Decoded end to end through the engine: the windowed, soft-capped, LongRoPE and MoE ones."""
 GLM_SPECIAL_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 """Added to the bundled tokenizer for GLM's converter (it has <|endoftext|> already)."""
-WRITES_VOCAB_SIZE = {"llama", "granite", "granitemoe", "deepseek2"}
+WRITES_VOCAB_SIZE = {"llama", "granite", "granitemoe", "llama4", "deepseek2"}
 """Architectures whose converter class writes `<arch>.vocab_size` (Llama's, which Granite's
-is, and DeepSeek's)."""
+and Llama 4's are, and DeepSeek's)."""
 PUBLISHED_ARCHITECTURES = {"phimoe": "PhiMoEForCausalLM"}
 """config.json `architectures` as the published checkpoint has it (remote code), where
 transformers' own class is named otherwise: llama.cpp's converter knows only that name."""

@@ -61,6 +61,9 @@ class StreamOptions(StrictModel):
     """Send a last chunk with `usage` (and `"usage": null` in every other chunk)."""
     include_obfuscation: bool | None = None
     """OpenAI's; ignored (field_policy.py): Pagoda's chunks carry no obfuscation padding."""
+    continuous_usage_stats: bool | None = False
+    """vLLM's: with include_usage, every chunk carries `usage` so far (benchmark clients such
+    as GuideLLM and AIPerf send it)."""
 
 
 def _check_stop(value: Any) -> Any:
@@ -131,6 +134,11 @@ class SamplingRequestFields(StructuredOutputFields, StrictModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM's continuous_usage_stats, which needs include_usage)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 def _check_prompt(value: Any) -> Any:

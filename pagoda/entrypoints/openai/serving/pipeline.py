@@ -344,9 +344,14 @@ class ServingPipeline(ABC):
         `contextlib.aclosing`)."""
         n = job.params.n
         states = [self.choice_state_type(index) for index in range(len(streams) * n)]
+
+        def so_far() -> UsageInfo | None:  # (usage in every chunk: continuous_usage_stats)
+            return (self.usage(job, sum(s.num_tokens for s in states))
+                    if job.request.continuous_usage else None)
+
         try:
             for choice in self.opening_choices(job):
-                yield self.chunk(job, [choice])
+                yield self.chunk(job, [choice], usage=so_far())
             async for i, output in until_deadline(merge_streams(streams), self.request_timeout):
                 for completion in output.outputs:
                     state = states[i * n + completion.index]
@@ -358,7 +363,7 @@ class ServingPipeline(ABC):
                         continue
                     state.finished = completion.finished
                     for choice in choices if isinstance(choices, list) else [choices]:
-                        yield self.chunk(job, [choice])
+                        yield self.chunk(job, [choice], usage=so_far())
             if job.request.include_usage:
                 usage = self.usage(job, sum(s.num_tokens for s in states))
                 yield self.chunk(job, [], usage=usage)
