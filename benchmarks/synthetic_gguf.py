@@ -15,7 +15,8 @@ same quantized file.
 Not modelled (no effect on the cost per token): Llama 3's rope-frequency scaling tensor
 (`rope_freqs`), chat templates. Writing is streamed one tensor at a time: peak memory is one
 float32 tensor (the embedding, 49152 x hidden), whatever the model's size. The writer itself is
-the project's one GGUF writer, pagoda/executor/loader/gguf_writer.py; this is its command line.
+the project's one GGUF writer, pagoda/executor/loader/gguf_writer.py (random weights:
+gguf_random_model.py); this is its command line.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import argparse
 import dataclasses
 import sys
 
-from pagoda.executor.loader.gguf_writer import (
+from pagoda.executor.loader.gguf_random_model import (
     OUTTYPES,
     SHAPES,
     Shape,

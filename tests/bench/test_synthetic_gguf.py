@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks import synthetic_gguf
-from pagoda.executor.loader.gguf_writer import tokenizer_fields
+from pagoda.executor.loader.gguf_random_model import tokenizer_fields
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import load_model, open_checkpoint
 from tests.executor.test_model_parity import PROMPTS, pagoda_runner

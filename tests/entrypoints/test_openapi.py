@@ -22,7 +22,7 @@ from pagoda.entrypoints.openai.model_registry import ServedModel
 from pagoda.entrypoints.openai.openapi import OPERATIONS, openapi_document
 from pagoda.entrypoints.openai.server import build_app
 from pagoda.entrypoints.openai.server_state import ServerState
-from pagoda.executor.loader.gguf_writer import Shape, write_random_model
+from pagoda.executor.loader.gguf_random_model import Shape, write_random_model
 from pagoda.executor.loader.model_files import bundled_model_path
 from tests.entrypoints.server_helpers import RemoteServer
 
