@@ -76,17 +76,22 @@ def _granite_config(family: str, field, kwargs: dict) -> None:
 def _glm4_moe_config(field, kwargs: dict, read_tensor) -> None:
     head_dim = kwargs["head_dim"]
     kwargs["partial_rotary_factor"] = int(field("rope.dimension_count", head_dim)) / head_dim
+    _routed_and_shared_experts(field, kwargs, normalized_by_default=True)
+    kwargs["n_group"] = kwargs["topk_group"] = 1
+    kwargs["num_nextn_predict_layers"] = 0  # (not loaded: GGUFCheckpoint.num_layers)
+    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
+    kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
+
+
+def _routed_and_shared_experts(field, kwargs: dict, normalized_by_default: bool) -> None:
+    """GLM-4.5's and DeepSeek's MoE fields (mixtral.py: routed_and_shared_experts)."""
     kwargs["n_routed_experts"] = int(field("expert_count", 0))
     kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
     kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0))
     kwargs["n_shared_experts"] = int(field("expert_shared_count", 0))
     kwargs["first_k_dense_replace"] = int(field("leading_dense_block_count", 0))
     kwargs["routed_scaling_factor"] = float(field("expert_weights_scale", 1.0))
-    kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", True))
-    kwargs["n_group"] = kwargs["topk_group"] = 1
-    kwargs["num_nextn_predict_layers"] = 0  # (not loaded: GGUFCheckpoint.num_layers)
-    kwargs["attention_bias"] = read_tensor("blk.0.attn_q.bias") is not None
-    kwargs["use_qk_norm"] = read_tensor("blk.0.attn_q_norm.weight") is not None
+    kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", normalized_by_default))
 
 
 def _deepseek2_config(field, kwargs: dict) -> None:
@@ -102,13 +107,7 @@ def _deepseek2_config(field, kwargs: dict) -> None:
     kwargs["q_lora_rank"] = int(field("attention.q_lora_rank", 0) or 0) or None
     kwargs["head_dim"] = rope  # (what the rotary turns)
     kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # (the file says 1: MQA)
-    kwargs["n_routed_experts"] = int(field("expert_count", 0))
-    kwargs["num_experts_per_tok"] = int(field("expert_used_count", 2))
-    kwargs["moe_intermediate_size"] = int(field("expert_feed_forward_length", 0))
-    kwargs["n_shared_experts"] = int(field("expert_shared_count", 0))
-    kwargs["first_k_dense_replace"] = int(field("leading_dense_block_count", 0))
-    kwargs["routed_scaling_factor"] = float(field("expert_weights_scale", 1.0))
-    kwargs["norm_topk_prob"] = bool(field("expert_weights_norm", False))
+    _routed_and_shared_experts(field, kwargs, normalized_by_default=False)
     groups = int(field("expert_group_count", 1) or 1)
     kwargs["n_group"], kwargs["topk_group"] = groups, int(field("expert_group_used_count",
                                                                 groups) or groups)

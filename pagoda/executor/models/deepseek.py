@@ -33,12 +33,12 @@ from torch import nn
 
 from pagoda.executor.attention.layer import Attention
 from pagoda.executor.layers.linear import Linear
-from pagoda.executor.layers.moe import CorrectionBiasRouter, GroupLimitedRouter, SparseMoeBlock
+from pagoda.executor.layers.moe import CorrectionBiasRouter, GroupLimitedRouter
 from pagoda.executor.layers.norm import RMSNorm
 from pagoda.executor.layers.rope_scaling import yarn_get_mscale
 from pagoda.executor.layers.rotary import RotaryEmbedding, rope_parameters
 from pagoda.executor.models.llama import STACKED_PARAMS, LlamaForCausalLM, LlamaMLP, LlamaModel
-from pagoda.executor.models.mixtral import without_layers_past
+from pagoda.executor.models.mixtral import routed_and_shared_experts, without_layers_past
 
 LATENT_NORM_EPS = 1e-6
 """q_a_layernorm's and kv_a_layernorm's epsilon: the reference code's default, not the
@@ -160,19 +160,11 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     def build_model(self, config, max_position: int) -> nn.Module:
         config.head_dim = config.qk_rope_head_dim  # what the shared rotary turns
-        experts_size = config.moe_intermediate_size
 
         def make_mlp(index: int) -> nn.Module:
             if index < config.first_k_dense_replace:
                 return LlamaMLP(config)
-            shared = (LlamaMLP(config, intermediate_size=experts_size * config.n_shared_experts)
-                      if config.n_shared_experts else None)
-            return SparseMoeBlock(
-                config.hidden_size,
-                [LlamaMLP(config, intermediate_size=experts_size)
-                 for _ in range(config.n_routed_experts)],
-                config.num_experts_per_tok, normalize_top_k=False, router=self.router(config),
-                shared_experts=shared)
+            return routed_and_shared_experts(config, self.router(config))
 
         return LlamaModel(config, bool(getattr(config, "attention_bias", False)), False,
                           max_position, make_mlp, attention_class=LatentAttention)

@@ -152,29 +152,33 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
     """GLM-4.5 / GLM-4.5-Air (see the module docstring)."""
 
     def build_model(self, config, max_position: int) -> nn.Module:
-        experts_size = config.moe_intermediate_size
-
         def make_mlp(index: int) -> nn.Module:
             if index < config.first_k_dense_replace:
                 return LlamaMLP(config)
-            router = CorrectionBiasRouter(
+            return routed_and_shared_experts(config, CorrectionBiasRouter(
                 config.hidden_size, config.n_routed_experts, "sigmoid",
                 bool(config.norm_topk_prob), float(config.routed_scaling_factor),
-                config.n_group, config.topk_group)
-            shared = (LlamaMLP(config, intermediate_size=experts_size * config.n_shared_experts)
-                      if config.n_shared_experts else None)
-            return SparseMoeBlock(
-                config.hidden_size,
-                [LlamaMLP(config, intermediate_size=experts_size)
-                 for _ in range(config.n_routed_experts)],
-                config.num_experts_per_tok, normalize_top_k=False, router=router,
-                shared_experts=shared)
+                config.n_group, config.topk_group))
 
         return LlamaModel(config, bool(config.attention_bias), bool(config.use_qk_norm),
                           max_position, make_mlp)
 
     def load_weights(self, weights) -> None:
         super().load_weights(without_layers_past(weights, self.config.num_hidden_layers))
+
+
+def routed_and_shared_experts(config, router: nn.Module) -> SparseMoeBlock:
+    """GLM-4.5's and DeepSeek's MoE MLP: n_routed_experts SwiGLU experts of
+    moe_intermediate_size chosen by `router`'s rule, plus a shared expert of n_shared_experts
+    times that size (none where 0)."""
+    size = config.moe_intermediate_size
+    shared = (LlamaMLP(config, intermediate_size=size * config.n_shared_experts)
+              if config.n_shared_experts else None)
+    return SparseMoeBlock(
+        config.hidden_size,
+        [LlamaMLP(config, intermediate_size=size) for _ in range(config.n_routed_experts)],
+        config.num_experts_per_tok, normalize_top_k=False, router=router,
+        shared_experts=shared)
 
 
 def without_layers_past(weights, num_layers: int):
