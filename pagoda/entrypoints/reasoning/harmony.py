@@ -28,6 +28,7 @@ from pagoda.entrypoints.harmony import (
 )
 from pagoda.entrypoints.markers import partial_suffix
 from pagoda.entrypoints.reasoning.parsers import ReasoningDelta, ReasoningParser
+from pagoda.structured_outputs import ReasoningSpan
 
 _REASONING, _CONTENT, _CALL, _PLAIN = "reasoning", "content", "call", "plain"
 
@@ -47,10 +48,10 @@ class HarmonyReasoningParser(ReasoningParser):
         self._started = False
 
     @classmethod
-    def span(cls):
+    def span(cls) -> ReasoningSpan | None:
         """None: a constraint cannot follow harmony's reasoning (its markers are special
         tokens the grammar cannot write)."""
-        return
+        return None
 
     @property
     def in_content(self) -> bool:
