@@ -34,6 +34,7 @@ from pagoda.executor.models.llama import (
     Qwen3ForCausalLM,
     head_dim_of,
 )
+from pagoda.executor.models.llama4 import Llama4ForCausalLM
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
     MixtralForCausalLM,
@@ -56,10 +57,11 @@ from pagoda.executor.parallel.slicing import (
 
 SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                     Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
-                    Glm4MoeForCausalLM)
+                    Glm4MoeForCausalLM, Llama4ForCausalLM)
 """Exactly these classes: the Llama family and the MoE models on its attention whose experts
-are SwiGLU MLPs (Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, gpt-oss's
-sinks and biased experts are not split)."""
+are SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature split with the heads;
+Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, gpt-oss's sinks and
+biased experts, DeepSeek's latent attention are not split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
