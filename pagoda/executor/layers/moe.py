@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +99,19 @@ class SparseMixerRouter(Router):
         return shares.gather(-1, choice), choice
 
 
+def keep_best_groups(scores: torch.Tensor, n_group: int, topk_group: int,
+                     group_score: Callable[[torch.Tensor], torch.Tensor],
+                     fill: float) -> torch.Tensor:
+    """Group-limited routing's mask: scores (T, E), its experts in `n_group` equal groups of
+    consecutive ids, each group scored by `group_score` ((T, groups, E / groups) -> (T,
+    groups)); the experts outside each row's `topk_group` best groups set to `fill`."""
+    groups = scores.view(scores.shape[0], n_group, -1)  # (T, groups, E / groups)
+    group_scores = group_score(groups)
+    kept = torch.topk(group_scores, topk_group, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    return scores.masked_fill(~mask.unsqueeze(-1).expand_as(groups).reshape_as(scores), fill)
+
+
 class CorrectionBiasRouter(Router):
     """Routing whose choice adds a learned per-expert `e_score_correction_bias` to the
     scores while the weights use the scores alone: DeepSeek-V3's and GLM-4.5's noaux_tc
@@ -129,13 +143,10 @@ class CorrectionBiasRouter(Router):
         logits = F.linear(hidden.float(), self.weight.float())  # (T, E)
         scores = logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(dim=-1)
         choice = scores + self.e_score_correction_bias.float()
-        if self.topk_group < self.n_group:
-            groups = choice.view(choice.shape[0], self.n_group, -1)  # (T, groups, E / groups)
-            group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)  # (T, groups)
-            kept = torch.topk(group_scores, self.topk_group, dim=-1, sorted=False)[1]
-            mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-            choice = choice.masked_fill(
-                ~mask.unsqueeze(-1).expand_as(groups).reshape_as(choice), float("-inf"))
+        if self.topk_group < self.n_group:  # a group's score: its best two
+            choice = keep_best_groups(choice, self.n_group, self.topk_group,
+                                      lambda groups: groups.topk(2, dim=-1)[0].sum(dim=-1),
+                                      float("-inf"))
         choices = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, choices)
         if self.normalize:
@@ -163,12 +174,9 @@ class GroupLimitedRouter(Router):
     def route(self, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden (T, hidden) -> float32 weights (T, top_k), expert ids (T, top_k)."""
         scores = F.linear(hidden.float(), self.weight.float()).softmax(dim=-1)  # (T, E)
-        if self.topk_group < self.n_group:
-            groups = scores.view(scores.shape[0], self.n_group, -1)  # (T, groups, E / groups)
-            kept = torch.topk(groups.amax(dim=-1), self.topk_group, dim=-1, sorted=False)[1]
-            mask = torch.zeros(groups.shape[:2], dtype=torch.bool).scatter_(1, kept, True)
-            scores = scores.masked_fill(~mask.unsqueeze(-1).expand_as(groups).reshape_as(scores),
-                                        0.0)
+        if self.topk_group < self.n_group:  # a group's score: its best
+            scores = keep_best_groups(scores, self.n_group, self.topk_group,
+                                      lambda groups: groups.amax(dim=-1), 0.0)
         weights, choices = torch.topk(scores, top_k, dim=-1, sorted=False)
         return weights * self.routed_scaling_factor, choices
 
