@@ -28,6 +28,8 @@ PUBLISHED = {  # name -> (the model's own vocabulary, its published parameter co
     "llama-3.1-8b": (128256, 8_030_261_248),
     "qwen2.5-1.5b": (151936, 1_543_714_304),
     "qwen3-30b-a3b": (151936, 30_532_122_624),  # transformers' Qwen3MoeForCausalLM counts it
+    "olmoe-1b-7b": (50304, 6_919_161_856),
+    "gpt-oss-20b": (201088, 20_914_757_184),  # GptOssForCausalLM's count, sinks and biases in
 }
 
 

@@ -36,6 +36,7 @@ import torch
 
 from pagoda.config import CacheConfig
 from pagoda.executor.loader.gguf_architectures import hf_tensor_names
+from pagoda.executor.loader.gguf_random_model import Shape, write_random_model
 from pagoda.executor.loader.gguf_reader import CompactGGUFReader, array_length
 from pagoda.executor.loader.model_files import resolve_model_files
 from pagoda.executor.loader.model_loader import open_checkpoint, weight_formats
@@ -308,3 +309,37 @@ def test_gpt_oss_mxfp4_moe_file_loads(converted, tmp_path) -> None:
 MXFP4_MAX_RELATIVE_ERROR = 0.13
 """The MXFP4_MOE file decoded exactly against the float checkpoint: a sanity bar, ~1.3x what
 the tiny random model measured (2026-12-07: 0.099; the Q8_0 requantization 0.003)."""
+
+
+@pytest.mark.parametrize("arch", ["qwen3-moe", "olmoe", "gpt-oss"])
+def test_random_weight_files_have_the_converters_layout(arch, converted, tmp_path) -> None:
+    """The benchmarks' random-weight files (gguf_random_model.py, benchmarks/synthetic_gguf.py)
+    of the MoE shapes measured against llama.cpp hold exactly the tensors the converter writes
+    for the same shapes: names, dimensions, and the architecture's keys with their values
+    (rope, context and the dense width aside: values, not shapes, and an all-MoE model's
+    unused dense width, which the tiny checkpoints set otherwise than the published ones)."""
+    reference, source = converted_file(converted, arch, "f32")
+    config = reference.config
+    family = {"qwen3-moe": "qwen3moe"}.get(arch, arch)
+    shape = Shape(family, config.hidden_size, config.num_hidden_layers,
+                  config.num_attention_heads, config.num_key_value_heads,
+                  getattr(config, "moe_intermediate_size", config.intermediate_size),
+                  tied_embeddings=config.tie_word_embeddings,
+                  qkv_bias=getattr(config, "attention_bias", False),
+                  experts=getattr(config, "num_experts", None) or config.num_local_experts,
+                  experts_used=config.num_experts_per_tok,
+                  head_dim_override=getattr(config, "head_dim", None),
+                  qk_norm=family in ("qwen3moe", "olmoe"),
+                  sliding_window=getattr(config, "sliding_window", None) or 0)
+    ours = str(tmp_path / f"{arch}-random.gguf")
+    write_random_model(arch, shape, ours, tokenizer_source=source, outtype="f32")
+    layouts = [{t.name: tuple(t.shape) for t in CompactGGUFReader(path, "r").tensors}
+               for path in (source, ours)]
+    assert layouts[1] == layouts[0]
+    fields = [CompactGGUFReader(path, "r").fields for path in (source, ours)]
+    theirs = {key for key in fields[0] if key.startswith(f"{family}.")
+              and not key.startswith((f"{family}.rope.", f"{family}.context_length",
+                                      f"{family}.feed_forward_length"))}
+    assert theirs - set(fields[1]) == set()  # every key of the architecture llama.cpp reads
+    for key in theirs:
+        assert fields[1][key].contents() == fields[0][key].contents(), key

@@ -28,7 +28,7 @@ from pagoda.executor.loader.gguf_writer import (
 class Shape:
     """A decoder-only transformer's shapes, as its config.json states them."""
 
-    arch: str  # the GGUF architecture name: "llama", "qwen2" or "qwen3moe"
+    arch: str  # the GGUF architecture name: "llama", "qwen2", "qwen3moe", "olmoe", "gpt-oss"
     hidden: int
     layers: int
     heads: int
@@ -42,7 +42,8 @@ class Shape:
     experts: int = 0  # a sparse MoE MLP in every layer: this many experts (0: dense)
     experts_used: int = 0  # chosen a token
     head_dim_override: int | None = None  # where it is not hidden / heads (Qwen3)
-    qk_norm: bool = False  # per-head RMSNorms of q and k (Qwen3)
+    qk_norm: bool = False  # RMSNorms of q and k: per head (Qwen3), over all heads (OLMoE)
+    sliding_window: int = 0  # gpt-oss: every other layer's window, from the first
 
     @property
     def head_dim(self) -> int:
@@ -58,6 +59,14 @@ SHAPES = {
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 768, tied_embeddings=False,
                            rope_theta=1000000.0, rms_eps=1e-6, experts=128, experts_used=8,
                            head_dim_override=128, qk_norm=True),
+    "olmoe-1b-7b": Shape("olmoe", 2048, 16, 16, 16, 1024, tied_embeddings=False,
+                         rope_theta=10000.0, context=4096, experts=64, experts_used=8,
+                         qk_norm=True),
+    # gpt-oss-20b: biased attention with sinks, every other layer a 128-token window, a biased
+    # router and biased experts (its YaRN scaling, a value not a shape, is left out)
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 2880, tied_embeddings=False,
+                         qkv_bias=True, rope_theta=150000.0, context=131072, experts=32,
+                         experts_used=4, head_dim_override=64, sliding_window=128),
 }
 """The published configs' shapes (hidden size, layers, query/KV heads, FFN width)."""
 
@@ -72,6 +81,7 @@ FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTL
 def shape_tensors(shape: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ...]]]:
     """(GGUF tensor name, (out, in) shape) of every weight, in the converter's order."""
     q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    gpt_oss = shape.arch == "gpt-oss"
     yield "token_embd.weight", (vocab, shape.hidden)
     for i in range(shape.layers):
         block = f"blk.{i}"
@@ -84,15 +94,24 @@ def shape_tensors(shape: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ..
             yield f"{block}.attn_k.bias", (kv_width,)
             yield f"{block}.attn_v.bias", (kv_width,)
         yield f"{block}.attn_output.weight", (shape.hidden, q_width)
-        if shape.qk_norm:
-            yield f"{block}.attn_q_norm.weight", (shape.head_dim,)
-            yield f"{block}.attn_k_norm.weight", (shape.head_dim,)
-        yield f"{block}.ffn_norm.weight", (shape.hidden,)
+        if gpt_oss:
+            yield f"{block}.attn_output.bias", (shape.hidden,)
+            yield f"{block}.attn_sinks.weight", (shape.heads,)
+        if shape.qk_norm:  # OLMoE's over the whole projection, Qwen3's per head
+            whole = shape.arch == "olmoe"
+            yield f"{block}.attn_q_norm.weight", (q_width if whole else shape.head_dim,)
+            yield f"{block}.attn_k_norm.weight", (kv_width if whole else shape.head_dim,)
+        yield f"{block}.{'post_attention_norm' if gpt_oss else 'ffn_norm'}.weight", (shape.hidden,)
         if shape.experts:  # the router, then each projection's experts stacked
             yield f"{block}.ffn_gate_inp.weight", (shape.experts, shape.hidden)
-            yield f"{block}.ffn_gate_exps.weight", (shape.experts, shape.ffn, shape.hidden)
-            yield f"{block}.ffn_up_exps.weight", (shape.experts, shape.ffn, shape.hidden)
-            yield f"{block}.ffn_down_exps.weight", (shape.experts, shape.hidden, shape.ffn)
+            if gpt_oss:
+                yield f"{block}.ffn_gate_inp.bias", (shape.experts,)
+            for projection, rows, columns in (("gate", shape.ffn, shape.hidden),
+                                              ("up", shape.ffn, shape.hidden),
+                                              ("down", shape.hidden, shape.ffn)):
+                yield f"{block}.ffn_{projection}_exps.weight", (shape.experts, rows, columns)
+                if gpt_oss:  # one bias row per expert
+                    yield f"{block}.ffn_{projection}_exps.bias", (shape.experts, rows)
             continue
         yield f"{block}.ffn_gate.weight", (shape.ffn, shape.hidden)
         yield f"{block}.ffn_up.weight", (shape.ffn, shape.hidden)
@@ -109,7 +128,8 @@ def parameter_count(shape: Shape, vocab: int) -> int:
 def stored_type(name: str, dims: tuple[int, ...], outtype: str) -> gguf.GGMLQuantizationType:
     """Norms, biases and routers stay float32 (as the converter keeps every 1-D tensor, and
     llama-quantize every router)."""
-    return Q.F32 if len(dims) == 1 or name.endswith("ffn_gate_inp.weight") else OUTTYPES[outtype]
+    return (Q.F32 if len(dims) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+            else OUTTYPES[outtype])
 
 
 def random_values(name: str, dims: tuple[int, ...], rng: torch.Generator) -> np.ndarray:
@@ -171,6 +191,8 @@ def write_random_model(name: str, shape: Shape, path: str, tokenizer_source: str
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.ffn)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
     writer.add_file_type(FILE_TYPES[outtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     rng = torch.Generator().manual_seed(seed)
