@@ -26,6 +26,7 @@ from pagoda.executor.kernels.packed_weight import (
 )
 from pagoda.executor.kernels.packing import quantize_groups
 from pagoda.executor.loader.gguf_dequant import REFERENCE_DECODED_TYPES
+from pagoda.executor.loader.gguf_exact_repacking import EXACT_REPACKING, exact_target
 from pagoda.executor.loader.gguf_packing import GGUF_FORMATS, gguf_type_packable, pack_gguf
 from pagoda.executor.loader.gguf_writer import random_blocks
 from tests.executor.test_cpu_kernels import (
@@ -267,11 +268,47 @@ def test_big_tensors_pack_slice_by_slice(monkeypatch) -> None:
     assert torch.equal(pack_gguf(raw, Q.Q4_0, (48, 256)).dequantize(), reference)
 
 
-@pytest.mark.parametrize("ggml_type", sorted(REFERENCE_DECODED_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", sorted(EXACT_REPACKING), ids=lambda t: t.name)
+def test_types_another_format_holds_pack_bit_for_bit_in_it(ggml_type, monkeypatch) -> None:
+    """Q3_K, IQ3_S and TQ2_0 as Q6_K, IQ4_NL and MXFP4 as Q8_0 (gguf_exact_repacking.py),
+    slice by slice: every weight what the spec decodes, bit for bit (float32 and the bf16
+    form), the size the target format's, and the product the target format's kernels'."""
+    from pagoda.executor.loader import gguf_packing
+    monkeypatch.setattr(gguf_packing, "PACK_SLICE_WEIGHTS", 16 * 512)  # 3 slices of 16 rows
+    _, packed, reference = case(ggml_type)
+    target = EXACT_REPACKING[ggml_type]
+    assert packed.format == GGUF_FORMATS[target]
+    assert torch.equal(packed.dequantize(), reference)
+    assert torch.equal(dequantize_transposed(packed, dtype=torch.bfloat16),
+                       reference.T.to(torch.bfloat16))
+    assert packed.nbytes() == case(target)[1].nbytes()
+    x = torch.randn(3, 512)
+    assert_matmul_close(gemm_packed(x, packed), x, reference)
+
+
+def test_mxfp4_scales_outside_float16_shift_into_the_codes_or_requantize() -> None:
+    """MXFP4's scale 2^(e - 128) as a float16 Q8_0 scale: above 2^15 up to 3 bits move into
+    the codes (12 * 8 <= 127), still exact; below 2^-24 no float16 holds it, and the tensor
+    is requantized to Q8_0 like the types no format holds."""
+    raw = random_blocks(Q.MXFP4, 32, 64)
+    blocks = raw.reshape(-1, 17)
+    blocks[:, 0] = 128 + 18  # 2^18: 2^15 in float16, the codes times 8
+    reference = torch.from_numpy(dequantize(raw, Q.MXFP4).reshape(32, 64))
+    assert torch.equal(pack_gguf(raw, Q.MXFP4, (32, 64)).dequantize(), reference)
+    assert exact_target(Q.MXFP4, raw) == Q.Q8_0
+    blocks[0, 0] = 128 - 25
+    assert exact_target(Q.MXFP4, raw) is None
+    q8_0 = gguf.quants.quantize(dequantize(raw, Q.MXFP4), Q.Q8_0)
+    assert torch.equal(pack_gguf(raw, Q.MXFP4, (32, 64)).dequantize(),
+                       torch.from_numpy(dequantize(q8_0, Q.Q8_0).reshape(32, 64)))
+
+
+@pytest.mark.parametrize("ggml_type", sorted(REFERENCE_DECODED_TYPES - EXACT_REPACKING.keys()),
+                         ids=lambda t: t.name)
 def test_types_without_a_kernel_pack_as_their_values_requantized_to_q8_0(ggml_type,
                                                                          monkeypatch) -> None:
-    """Q2_K, Q3_K, the i-quants, TQ1_0/TQ2_0, MXFP4, NVFP4: packed as Q8_0 blocks of the
-    values the spec decodes (slice by slice), within Q8_0's rounding of them, and the
+    """Q2_K, IQ4_XS, the 1- and 2-bit i-quants, IQ3_XXS, TQ1_0, NVFP4: packed as Q8_0 blocks
+    of the values the spec decodes (slice by slice), within Q8_0's rounding of them, and the
     packed matrix multiplies as those Q8_0 weights."""
     from pagoda.executor.loader import gguf_packing
     monkeypatch.setattr(gguf_packing, "PACK_SLICE_WEIGHTS", 16 * 512)  # 3 slices of 16 rows

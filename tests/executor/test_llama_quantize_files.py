@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import os
 
+import gguf
 import pytest
 import torch
 
+from pagoda.executor.loader.gguf_exact_repacking import EXACT_REPACKING
+from pagoda.executor.loader.gguf_packing import GGUF_FORMATS
 from pagoda.executor.loader.gguf_reader import CompactGGUFReader
 from pagoda.executor.loader.model_loader import weight_formats
 from tests import llama_cpp_tools
 from tests.executor.test_gguf_packed_models import K_SIZES, assert_same_logits, load_both
-from tests.executor.test_llama_cpp_files import SPM_VOCAB, model_runner, spm_model
+from tests.executor.test_llama_cpp_files import (
+    EXACT_MAX_RELATIVE_ERROR,
+    SPM_VOCAB,
+    model_runner,
+    spm_model,
+)
 from tests.executor.test_model_families import GGUF_SETTINGS, logits_error
 from tests.executor.test_model_parity import PROMPTS
 from tests.executor.test_quantization import relative_error
@@ -92,12 +100,14 @@ def test_llama_quantize_files_load_packed(arch, qtype, k_sized, tmp_path) -> Non
 
 LOW_BIT_TYPES = ["Q2_K", "Q3_K_M", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
                  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MIXED"]
-"""llama-quantize's types without a packed kernel of Pagoda's own (requantized to Q8_0 as they
-are packed: gguf_packing.py), and MIXED: Q4_K_M with some matrices overridden to IQ4_XS,
-Q3_K, MXFP4 and Q2_K, as Unsloth's dynamic quants mix types."""
+"""llama-quantize's types without a packed kernel of Pagoda's own (re-encoded without loss as
+Q6_K or Q8_0 where those hold their values, gguf_exact_repacking.py, else requantized to Q8_0:
+gguf_packing.py), and MIXED: Q4_K_M with some matrices overridden to IQ4_XS, Q3_K, MXFP4 and
+Q2_K, as Unsloth's dynamic quants mix types."""
 MAIN_TYPES = {"Q3_K_M": {"Q3_K"}, "IQ2_S": {"IQ2_XS", "IQ3_S"},
               "MIXED": {"IQ4_XS", "Q3_K", "MXFP4", "Q2_K"}}
 """The types a llama-quantize type name writes into the layers (the rest: itself)."""
+Q = gguf.GGMLQuantizationType
 MIXED_OVERRIDES = ["attn_v=iq4_xs", "attn_output=q3_k", "ffn_up=mxfp4", "ffn_gate=q2_k"]
 
 
@@ -123,8 +133,8 @@ def uniform_imatrix(source: str, path: str) -> None:
 @pytest.mark.parametrize("qtype", LOW_BIT_TYPES)
 def test_llama_quantize_low_bit_types_load_packed(qtype, k_sized, tmp_path) -> None:
     """Every other type llama-quantize writes, in a file it wrote: the file's types are
-    what was asked, the default load packs every layer matrix (q8 for the requantized
-    types) and its logits stay within Q8_0's rounding of the same file decoded exactly
+    what was asked, the default load packs every layer matrix (q6k or q8 for those a format
+    holds exactly, q8 for the requantized ones) and its logits stay within Q8_0's rounding of the same file decoded exactly
     (by gguf.quants) and within the type's error of the float checkpoint."""
     reference, source, binary = k_sized["llama"]
     path = str(tmp_path / f"llama-{qtype}.gguf")
@@ -139,7 +149,9 @@ def test_llama_quantize_low_bit_types_load_packed(qtype, k_sized, tmp_path) -> N
              if t.name.startswith("blk.") and len(t.shape) == 2}
     assert MAIN_TYPES.get(qtype, {qtype}) <= types, types
     packed, dequantized = load_both(path)
-    assert "q8" in weight_formats(packed).removeprefix("packed ").split("/")
+    expected = {GGUF_FORMATS[EXACT_REPACKING.get(Q[name], Q.Q8_0)]
+                for name in MAIN_TYPES.get(qtype, {qtype})}
+    assert expected <= set(weight_formats(packed).removeprefix("packed ").split("/"))
     with torch.no_grad():
         float_logits = [reference(torch.tensor([prompt])).logits[0] for prompt in PROMPTS]
         requantization = [relative_error(ours, exact) for ours, exact in zip(
@@ -147,9 +159,10 @@ def test_llama_quantize_low_bit_types_load_packed(qtype, k_sized, tmp_path) -> N
             model_runner(dequantized).prompt_logits(PROMPTS))]
         errors = [relative_error(logits, expected_logits) for logits, expected_logits in zip(
             model_runner(packed).prompt_logits(PROMPTS), float_logits)]
-    print(qtype, sorted(types), f"requantization {max(requantization):.4f}",
+    print(qtype, sorted(types), f"requantization {max(requantization):.2e}",
           f"against float {max(errors):.4f}")
-    assert max(requantization) < 0.05
+    exact = all(Q[name] in EXACT_REPACKING or Q[name] in GGUF_FORMATS for name in types)
+    assert max(requantization) < (EXACT_MAX_RELATIVE_ERROR if exact else 0.05)
     if qtype in LOW_BIT_MAX_RELATIVE_ERROR:
         assert max(errors) < LOW_BIT_MAX_RELATIVE_ERROR[qtype]
 

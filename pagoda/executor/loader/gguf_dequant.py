@@ -31,7 +31,8 @@ REFERENCE_DECODED_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset(
 """Types decoded by the spec itself (`gguf.quants.dequantize`, numpy, vectorised over
 blocks: ~10 ms per million weights): the lower-bit K-quants, the i-quants with their grids,
 the ternary types, MXFP4 and NVFP4. (Q1_0, which gguf.quants cannot decode yet, is
-refused.) The packed path requantizes them to Q8_0 (gguf_packing.py)."""
+refused.) The packed path re-encodes Q3_K, IQ3_S, TQ2_0, IQ4_NL and MXFP4 exactly as Q6_K or
+Q8_0 (gguf_exact_repacking.py) and requantizes the rest to Q8_0 (gguf_packing.py)."""
 SUPPORTED_GGUF_TYPES: frozenset[gguf.GGMLQuantizationType] = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 ) | REFERENCE_DECODED_TYPES

@@ -12,9 +12,11 @@ type. What is packed:
 
 A fused module is packed only if every part is (all its parts quantized, in packable types
 and shapes): else all of its parts load as float. So is a matrix the kernels cannot take
-(outputs not a multiple of 16 rows). A type without a packed kernel of its own (Q2_K, Q3_K,
-the i-quants, TQ1_0/TQ2_0, MXFP4) is requantized to Q8_0 as it is packed, with one log line
-naming the types and their tensor counts.
+(outputs not a multiple of 16 rows). A type without a packed kernel of its own is re-encoded
+without loss where another format holds its values (Q3_K, IQ3_S and TQ2_0 as Q6_K, IQ4_NL and
+MXFP4 as Q8_0: gguf_exact_repacking.py), else requantized to Q8_0 as it is packed (Q2_K,
+IQ4_XS, the 1- and 2-bit i-quants, TQ1_0), with one log line naming the types and their
+tensor counts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 from pagoda.executor.kernels.packed_weight import PackedWeight
 from pagoda.executor.layers.linear import Linear
 from pagoda.executor.layers.packed_linear import PackedEmbedding, PackedLinear
+from pagoda.executor.loader.gguf_exact_repacking import exact_target
 from pagoda.executor.loader.gguf_loader import GGUFCheckpoint, RawGGUFTensor
 from pagoda.executor.loader.gguf_packing import (
     GGUF_FORMATS,
@@ -75,6 +78,8 @@ class PackedGGUFLoader:
         self.formats: Counter[str] = Counter()
         self.requantized: Counter[str] = Counter()
         """source GGUF type name -> tensors requantized to REQUANTIZED_AS"""
+        self.repacked: Counter[str] = Counter()
+        """"SOURCE as TARGET" -> tensors whose values TARGET's format holds exactly"""
 
     def _linear_targets(self, matrices: dict) -> dict[str, tuple[str, object]]:
         """checkpoint linear -> (module, shard) for the modules whose parts all pack."""
@@ -106,7 +111,11 @@ class PackedGGUFLoader:
                 raise ValueError(f"{name}: {error}") from None
             self.formats[packed.format] += 1
             if tensor.ggml_type not in GGUF_FORMATS:
-                self.requantized[tensor.ggml_type.name] += 1
+                exact = exact_target(tensor.ggml_type, tensor.data)
+                if exact:
+                    self.repacked[f"{tensor.ggml_type.name} as {exact.name}"] += 1
+                else:
+                    self.requantized[tensor.ggml_type.name] += 1
             release_freed_memory()  # the slices' temporaries: never a heap of them at once
             if name == EMBEDDING:
                 self.embedding = packed
@@ -133,6 +142,10 @@ class PackedGGUFLoader:
             self.model.quantized_head = PackedLinear([self.embedding])  # tied: one table
         logger.info("packed GGUF weights: %s", ", ".join(
             f"{count} {fmt}" for fmt, count in sorted(self.formats.items())))
+        if self.repacked:
+            logger.info("GGUF types packed, without loss, in another kernel format: %s",
+                        ", ".join(f"{name} ({count} tensors)"
+                                  for name, count in sorted(self.repacked.items())))
         if self.requantized:
             logger.warning("GGUF types without a packed kernel, requantized to %s at load: %s",
                            REQUANTIZED_AS.name, ", ".join(

@@ -18,6 +18,7 @@ from pagoda.executor.loader.gguf_dequant import (
     nibbles,
     qh_bit_per_element,
 )
+from pagoda.executor.loader.gguf_exact_repacking import exact_target, repacked_exactly
 
 Q = gguf.GGMLQuantizationType
 SUPER_K = 256
@@ -25,11 +26,12 @@ GGUF_FORMATS = {Q.Q4_0: "q4", Q.Q4_1: "q4", Q.Q8_0: "q8", Q.Q5_0: "q5", Q.Q5_1: 
                 Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k"}
 """the GGUF types pack_gguf packs as they are -> their kernel format"""
 REQUANTIZED_AS = Q.Q8_0
-"""What the types without a packed kernel (REFERENCE_DECODED_TYPES: Q2_K, Q3_K, the i-quants,
-TQ1_0/TQ2_0, MXFP4) are packed as: each slice of rows is decoded by the spec and quantized
-again to Q8_0, whose 8-bit codes with a scale per 32 weights hold a 2- to 4-bit type's values
-to within 0.4% of each block's largest (far inside the source type's own error), at 8.5 bits
-a weight instead of the file's 2-4.5."""
+"""What the types without a packed kernel (REFERENCE_DECODED_TYPES: Q2_K, the i-quants,
+TQ1_0, ...) that no format holds exactly (gguf_exact_repacking.py repacks Q3_K, IQ3_S,
+TQ2_0, IQ4_NL and MXFP4 without loss) are packed as: each slice of rows is decoded by the spec
+and quantized again to Q8_0, whose 8-bit codes with a scale per 32 weights hold a 2- to 4-bit
+type's values to within 0.4% of each block's largest (far inside the source type's own
+error), at 8.5 bits a weight instead of the file's 2-4.5."""
 PACK_SLICE_WEIGHTS = 1 << 20
 """Weights packed at once by pack_gguf (a slice of whole tiles of output rows)."""
 
@@ -126,22 +128,23 @@ def requantized(part: np.ndarray, ggml_type) -> np.ndarray:
 def pack_gguf(data, ggml_type, shape: tuple[int, int]) -> PackedWeight:
     """One GGUF tensor's raw bytes (numpy or torch uint8, (N, row_bytes) or flat) of type
     `ggml_type` and torch shape (N, K) -> PackedWeight, a slice of rows at a time (a
-    REFERENCE_DECODED_TYPES type: requantized to REQUANTIZED_AS, slice by slice)."""
-    source_type = ggml_type = Q(ggml_type)
-    if ggml_type in REFERENCE_DECODED_TYPES:
-        ggml_type = REQUANTIZED_AS
+    REFERENCE_DECODED_TYPES type: repacked exactly, or requantized to REQUANTIZED_AS)."""
+    source_type = Q(ggml_type)
+    exact = exact_target(source_type, data)  # (None: the type packs as itself, or lossily)
+    ggml_type = exact or (REQUANTIZED_AS if source_type in REFERENCE_DECODED_TYPES
+                          else source_type)
     if ggml_type not in GGUF_FORMATS:
         raise ValueError(f"GGUF type {ggml_type.name} has no packed kernel format; packable: "
                          f"{', '.join(t.name for t in GGUF_FORMATS)}")
     if len(shape) != 2:
         raise ValueError(f"a packed weight is 2-D, got shape {tuple(shape)}")
     n, k = shape
-    block_size, type_size = gguf.GGML_QUANT_SIZES[source_type]
+    block_size, source_type_size = gguf.GGML_QUANT_SIZES[source_type]
     if not gguf_type_packable(ggml_type, shape):
         raise ValueError(f"GGUF {ggml_type.name} tensor of shape {tuple(shape)} cannot be "
                          f"packed: out_features must be a multiple of {TILE_N} and in_features "
                          f"of {block_size}")
-    row_bytes = k // block_size * type_size
+    row_bytes = k // block_size * source_type_size
     nbytes = data.nbytes if isinstance(data, np.ndarray) else data.numel() * data.element_size()
     if nbytes != n * row_bytes or data.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"GGUF {source_type.name} data of {nbytes} bytes ({data.dtype}) is not "
@@ -154,12 +157,16 @@ def pack_gguf(data, ggml_type, shape: tuple[int, int]) -> PackedWeight:
     planes: dict[str, torch.Tensor] = {}
     for start in range(0, n, slice_rows):
         part = data[start:start + slice_rows]
-        if source_type != ggml_type:
+        rows = part.shape[0]
+        if source_type != ggml_type and not exact:
             part = torch.from_numpy(requantized(np.asarray(part), source_type))
         elif isinstance(part, np.ndarray):  # a copy: the GGUF memmap is read-only
             part = torch.from_numpy(np.array(part, dtype=np.uint8, copy=True))
-        rows = part.shape[0]
-        q, fields = decode(part.contiguous().view(-1, type_size), ggml_type, rows)
+        if exact:  # the source's blocks re-encoded as ggml_type's codes and scales
+            q, fields = repacked_exactly(part.contiguous().view(-1, source_type_size),
+                                         source_type, rows)
+        else:
+            q, fields = decode(part.contiguous().view(-1, type_size), ggml_type, rows)
         for name, plane in planes_of(format, q, fields).items():
             if name not in planes:  # the whole weight's planes, filled a slice at a time
                 planes[name] = plane.new_empty(n // TILE_N, *plane.shape[1:])
