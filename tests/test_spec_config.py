@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from pagoda.config import EngineConfig, SpeculativeConfig, parse_speculative_config
+from pagoda.config import EngineConfig
+from pagoda.speculative_config import SpeculativeConfig, parse_speculative_config
 from tests.entrypoints.test_cli import assert_one_line_error, run_cli
 
 

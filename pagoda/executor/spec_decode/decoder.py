@@ -12,11 +12,11 @@ import logging
 
 import torch
 
-from pagoda.config import SpeculativeConfig
 from pagoda.executor.input_batch import CachedRequestState, InputBatch
 from pagoda.executor.spec_decode.adaptive import AdaptiveSwitch
 from pagoda.executor.spec_decode.ngram_proposer import NgramProposer
 from pagoda.executor.spec_decode.step_cost import StepCostModel, allocate_proposals
+from pagoda.speculative_config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
