@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagoda.config import LoRAConfig
-from pagoda.lora.adapter_files import AdapterFiles, LoRAAdapterError, check_adapter, read_adapter
+from pagoda.lora.adapter_files import AdapterFiles, LoRAAdapterError, read_adapter
+from pagoda.lora.adapter_fit import check_adapter
 from pagoda.lora.request import LoRARequest
 
 

@@ -21,9 +21,9 @@ from pagoda.lora.adapter_files import (
     TARGETS,
     AdapterFiles,
     LoRAAdapterError,
-    check_adapter,
     read_adapter,
 )
+from pagoda.lora.adapter_fit import check_adapter
 from tests.lora.peft_adapters import base_model, make_adapter
 
 PARENTS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",

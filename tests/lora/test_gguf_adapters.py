@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from pagoda.executor.lora.adapter_weights import load_lora_weights
-from pagoda.lora.adapter_files import LoRAAdapterError, check_adapter, read_adapter
+from pagoda.lora.adapter_files import LoRAAdapterError, read_adapter
+from pagoda.lora.adapter_fit import check_adapter
 from tests import llama_cpp_tools
 from tests.executor.tiny_checkpoints import build_checkpoint
 from tests.lora.peft_adapters import base_model, make_adapter

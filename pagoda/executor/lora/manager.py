@@ -24,7 +24,8 @@ from pagoda.config import LoRAConfig
 from pagoda.executor.lora.adapter_weights import load_lora_weights
 from pagoda.executor.lora.model_lora import ModelLoRA
 from pagoda.executor.lora.step import LoRAStep
-from pagoda.lora.adapter_files import check_adapter, read_adapter
+from pagoda.lora.adapter_files import read_adapter
+from pagoda.lora.adapter_fit import check_adapter
 from pagoda.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
