@@ -117,12 +117,15 @@ def assert_tp2_matches_tp1(model: str, **options) -> None:
     # experts of 64 rows: 32 a rank, whole blocks of the packed q8 experts (the C MoE kernel)
     ("qwen3-moe", {"quantization": "int8"}, {"moe_intermediate_size": 64}),
     ("llama4", {}, {"attention_chunk_size": None}),  # (chunks: a windowed group, as Mixtral's)
-], ids=["llama", "qwen3", "llama-int8", "mixtral", "glm4-moe", "qwen3-moe-int8", "llama4"])
+    ("gpt-oss", {}, {"layer_types": ["full_attention"] * 3}),  # (as Mixtral's: no windows)
+], ids=["llama", "qwen3", "llama-int8", "mixtral", "glm4-moe", "qwen3-moe-int8", "llama4",
+        "gpt-oss"])
 def test_tiny_models_tp2_equal_tp1(arch, options, overrides, tmp_path) -> None:
     # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32; the
     # MoE models: every expert's rows split, the block's output summed once (GLM-4.5 with
     # its shared expert, grouped routing and a dense first layer; Llama 4 with its NoPE,
-    # temperature-tuned and q/k-normed layers and input-scaled MoE)
+    # temperature-tuned and q/k-normed layers and input-scaled MoE; gpt-oss with its sinks,
+    # biases everywhere and clamped SwiGLU experts)
     folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch, **overrides)
     assert_tp2_matches_tp1(folder, **options)
 

@@ -9,7 +9,7 @@ which heads and rows rank r holds):
     down_proj    input columns of r's rows, bias on rank 0               row-parallel, all-reduce
     sparse MoE   every expert (and the shared one) cut as an MLP is,      one all-reduce of
                  the router whole: every rank routes alike                the block's output
-    attention    r's heads only: its KV cache holds r's KV heads
+    attention    r's heads only: its KV cache holds r's KV heads (and its sinks, r's heads')
     embedding    vocabulary rows of r, lookup + all-reduce
     logits head  vocabulary rows of r (the embedding's when tied), all-gather
 
@@ -34,6 +34,7 @@ from pagoda.executor.models.llama import (
     Qwen3ForCausalLM,
     head_dim_of,
 )
+from pagoda.executor.models.gpt_oss import GptOssForCausalLM
 from pagoda.executor.models.llama4 import Llama4ForCausalLM
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
@@ -57,11 +58,12 @@ from pagoda.executor.parallel.slicing import (
 
 SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                     Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
-                    Glm4MoeForCausalLM, Llama4ForCausalLM)
+                    Glm4MoeForCausalLM, Llama4ForCausalLM, GptOssForCausalLM)
 """Exactly these classes: the Llama family and the MoE models on its attention whose experts
-are SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature split with the heads;
-Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, gpt-oss's sinks and
-biased experts, DeepSeek's latent attention are not split)."""
+are SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature and gpt-oss's sinks split
+with the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0;
+Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, DeepSeek's latent
+attention are not split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
@@ -108,6 +110,9 @@ def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int,
         columns=q_rows, whole_in_features=q_size)
     attention.num_heads, attention.num_kv_heads = share.num_heads, share.num_kv_heads
     attention.attn.num_heads, attention.attn.num_kv_heads = share.num_heads, share.num_kv_heads
+    if attention.attn.sinks is not None:  # gpt-oss: a sink logit per query head, r's heads'
+        attention.attn.sinks = nn.Parameter(
+            attention.attn.sinks[share.q_start:share.q_stop].clone(), requires_grad=False)
     local_q, local_kv = share.num_heads * head_dim, share.num_kv_heads * head_dim
     attention.qk_v_sizes = [local_q + local_kv, local_kv]
 
