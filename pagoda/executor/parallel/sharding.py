@@ -23,6 +23,9 @@ import torch
 from torch import nn
 
 from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.models.ernie import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
+from pagoda.executor.models.gpt_oss import GptOssForCausalLM
+from pagoda.executor.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
 from pagoda.executor.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -34,13 +37,13 @@ from pagoda.executor.models.llama import (
     Qwen3ForCausalLM,
     head_dim_of,
 )
-from pagoda.executor.models.gpt_oss import GptOssForCausalLM
 from pagoda.executor.models.llama4 import Llama4ForCausalLM
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
     MixtralForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from pagoda.executor.models.phimoe import PhimoeForCausalLM
 from pagoda.executor.parallel.communication import TensorParallelGroup
 from pagoda.executor.parallel.layers import (
     RowParallelLinear,
@@ -58,12 +61,15 @@ from pagoda.executor.parallel.slicing import (
 
 SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
                     Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
-                    Glm4MoeForCausalLM, Llama4ForCausalLM, GptOssForCausalLM)
-"""Exactly these classes: the Llama family and the MoE models on its attention whose experts
-are SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature and gpt-oss's sinks split
-with the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0;
-Gemma's norms and soft-capping, OLMoE's q/k norms over all heads, DeepSeek's latent
-attention are not split)."""
+                    Glm4MoeForCausalLM, Llama4ForCausalLM, GptOssForCausalLM,
+                    GraniteForCausalLM, GraniteMoeForCausalLM, Ernie4_5ForCausalLM,
+                    Ernie4_5_MoeForCausalLM, PhimoeForCausalLM)
+"""Exactly these classes: the Llama family (Granite's multipliers and ERNIE's rotary row
+order are per element or per head) and the MoE models on its attention whose experts are
+SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature and gpt-oss's sinks split with
+the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0; Gemma's
+norms and soft-capping, OLMoE's q/k norms over all heads, DeepSeek's latent attention are not
+split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
