@@ -65,3 +65,27 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.group.all_gather_last_dim(self.inner(hidden))
+
+
+class ShardedRMSNorm(nn.Module):
+    """An RMSNorm whose features are split over the ranks (OLMoE's q and k norms, each over
+    all heads): `weight` is this rank's share of the whole norm's weight, and the mean square
+    is every rank's sum of squares, all-reduced, over `counted_features`: the widths of all
+    ranks' shares (the whole width; times the replication where every KV head is held by
+    several ranks, which counts each square as often). (..., share) -> (..., share), the
+    whole norm's output at this rank's features (RMSNorm's roundings: float32 statistics,
+    half-precision inputs scaled by the weight after the cast)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, counted_features: int,
+                 group: TensorParallelGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+        self.eps, self.counted_features, self.group = eps, counted_features, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        squares = self.group.all_reduce(x32.square().sum(dim=-1, keepdim=True))
+        normed = x32 * torch.rsqrt(squares / self.counted_features + self.eps)
+        if x.dtype == torch.float32:
+            return normed * self.weight
+        return self.weight * normed.to(x.dtype)

@@ -13,7 +13,8 @@ which heads and rows rank r holds):
     embedding    vocabulary rows of r, lookup + all-reduce
     logits head  vocabulary rows of r (the embedding's when tied), all-gather
 
-Norms and the rotary tables stay whole (every rank holds the whole hidden state). The model
+Norms and the rotary tables stay whole (every rank holds the whole hidden state), but for
+OLMoE's q/k norms over all heads: each rank's features, the squares all-reduced. The model
 is loaded whole first, by any loader, then cut: each rank briefly holds the whole model.
 """
 
@@ -41,12 +42,15 @@ from pagoda.executor.models.llama4 import Llama4ForCausalLM
 from pagoda.executor.models.mixtral import (
     Glm4MoeForCausalLM,
     MixtralForCausalLM,
+    OlmoeAttention,
+    OlmoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
 from pagoda.executor.models.phimoe import PhimoeForCausalLM
 from pagoda.executor.parallel.communication import TensorParallelGroup
 from pagoda.executor.parallel.layers import (
     RowParallelLinear,
+    ShardedRMSNorm,
     VocabParallelEmbedding,
     VocabParallelHead,
 )
@@ -63,13 +67,13 @@ SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen
                     Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
                     Glm4MoeForCausalLM, Llama4ForCausalLM, GptOssForCausalLM,
                     GraniteForCausalLM, GraniteMoeForCausalLM, Ernie4_5ForCausalLM,
-                    Ernie4_5_MoeForCausalLM, PhimoeForCausalLM)
+                    Ernie4_5_MoeForCausalLM, PhimoeForCausalLM, OlmoeForCausalLM)
 """Exactly these classes: the Llama family (Granite's multipliers and ERNIE's rotary row
 order are per element or per head) and the MoE models on its attention whose experts are
 SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature and gpt-oss's sinks split with
-the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0; Gemma's
-norms and soft-capping, OLMoE's q/k norms over all heads, DeepSeek's latent attention are not
-split)."""
+the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0, OLMoE's
+q/k norms over all heads with their squares summed over the ranks; Gemma's norms and
+soft-capping, DeepSeek's latent attention are not split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
@@ -86,12 +90,15 @@ def shard_model(model: nn.Module, group: TensorParallelGroup) -> nn.Module:
     that make its outputs whole. Returns the model, changed in place."""
     config = model.config
     check_shardable(type(model), config, group.world_size)
-    share = head_shares(config.num_attention_heads, config.num_key_value_heads,
-                        group.world_size)[group.rank]
+    shares = head_shares(config.num_attention_heads, config.num_key_value_heads,
+                         group.world_size)
+    share = shares[group.rank]
     head_dim = head_dim_of(config)
     for layer in model.model.layers:
         assert isinstance(layer, LlamaDecoderLayer)
         _shard_attention(layer.self_attn, share, head_dim, config, group)
+        if isinstance(layer.self_attn, OlmoeAttention):
+            _shard_whole_width_norms(layer.self_attn, shares, group)
         _shard_mlp(getattr(layer, layer.mlp_name), group)
     _shard_vocabulary(model, group)
     model.tensor_parallel_group = group
@@ -121,6 +128,22 @@ def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int,
             attention.attn.sinks[share.q_start:share.q_stop].clone(), requires_grad=False)
     local_q, local_kv = share.num_heads * head_dim, share.num_kv_heads * head_dim
     attention.qk_v_sizes = [local_q + local_kv, local_kv]
+
+
+def _shard_whole_width_norms(attention: OlmoeAttention, shares: list[HeadShare],
+                             group: TensorParallelGroup) -> None:
+    """OLMoE's q and k RMSNorms span all heads: each rank keeps its heads' features of the
+    weights and sums the squares over the ranks (ShardedRMSNorm)."""
+    head_dim, share = attention.head_dim, shares[group.rank]
+    for name, start, stop, counted in (
+            ("q_norm", share.q_start, share.q_stop, sum(s.q_stop - s.q_start for s in shares)),
+            ("k_norm", share.kv_start, share.kv_stop,
+             sum(s.kv_stop - s.kv_start for s in shares))):
+        norm = getattr(attention, name)
+        setattr(attention, name, ShardedRMSNorm(
+            norm.weight[start * head_dim:stop * head_dim], norm.eps, counted * head_dim, group))
+    attention.q_size = share.num_heads * head_dim
+    attention.kv_size = share.num_kv_heads * head_dim
 
 
 def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
