@@ -347,3 +347,21 @@ def test_random_weight_files_have_the_converters_layout(arch, converted, tmp_pat
     assert theirs - set(fields[1]) == set()  # every key of the architecture llama.cpp reads
     for key in theirs:
         assert fields[1][key].contents() == fields[0][key].contents(), key
+
+
+@pytest.mark.parametrize("arch", ["olmoe", "deepseek-v2"])
+def test_a_file_transformers_cannot_read_still_gives_its_tokenizer(arch, converted,
+                                                                   monkeypatch) -> None:
+    """transformers' GGUF reader refuses these architectures (AutoTokenizer reads the model
+    config first); the tokenizer comes from the file's tokenizer.* keys all the same, and
+    tokenizes as the bundled model's, whose vocabulary the converter copied."""
+    from pagoda.executor.loader.model_files import bundled_model_path
+    from pagoda.executor.loader.tokenizer import TOKENIZER_CACHE_ENV, load_tokenizer
+
+    monkeypatch.setenv(TOKENIZER_CACHE_ENV, "")  # (built from the file, not a cached folder)
+    _, path = converted_file(converted, arch, "q8_0")
+    ours = load_tokenizer(resolve_model_files(path))
+    bundled = load_tokenizer(resolve_model_files(bundled_model_path()))
+    text = "Hello, world!<|im_start|>user\n  two spaces\tand a tab, été, 12345"
+    assert ours(text).input_ids == bundled(text).input_ids
+    assert (ours.bos_token, ours.eos_token) == (bundled.bos_token, bundled.eos_token)

@@ -2,7 +2,9 @@
 
 Hugging Face folders: tokenizer.json + tokenizer_config.json (chat template, special tokens)
 and generation_config.json (EOS ids). GGUF files: transformers builds a fast tokenizer from
-the GGUF metadata (tokens, merges, special ids, tokenizer.chat_template). That conversion
+the GGUF metadata (tokens, merges, special ids, tokenizer.chat_template), whatever the file's
+architecture (AutoTokenizer where transformers' GGUF reader knows it, else the generic fast
+tokenizer from the same keys). That conversion
 parses the file's metadata twice and converts the whole vocabulary (~4 s for a 49k-token
 vocabulary on one core), so its result is saved as a Hugging Face folder under
 $PAGODA_TOKENIZER_CACHE (else ~/.cache/pagoda/tokenizers), keyed by the file's real path,
@@ -24,7 +26,7 @@ import tempfile
 
 import tokenizers
 import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from pagoda.executor.loader.model_files import ModelFiles, ModelLoadError
 
@@ -64,7 +66,14 @@ def _gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
             logger.warning("tokenizer cache entry %s unreadable (%s): rebuilding it", cached, e)
             shutil.rmtree(cached, ignore_errors=True)
     folder, name = os.path.split(os.path.abspath(path))
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except ValueError:
+        # AutoTokenizer reads the file's model config first, and refuses the architectures
+        # transformers' GGUF reader does not know (olmoe, deepseek2, glm4moe, ...); the
+        # tokenizer itself depends only on the file's tokenizer.* keys, which the generic
+        # fast tokenizer converts alike (its failure, if it fails too, is the one raised)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     if cached is not None:
         _save_entry(tokenizer, cached)
     return tokenizer
