@@ -121,8 +121,10 @@ def assert_tp2_matches_tp1(model: str, **options) -> None:
     # (Granite's and ERNIE's dense models: their MoE ones' attention, the Llama MLP)
     ("granite-moe", {}, {}), ("ernie4.5-moe", {}, {}), ("phimoe", {}, {"sliding_window": None}),
     ("olmoe", {}, {}), ("olmoe", {}, {"num_key_value_heads": 1}),  # (its KV head on both ranks)
+    ("deepseek-v2", {}, {}), ("deepseek-v3", {}, {}),
 ], ids=["llama", "qwen3", "llama-int8", "mixtral", "glm4-moe", "qwen3-moe-int8", "llama4",
-        "gpt-oss", "granite-moe", "ernie4.5-moe", "phimoe", "olmoe", "olmoe-one-kv-head"])
+        "gpt-oss", "granite-moe", "ernie4.5-moe", "phimoe", "olmoe", "olmoe-one-kv-head",
+        "deepseek-v2", "deepseek-v3"])
 def test_tiny_models_tp2_equal_tp1(arch, options, overrides, tmp_path) -> None:
     # llama: 4 query heads over 2 KV heads (one each); qwen3: q/k norms, head_dim 32; the
     # MoE models: every expert's rows split, the block's output summed once (GLM-4.5 with
@@ -131,7 +133,9 @@ def test_tiny_models_tp2_equal_tp1(arch, options, overrides, tmp_path) -> None:
     # biases everywhere and clamped SwiGLU experts; Granite MoE with its multipliers, ERNIE 4.5
     # MoE with its half-split rotary rows and bias-corrected routing, PhiMoE with its
     # sparse-mixer routing and biased LayerNorm model; OLMoE with its q/k norms over all
-    # heads, split over the ranks, and clipped q/k/v)
+    # heads, split over the ranks, and clipped q/k/v; DeepSeek V2-Lite-like (no query latent,
+    # group-limited softmax routing) and V3 (query latent, biased sigmoid routing, YaRN), their
+    # latent attention split by query heads around the one cached latent)
     folder = build_checkpoint_with_bundled_tokenizer(str(tmp_path), arch, **overrides)
     assert_tp2_matches_tp1(folder, **options)
 

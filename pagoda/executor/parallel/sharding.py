@@ -9,7 +9,8 @@ which heads and rows rank r holds):
     down_proj    input columns of r's rows, bias on rank 0               row-parallel, all-reduce
     sparse MoE   every expert (and the shared one) cut as an MLP is,      one all-reduce of
                  the router whole: every rank routes alike                the block's output
-    attention    r's heads only: its KV cache holds r's KV heads (and its sinks, r's heads')
+    attention    r's heads only: its KV cache holds r's KV heads (and its sinks, r's heads');
+                 DeepSeek's latent attention: r's query heads, the one latent head whole
     embedding    vocabulary rows of r, lookup + all-reduce
     logits head  vocabulary rows of r (the embedding's when tied), all-gather
 
@@ -24,6 +25,12 @@ import torch
 from torch import nn
 
 from pagoda.executor.layers.moe import SparseMoeBlock
+from pagoda.executor.models.deepseek import (
+    DeepseekV2ForCausalLM,
+    DeepseekV3ForCausalLM,
+    LatentAttention,
+    LatentUpProjection,
+)
 from pagoda.executor.models.ernie import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
 from pagoda.executor.models.gpt_oss import GptOssForCausalLM
 from pagoda.executor.models.granite import GraniteForCausalLM, GraniteMoeForCausalLM
@@ -54,7 +61,7 @@ from pagoda.executor.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
-from pagoda.executor.parallel.partition import HeadShare, aligned_runs, head_shares
+from pagoda.executor.parallel.partition import HeadShare, aligned_runs, even_runs, head_shares
 from pagoda.executor.parallel.slicing import (
     column_align,
     embedding_rows,
@@ -67,13 +74,15 @@ SHARDABLE_MODELS = (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen
                     Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
                     Glm4MoeForCausalLM, Llama4ForCausalLM, GptOssForCausalLM,
                     GraniteForCausalLM, GraniteMoeForCausalLM, Ernie4_5ForCausalLM,
-                    Ernie4_5_MoeForCausalLM, PhimoeForCausalLM, OlmoeForCausalLM)
+                    Ernie4_5_MoeForCausalLM, PhimoeForCausalLM, OlmoeForCausalLM,
+                    DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)
 """Exactly these classes: the Llama family (Granite's multipliers and ERNIE's rotary row
 order are per element or per head) and the MoE models on its attention whose experts are
 SwiGLU MLPs (Llama 4's per-head q/k norms and query temperature and gpt-oss's sinks split with
 the heads, gpt-oss's expert biases with the rows, the down projections' on rank 0, OLMoE's
-q/k norms over all heads with their squares summed over the ranks; Gemma's norms and
-soft-capping, DeepSeek's latent attention are not split)."""
+q/k norms over all heads with their squares summed over the ranks, DeepSeek's latent
+attention by query heads around the one latent every rank caches; Gemma's norms and
+soft-capping are not split)."""
 
 
 def check_shardable(model_class: type, config, world_size: int) -> None:
@@ -96,6 +105,10 @@ def shard_model(model: nn.Module, group: TensorParallelGroup) -> nn.Module:
     head_dim = head_dim_of(config)
     for layer in model.model.layers:
         assert isinstance(layer, LlamaDecoderLayer)
+        if isinstance(layer.self_attn, LatentAttention):
+            _shard_latent_attention(layer.self_attn, group)
+            _shard_mlp(getattr(layer, layer.mlp_name), group)
+            continue
         _shard_attention(layer.self_attn, share, head_dim, config, group)
         if isinstance(layer.self_attn, OlmoeAttention):
             _shard_whole_width_norms(layer.self_attn, shares, group)
@@ -128,6 +141,29 @@ def _shard_attention(attention: LlamaAttention, share: HeadShare, head_dim: int,
             attention.attn.sinks[share.q_start:share.q_stop].clone(), requires_grad=False)
     local_q, local_kv = share.num_heads * head_dim, share.num_kv_heads * head_dim
     attention.qk_v_sizes = [local_q + local_kv, local_kv]
+
+
+def _shard_latent_attention(attention: LatentAttention, group: TensorParallelGroup) -> None:
+    """DeepSeek's MLA: rank r's query heads (their q rows, their part of kv_b_proj, their
+    o_proj inputs, all-reduced); the latent's projection and norm whole, so every rank caches
+    the same one latent head and attends to it with its own heads."""
+    start, stop = even_runs(attention.num_heads, group.world_size)[group.rank]
+    q_name = "q_b_proj" if attention.q_lora_rank else "q_proj"
+    q_head = attention.nope_dim + attention.rope_dim
+    q_rows = (start * q_head, stop * q_head)
+    o_columns = (start * attention.v_dim, stop * attention.v_dim)
+    _check_grid(getattr(attention, q_name), q_rows, row_align, f"{q_name} rows")
+    _check_grid(attention.o_proj, o_columns, column_align, "o_proj inputs")
+    setattr(attention, q_name, linear_rows(getattr(attention, q_name), [q_rows]))
+    attention.o_proj = RowParallelLinear(
+        linear_columns(attention.o_proj, *o_columns, keep_bias=group.rank == 0), group,
+        columns=o_columns, whole_in_features=attention.num_heads * attention.v_dim)
+    whole = attention.kv_b_proj
+    local = LatentUpProjection(stop - start, whole.nope_dim, whole.v_dim, whole.rank)
+    local.weight.data = whole.weight.view(whole.num_heads, -1, whole.rank)[start:stop] \
+        .reshape(-1, whole.rank).clone()
+    attention.kv_b_proj = local
+    attention.num_heads = attention.attn.num_heads = stop - start
 
 
 def _shard_whole_width_norms(attention: OlmoeAttention, shares: list[HeadShare],
