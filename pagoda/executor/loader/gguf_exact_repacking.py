@@ -109,7 +109,7 @@ def mxfp4_fits(data) -> bool:
     """Whether every scale of an MXFP4 tensor (its raw bytes, numpy or torch, any shape) is a
     float16 power of two (2^-24 .. 2^15, the subnormals included) once up to MXFP4_SHIFT bits
     go to the codes. (17-byte blocks: [0] e, the scale 2^(e - 128).)"""
-    exponents = torch.as_tensor(np.asarray(data)).reshape(-1, 17)[:, 0].to(torch.int32) - 128
+    exponents = np.asarray(data).reshape(-1, 17)[:, 0].astype(np.int32) - 128
     return bool(((exponents >= -24) & (exponents <= 15 + MXFP4_SHIFT)).all())
 
 
